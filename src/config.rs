@@ -1,0 +1,437 @@
+//! Settings: every one an environment variable with a flag twin (clap), a
+//! default shown by `fencehook serve --help`, and validation at start —
+//! including the rules that span fields (the heartbeat must be able to renew a
+//! lease well before it expires). A bad setting stops the start with one line
+//! that names it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::providers::{self, Provider};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LeaseBackendKind {
+    Redis,
+    Postgres,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Flags and environment of `fencehook serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Redis URL of the lease store (redis://host:port[/db]).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Public listener: POST /webhooks/{provider}.
+    #[arg(long, env = "FENCEHOOK_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Admin listener: /metrics, /healthz, /readyz. Never the public port.
+    #[arg(long, env = "FENCEHOOK_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    pub admin_listen: String,
+    /// Where leases and fencing tokens live.
+    #[arg(
+        long,
+        env = "FENCEHOOK_LEASE_BACKEND",
+        value_enum,
+        default_value = "redis"
+    )]
+    pub lease_backend: LeaseBackendKind,
+    /// Lease time-to-live; the heartbeat renews every ttl/3.
+    #[arg(long, env = "FENCEHOOK_LEASE_TTL_MS", default_value_t = 5000)]
+    pub lease_ttl_ms: u64,
+    /// Longest a lease is renewed for one delivery; past it the lease is let go.
+    #[arg(long, env = "FENCEHOOK_LEASE_MAX_MS", default_value_t = 60_000)]
+    pub lease_max_ms: u64,
+    /// Expiry of the per-transaction fence counter; longer than any PSP retry window.
+    #[arg(long, env = "FENCEHOOK_FENCE_KEY_TTL_SECS", default_value_t = 35 * 24 * 3600)]
+    pub fence_key_ttl_secs: u64,
+    /// Prefix of every Redis key (`<prefix>:{<provider>:<transaction_id>}:lock`).
+    #[arg(long, env = "FENCEHOOK_REDIS_KEY_PREFIX", default_value = "fencehook")]
+    pub redis_key_prefix: String,
+    /// Timeout of one Redis command (acquire, renew, release).
+    #[arg(long, env = "FENCEHOOK_REDIS_TIMEOUT_MS", default_value_t = 1000)]
+    pub redis_timeout_ms: u64,
+    /// How long a delivery waits for another holder's outcome before answering 409.
+    #[arg(long, env = "FENCEHOOK_INFLIGHT_WAIT_MS", default_value_t = 1000)]
+    pub inflight_wait_ms: u64,
+    /// Business service to POST each canonical event to before it is finalised.
+    #[arg(long, env = "FENCEHOOK_DOWNSTREAM_URL")]
+    pub downstream_url: Option<String>,
+    /// Timeout of one downstream call.
+    #[arg(
+        long,
+        env = "FENCEHOOK_DOWNSTREAM_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub downstream_timeout_ms: u64,
+    /// TOML file of providers; without it a built-in `generic` provider is served.
+    #[arg(long, env = "FENCEHOOK_PROVIDERS")]
+    pub providers: Option<PathBuf>,
+    /// Secret (whsec_<base64>) of the built-in `generic` provider.
+    #[arg(long, env = "FENCEHOOK_GENERIC_SECRET", hide_env_values = true)]
+    pub generic_secret: Option<String>,
+    /// Largest accepted request body.
+    #[arg(long, env = "FENCEHOOK_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+    /// Bound on finishing in-flight deliveries after SIGTERM/SIGINT.
+    #[arg(long, env = "FENCEHOOK_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+    /// Apply migrations from sql/ at start.
+    #[arg(long, env = "FENCEHOOK_MIGRATE_ON_START", default_value_t = true, action = clap::ArgAction::Set)]
+    pub migrate_on_start: bool,
+    /// Log format.
+    #[arg(long, env = "FENCEHOOK_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// PostgreSQL settings, shared by `serve`, `migrate` and `audit`.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// PostgreSQL URL; `migrate` creates the database when it does not exist.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/fencehook",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+    /// Connections in the pool.
+    #[arg(long, env = "FENCEHOOK_DB_POOL_SIZE", default_value_t = 16)]
+    pub db_pool_size: usize,
+    /// Longest a request waits for a pooled connection before answering 503.
+    #[arg(long, env = "FENCEHOOK_DB_POOL_WAIT_MS", default_value_t = 2000)]
+    pub db_pool_wait_ms: u64,
+    /// statement_timeout of every connection.
+    #[arg(
+        long,
+        env = "FENCEHOOK_DB_STATEMENT_TIMEOUT_MS",
+        default_value_t = 5000
+    )]
+    pub db_statement_timeout_ms: u64,
+    /// Timeout of opening one connection.
+    #[arg(long, env = "FENCEHOOK_DB_CONNECT_TIMEOUT_MS", default_value_t = 3000)]
+    pub db_connect_timeout_ms: u64,
+}
+
+/// One invalid setting: the variable's name and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {reason}")]
+pub struct ConfigError {
+    pub setting: &'static str,
+    pub reason: String,
+}
+
+fn bad(setting: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting,
+        reason: reason.into(),
+    }
+}
+
+/// PostgreSQL pool settings, validated.
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    pub url: String,
+    pub pool_size: usize,
+    pub pool_wait: Duration,
+    pub statement_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+/// Lease settings, validated.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    pub backend: LeaseBackendKind,
+    pub redis_url: String,
+    pub key_prefix: String,
+    pub ttl: Duration,
+    pub max_hold: Duration,
+    pub fence_key_ttl: Duration,
+    pub redis_timeout: Duration,
+}
+
+impl LeaseConfig {
+    /// The heartbeat renews this often: a third of the TTL, so two renewals
+    /// can fail before the lease expires.
+    pub fn renew_interval(&self) -> Duration {
+        self.ttl / 3
+    }
+}
+
+/// Everything `App::build` needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub db: DbConfig,
+    pub lease: LeaseConfig,
+    pub inflight_wait: Duration,
+    pub downstream_url: Option<hyper::Uri>,
+    pub downstream_timeout: Duration,
+    pub providers: Vec<Provider>,
+    pub max_body_bytes: usize,
+    pub shutdown_timeout: Duration,
+    pub migrate_on_start: bool,
+}
+
+impl DbArgs {
+    pub fn validate(&self) -> Result<DbConfig, ConfigError> {
+        self.database_url
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| bad("DATABASE_URL", format!("not a PostgreSQL URL ({e})")))?;
+        if self.db_pool_size == 0 {
+            return Err(bad("FENCEHOOK_DB_POOL_SIZE", "must be at least 1"));
+        }
+        if self.db_statement_timeout_ms == 0 {
+            return Err(bad(
+                "FENCEHOOK_DB_STATEMENT_TIMEOUT_MS",
+                "must be above 0 (0 would disable the timeout)",
+            ));
+        }
+        Ok(DbConfig {
+            url: self.database_url.clone(),
+            pool_size: self.db_pool_size,
+            pool_wait: Duration::from_millis(self.db_pool_wait_ms),
+            statement_timeout: Duration::from_millis(self.db_statement_timeout_ms),
+            connect_timeout: Duration::from_millis(self.db_connect_timeout_ms.max(1)),
+        })
+    }
+}
+
+impl ServeArgs {
+    /// Checks every setting and the rules between them.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let listen = self.listen.parse().map_err(|_| {
+            bad(
+                "FENCEHOOK_LISTEN",
+                format!("`{}` is not host:port", self.listen),
+            )
+        })?;
+        let admin_listen: SocketAddr = self.admin_listen.parse().map_err(|_| {
+            bad(
+                "FENCEHOOK_ADMIN_LISTEN",
+                format!("`{}` is not host:port", self.admin_listen),
+            )
+        })?;
+        if admin_listen == listen && admin_listen.port() != 0 {
+            return Err(bad(
+                "FENCEHOOK_ADMIN_LISTEN",
+                "must differ from FENCEHOOK_LISTEN",
+            ));
+        }
+        let db = self.db.validate()?;
+        let lease = self.lease_config()?;
+        if lease.backend == LeaseBackendKind::Postgres {
+            return Err(bad(
+                "FENCEHOOK_LEASE_BACKEND",
+                "`postgres` is not built yet (see README, \"Not built yet\"); use `redis`",
+            ));
+        }
+        let downstream_url = match &self.downstream_url {
+            None => None,
+            Some(s) if s.is_empty() => None,
+            Some(s) => {
+                let uri: hyper::Uri = s
+                    .parse()
+                    .map_err(|_| bad("FENCEHOOK_DOWNSTREAM_URL", format!("`{s}` is not a URL")))?;
+                if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                    return Err(bad(
+                        "FENCEHOOK_DOWNSTREAM_URL",
+                        "must be an http:// URL with a host",
+                    ));
+                }
+                Some(uri)
+            }
+        };
+        let downstream_timeout = Duration::from_millis(self.downstream_timeout_ms);
+        if downstream_url.is_some() {
+            if self.downstream_timeout_ms == 0 {
+                return Err(bad("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "must be above 0"));
+            }
+            if downstream_timeout + lease.ttl > lease.max_hold {
+                return Err(bad(
+                    "FENCEHOOK_LEASE_MAX_MS",
+                    format!(
+                        "{} ms cannot cover FENCEHOOK_DOWNSTREAM_TIMEOUT_MS ({}) plus one lease TTL ({})",
+                        lease.max_hold.as_millis(),
+                        self.downstream_timeout_ms,
+                        self.lease_ttl_ms
+                    ),
+                ));
+            }
+        }
+        if self.max_body_bytes < 256 {
+            return Err(bad("FENCEHOOK_MAX_BODY_BYTES", "must be at least 256"));
+        }
+        let providers = match &self.providers {
+            Some(path) => providers::load_file(path).map_err(|e| bad("FENCEHOOK_PROVIDERS", e))?,
+            None => {
+                let secret = self.generic_secret.as_deref().ok_or_else(|| {
+                    bad(
+                        "FENCEHOOK_GENERIC_SECRET",
+                        "required when FENCEHOOK_PROVIDERS is not set",
+                    )
+                })?;
+                vec![Provider::generic(secret).map_err(|e| bad("FENCEHOOK_GENERIC_SECRET", e))?]
+            }
+        };
+        Ok(Config {
+            listen,
+            admin_listen,
+            db,
+            lease,
+            inflight_wait: Duration::from_millis(self.inflight_wait_ms),
+            downstream_url,
+            downstream_timeout,
+            providers,
+            max_body_bytes: self.max_body_bytes,
+            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+            migrate_on_start: self.migrate_on_start,
+        })
+    }
+
+    fn lease_config(&self) -> Result<LeaseConfig, ConfigError> {
+        if !(self.redis_url.starts_with("redis://") || self.redis_url.starts_with("rediss://")) {
+            return Err(bad(
+                "REDIS_URL",
+                format!("`{}` is not a redis:// URL", self.redis_url),
+            ));
+        }
+        if self.lease_ttl_ms < 150 {
+            return Err(bad("FENCEHOOK_LEASE_TTL_MS", "must be at least 150 ms"));
+        }
+        let ttl = Duration::from_millis(self.lease_ttl_ms);
+        let redis_timeout = Duration::from_millis(self.redis_timeout_ms);
+        if self.redis_timeout_ms == 0 {
+            return Err(bad("FENCEHOOK_REDIS_TIMEOUT_MS", "must be above 0"));
+        }
+        // A renewal sent at ttl/3 that times out must still leave time for a
+        // second attempt before the lease expires.
+        if redis_timeout >= ttl / 3 {
+            return Err(bad(
+                "FENCEHOOK_REDIS_TIMEOUT_MS",
+                format!(
+                    "{} ms must be below a third of FENCEHOOK_LEASE_TTL_MS ({} ms), or one slow renewal loses the lease",
+                    self.redis_timeout_ms,
+                    self.lease_ttl_ms / 3
+                ),
+            ));
+        }
+        if self.lease_max_ms < self.lease_ttl_ms {
+            return Err(bad(
+                "FENCEHOOK_LEASE_MAX_MS",
+                "must be at least FENCEHOOK_LEASE_TTL_MS",
+            ));
+        }
+        let fence_key_ttl = Duration::from_secs(self.fence_key_ttl_secs);
+        if fence_key_ttl < Duration::from_secs(24 * 3600) {
+            return Err(bad(
+                "FENCEHOOK_FENCE_KEY_TTL_SECS",
+                "must be at least one day (longer than any PSP retry window)",
+            ));
+        }
+        let prefix = &self.redis_key_prefix;
+        if prefix.is_empty()
+            || prefix.contains(['{', '}'])
+            || prefix.chars().any(|c| c.is_whitespace())
+        {
+            return Err(bad(
+                "FENCEHOOK_REDIS_KEY_PREFIX",
+                "must be non-empty, without braces or spaces",
+            ));
+        }
+        Ok(LeaseConfig {
+            backend: self.lease_backend,
+            redis_url: self.redis_url.clone(),
+            key_prefix: prefix.clone(),
+            ttl,
+            max_hold: Duration::from_millis(self.lease_max_ms),
+            fence_key_ttl,
+            redis_timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    #[command(args_override_self = true)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut argv = vec![
+            "fencehook",
+            "--generic-secret",
+            "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=",
+        ];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+            .expect("flags parse")
+            .serve
+            .validate()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let cfg = parse(&[]).expect("defaults validate");
+        assert_eq!(cfg.lease.ttl, Duration::from_millis(5000));
+        assert_eq!(cfg.inflight_wait, Duration::from_millis(1000));
+        assert_eq!(cfg.max_body_bytes, 65536);
+    }
+
+    #[test]
+    fn redis_timeout_that_cannot_fit_in_a_renew_interval_names_the_setting() {
+        let err = parse(&["--lease-ttl-ms", "900", "--redis-timeout-ms", "300"]).unwrap_err();
+        assert_eq!(err.setting, "FENCEHOOK_REDIS_TIMEOUT_MS");
+    }
+
+    #[test]
+    fn max_hold_must_cover_the_downstream_timeout() {
+        let err = parse(&[
+            "--downstream-url",
+            "http://127.0.0.1:1/x",
+            "--downstream-timeout-ms",
+            "60000",
+        ])
+        .unwrap_err();
+        assert_eq!(err.setting, "FENCEHOOK_LEASE_MAX_MS");
+    }
+
+    #[test]
+    fn bad_values_name_their_setting() {
+        for (args, setting) in [
+            (&["--listen", "nope"][..], "FENCEHOOK_LISTEN"),
+            (&["--database-url", "mysql:/x y"][..], "DATABASE_URL"),
+            (&["--redis-url", "http://x"][..], "REDIS_URL"),
+            (&["--lease-ttl-ms", "10"][..], "FENCEHOOK_LEASE_TTL_MS"),
+            (
+                &["--downstream-url", "ftp://x/"][..],
+                "FENCEHOOK_DOWNSTREAM_URL",
+            ),
+            (&["--db-pool-size", "0"][..], "FENCEHOOK_DB_POOL_SIZE"),
+            (
+                &["--generic-secret", "not-a-secret"][..],
+                "FENCEHOOK_GENERIC_SECRET",
+            ),
+        ] {
+            let err = parse(args).expect_err(setting);
+            assert_eq!(err.setting, setting, "{args:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! The Redis lease backend.
+//!
+//! Keys share a hash tag so each transaction's lock and counter live in one
+//! Redis Cluster slot:
+//!
+//! - `<prefix>:{<provider>:<transaction_id>}:lock` — `<owner-uuid>:<token>`, PX ttl
+//! - `<prefix>:{<provider>:<transaction_id>}:fence` — the INCR counter; long
+//!   expiry, never deleted by release
+//!
+//! The scripts are `redis::Script`s: called with EVALSHA, and on NOSCRIPT the
+//! library loads the script and retries, so a restarted Redis is handled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::Script;
+use tokio::sync::{watch, Mutex};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{Acquire, Heartbeat, LeaseError, LeaseGuard, LeaseKey, LeaseState};
+use crate::config::LeaseConfig;
+use crate::metrics::Metrics;
+
+/// Acquire. KEYS: lock, fence. ARGV: owner, ttl ms, fence-key ttl ms.
+/// Returns `{1, token}` when acquired, `{0, remaining-ms}` when held.
+pub const ACQUIRE_LUA: &str = r"
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl ~= -2 then
+  return {0, ttl}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return {1, token}
+";
+
+/// Renew. KEYS: lock. ARGV: `<owner>:<token>`, ttl ms. Extends only our own
+/// lock; a missing key is never recreated. Returns 1 when renewed.
+pub const RENEW_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// Release. KEYS: lock. ARGV: `<owner>:<token>`. Compare-and-delete: never
+/// deletes a lock that is not ours; never touches the fence counter.
+pub const RELEASE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Fence resync. KEYS: lock, fence. ARGV: `<owner>:<token>`, owner, database
+/// fence, fence-key ttl ms. Inside our lease only: raise the counter to at
+/// least the database fence, INCR past it, and re-label the lock with the new
+/// token (keeping its TTL). Returns the new token, or 0 when not ours.
+pub const RESYNC_LUA: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local floor = tonumber(ARGV[3])
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if current < floor then
+  redis.call('SET', KEYS[2], floor)
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('SET', KEYS[1], ARGV[2] .. ':' .. token, 'KEEPTTL')
+return token
+";
+
+/// Redis-backed leases; cheap to clone.
+#[derive(Clone)]
+pub struct RedisLease {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    prefix: String,
+    ttl: Duration,
+    max_hold: Duration,
+    fence_key_ttl: Duration,
+    timeout: Duration,
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    resync: Script,
+    metrics: Metrics,
+}
+
+impl RedisLease {
+    /// Connects lazily: a Redis that is down at start makes deliveries answer
+    /// 503 until it is back, instead of stopping the process.
+    pub fn new(cfg: &LeaseConfig, metrics: Metrics) -> Result<RedisLease, LeaseError> {
+        let client = redis::Client::open(cfg.redis_url.as_str())
+            .map_err(|e| LeaseError::Unavailable(e.to_string()))?;
+        let manager_cfg = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(cfg.redis_timeout))
+            .set_response_timeout(Some(cfg.redis_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_lazy_with_config(client, manager_cfg)
+            .map_err(|e| LeaseError::Unavailable(e.to_string()))?;
+        Ok(RedisLease {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: cfg.key_prefix.clone(),
+                ttl: cfg.ttl,
+                max_hold: cfg.max_hold,
+                fence_key_ttl: cfg.fence_key_ttl,
+                timeout: cfg.redis_timeout,
+                acquire: Script::new(ACQUIRE_LUA),
+                renew: Script::new(RENEW_LUA),
+                release: Script::new(RELEASE_LUA),
+                resync: Script::new(RESYNC_LUA),
+                metrics,
+            }),
+        })
+    }
+
+    pub fn lock_key(&self, key: &LeaseKey) -> String {
+        format!(
+            "{}:{{{}:{}}}:lock",
+            self.inner.prefix, key.provider, key.transaction_id
+        )
+    }
+
+    pub fn fence_key(&self, key: &LeaseKey) -> String {
+        format!(
+            "{}:{{{}:{}}}:fence",
+            self.inner.prefix, key.provider, key.transaction_id
+        )
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        inv: redis::ScriptInvocation<'_>,
+    ) -> Result<T, LeaseError> {
+        let mut conn = self.inner.conn.clone();
+        match tokio::time::timeout(self.inner.timeout, inv.invoke_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(LeaseError::Unavailable(e.to_string())),
+            Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),
+        }
+    }
+
+    /// One atomic acquisition. On success a heartbeat starts with the guard.
+    pub async fn acquire(&self, key: &LeaseKey) -> Result<Acquire, LeaseError> {
+        let owner = Uuid::new_v4();
+        let sent = Instant::now();
+        let mut inv = self.inner.acquire.key(self.lock_key(key));
+        inv.key(self.fence_key(key))
+            .arg(owner.to_string())
+            .arg(self.inner.ttl.as_millis() as u64)
+            .arg(self.inner.fence_key_ttl.as_millis() as u64);
+        let reply: Result<(i64, i64), LeaseError> = self.call(inv).await;
+        let m = &self.inner.metrics;
+        let (acquired, value) = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                m.lease_acquire_error().increment(1);
+                return Err(e);
+            }
+        };
+        if acquired != 1 {
+            m.lease_held_by_other().increment(1);
+            // -1 (no expiry) cannot come from us; treat it as a full TTL.
+            let remaining = u64::try_from(value)
+                .map(Duration::from_millis)
+                .unwrap_or(self.inner.ttl);
+            return Ok(Acquire::Held { remaining });
+        }
+        m.lease_acquired().increment(1);
+        m.leases_held().increment(1.0);
+        let token = value;
+        let (tx, rx) = watch::channel(LeaseState {
+            expires_at: sent + self.inner.ttl,
+            lost: None,
+        });
+        let token_cell = Arc::new(Mutex::new(token));
+        let heartbeat = Heartbeat {
+            lease: self.clone(),
+            key: key.clone(),
+            owner,
+            token: token_cell.clone(),
+            state: tx,
+            ttl: self.inner.ttl,
+            max_hold: self.inner.max_hold,
+            acquired_at: sent,
+            timeout: self.inner.timeout,
+            metrics: m.clone(),
+        };
+        let heartbeat = tokio::spawn(heartbeat.run());
+        Ok(Acquire::Acquired(LeaseGuard {
+            lease: self.clone(),
+            key: key.clone(),
+            owner,
+            token: token_cell,
+            token_now: token,
+            state: rx,
+            heartbeat,
+            acquired_at: sent,
+            released: false,
+            metrics: m.clone(),
+        }))
+    }
+
+    /// Extends the lock only if it still holds `<owner>:<token>`.
+    pub async fn renew(&self, key: &LeaseKey, owner: Uuid, token: i64) -> Result<bool, LeaseError> {
+        let mut inv = self.inner.renew.key(self.lock_key(key));
+        inv.arg(format!("{owner}:{token}"))
+            .arg(self.inner.ttl.as_millis() as u64);
+        let renewed: i64 = self.call(inv).await?;
+        Ok(renewed == 1)
+    }
+
+    /// Deletes the lock only if it still holds `<owner>:<token>`.
+    pub async fn release(
+        &self,
+        key: &LeaseKey,
+        owner: Uuid,
+        token: i64,
+    ) -> Result<bool, LeaseError> {
+        let mut inv = self.inner.release.key(self.lock_key(key));
+        inv.arg(format!("{owner}:{token}"));
+        let deleted: i64 = self.call(inv).await?;
+        Ok(deleted == 1)
+    }
+
+    /// See [`LeaseGuard::resync`].
+    pub async fn resync(
+        &self,
+        key: &LeaseKey,
+        owner: Uuid,
+        token: i64,
+        db_fence: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        let mut inv = self.inner.resync.key(self.lock_key(key));
+        inv.key(self.fence_key(key))
+            .arg(format!("{owner}:{token}"))
+            .arg(owner.to_string())
+            .arg(db_fence)
+            .arg(self.inner.fence_key_ttl.as_millis() as u64);
+        let new: i64 = self.call(inv).await?;
+        Ok((new > 0).then_some(new))
+    }
+
+    /// Readiness probe.
+    pub async fn ping(&self) -> Result<(), LeaseError> {
+        let mut conn = self.inner.conn.clone();
+        let cmd = redis::cmd("PING");
+        match tokio::time::timeout(self.inner.timeout, cmd.query_async::<String>(&mut conn)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(LeaseError::Unavailable(e.to_string())),
+            Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The state machine of one payment delivery:
+//!
+//! 1. fast path: a terminal row answers `duplicate` / `payload_mismatch`
+//!    without touching the lease;
+//! 2. acquire the lease; if another holder has it, wait (bounded by
+//!    `FENCEHOOK_INFLIGHT_WAIT_MS`) for its outcome, else answer `in_progress`;
+//! 3. fenced claim → business step → fenced finalize, in one transaction, or —
+//!    with a downstream service — claim committed first, downstream call under
+//!    the heartbeat, then the fenced finalize;
+//! 4. release the lease (compare-and-delete) and answer.
+//!
+//! The processor never answers `processed` unless the commit that made the
+//! outcome durable succeeded; every error is an [`Error`] (503), never a
+//! duplicate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::downstream::Downstream;
+use crate::error::Error;
+use crate::lease::{Acquire, LeaseGuard, LeaseKey, RedisLease};
+use crate::metrics::Metrics;
+use crate::providers::CanonicalEvent;
+use crate::store::{Claim, Finalize, Inline, PaymentRow, Status, Store, StoreError};
+
+/// The answer for one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Processed now; the outcome is committed.
+    Processed { token: i64, status: Status },
+    /// Already processed with the same fingerprint.
+    Duplicate,
+    /// Same (provider, transaction_id), different payload.
+    PayloadMismatch,
+    /// Another holder is processing it; retry after this long.
+    InProgress { retry_after: Duration },
+    /// Our lease ended (or a newer token owns the row) before we could commit.
+    LeaseLost { token: i64 },
+}
+
+impl Outcome {
+    pub fn result(&self) -> &'static str {
+        match self {
+            Outcome::Processed { .. } => "processed",
+            Outcome::Duplicate => "duplicate",
+            Outcome::PayloadMismatch => "payload_mismatch",
+            Outcome::InProgress { .. } => "in_progress",
+            Outcome::LeaseLost { .. } => "lease_lost",
+        }
+    }
+
+    pub fn token(&self) -> Option<i64> {
+        match self {
+            Outcome::Processed { token, .. } | Outcome::LeaseLost { token } => Some(*token),
+            _ => None,
+        }
+    }
+}
+
+type HookFn = dyn Fn(&CanonicalEvent) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+/// Fault-injection points for tests. `before_finalize` runs *after* the last
+/// lease check and right before the fenced finalize of the downstream path: it
+/// stands for a stop-the-world pause (GC, swapped-out process) at the worst
+/// moment, which is exactly what the fence must survive.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    pub before_finalize: Option<Arc<HookFn>>,
+}
+
+impl Hooks {
+    pub fn before_finalize<F, Fut>(f: F) -> Hooks
+    where
+        F: Fn(&CanonicalEvent) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Hooks {
+            before_finalize: Some(Arc::new(move |ev| Box::pin(f(ev)))),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Processor {
+    store: Store,
+    lease: RedisLease,
+    metrics: Metrics,
+    inflight_wait: Duration,
+    downstream: Option<Downstream>,
+    hooks: Hooks,
+}
+
+/// First pause of the in-flight wait; doubles up to [`MAX_POLL`].
+const FIRST_POLL: Duration = Duration::from_millis(10);
+const MAX_POLL: Duration = Duration::from_millis(100);
+
+impl Processor {
+    pub fn new(
+        store: Store,
+        lease: RedisLease,
+        metrics: Metrics,
+        inflight_wait: Duration,
+        downstream: Option<Downstream>,
+        hooks: Hooks,
+    ) -> Processor {
+        Processor {
+            store,
+            lease,
+            metrics,
+            inflight_wait,
+            downstream,
+            hooks,
+        }
+    }
+
+    pub async fn process(&self, ev: &CanonicalEvent) -> Result<Outcome, Error> {
+        let fp = ev.fingerprint();
+        if let Some(done) = self.settled(ev, &fp).await? {
+            return Ok(done);
+        }
+        let key = LeaseKey {
+            provider: ev.provider.clone(),
+            transaction_id: ev.transaction_id.clone(),
+        };
+        let deadline = Instant::now() + self.inflight_wait;
+        let mut pause = FIRST_POLL;
+        let mut waited = false;
+        let mut guard = loop {
+            match self.lease.acquire(&key).await? {
+                Acquire::Acquired(guard) => break guard,
+                Acquire::Held { remaining } => {
+                    waited = true;
+                    if let Some(done) = self.settled(ev, &fp).await? {
+                        self.metrics.inflight_wait("duplicate").increment(1);
+                        return Ok(done);
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        let outcome = if self.inflight_wait.is_zero() {
+                            "in_progress"
+                        } else {
+                            "timeout"
+                        };
+                        self.metrics.inflight_wait(outcome).increment(1);
+                        return Ok(Outcome::InProgress {
+                            retry_after: remaining,
+                        });
+                    }
+                    tokio::time::sleep(pause.min(deadline - now)).await;
+                    pause = (pause * 2).min(MAX_POLL);
+                }
+            }
+        };
+        if waited {
+            tracing::debug!(transaction_id = %ev.transaction_id, "previous holder let go; took over");
+        }
+        let result = self.holding(&mut guard, ev, &fp).await;
+        guard.release().await;
+        result
+    }
+
+    /// The row's answer when it already settles this delivery.
+    async fn settled(&self, ev: &CanonicalEvent, fp: &str) -> Result<Option<Outcome>, StoreError> {
+        Ok(self
+            .store
+            .lookup(&ev.provider, &ev.transaction_id)
+            .await?
+            .and_then(|row| decide(&row, fp)))
+    }
+
+    async fn holding(
+        &self,
+        guard: &mut LeaseGuard,
+        ev: &CanonicalEvent,
+        fp: &str,
+    ) -> Result<Outcome, Error> {
+        let mut resynced = false;
+        loop {
+            let token = guard.token();
+            let claim = match &self.downstream {
+                None => match self
+                    .store
+                    .claim_and_finalize(ev, fp, token, || guard.is_held())
+                    .await?
+                {
+                    Inline::Committed(status) => return Ok(Outcome::Processed { token, status }),
+                    Inline::LeaseLost => return Ok(Outcome::LeaseLost { token }),
+                    Inline::FenceRejected => return Ok(self.fence_rejected(ev, token, None)),
+                    Inline::NotClaimed(claim) => claim,
+                },
+                Some(downstream) => {
+                    if !guard.is_held() {
+                        return Ok(Outcome::LeaseLost { token });
+                    }
+                    match self.store.claim(ev, fp, token).await? {
+                        Claim::Claimed { payment_id } => {
+                            return self
+                                .call_and_finalize(downstream, guard, ev, payment_id)
+                                .await;
+                        }
+                        other => other,
+                    }
+                }
+            };
+            match claim {
+                Claim::AlreadyDone(_) => return Ok(Outcome::Duplicate),
+                Claim::Mismatch => return Ok(Outcome::PayloadMismatch),
+                Claim::Claimed { .. } => unreachable!("handled above"),
+                Claim::Stale { db_fence } if !resynced => {
+                    // The database is at or past our token while we hold the
+                    // lease: Redis lost its counter. Fast-forward inside the lease.
+                    resynced = true;
+                    match guard.resync(db_fence).await? {
+                        Some(new) => {
+                            self.metrics.fence_resync().increment(1);
+                            tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                                old_token = token, db_fence, new_token = new, "fence resync: lease counter was behind the database");
+                        }
+                        None => return Ok(self.fence_rejected(ev, token, Some(db_fence))),
+                    }
+                }
+                Claim::Stale { db_fence } => {
+                    return Ok(self.fence_rejected(ev, token, Some(db_fence)))
+                }
+            }
+        }
+    }
+
+    async fn call_and_finalize(
+        &self,
+        downstream: &Downstream,
+        guard: &LeaseGuard,
+        ev: &CanonicalEvent,
+        payment_id: i64,
+    ) -> Result<Outcome, Error> {
+        let token = guard.token();
+        tokio::select! {
+            biased;
+            reason = guard.lost() => {
+                self.metrics.downstream("lease_lost").increment(1);
+                tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token,
+                    %reason, "lease lost during the downstream call; not finalising");
+                return Ok(Outcome::LeaseLost { token });
+            }
+            result = downstream.call(ev, token) => result?,
+        }
+        if !guard.is_held() {
+            return Ok(Outcome::LeaseLost { token });
+        }
+        if let Some(hook) = &self.hooks.before_finalize {
+            hook(ev).await;
+        }
+        match self
+            .store
+            .finalize(payment_id, ev.event_type, token)
+            .await?
+        {
+            Finalize::Applied(status) => Ok(Outcome::Processed { token, status }),
+            Finalize::FenceRejected => Ok(self.fence_rejected(ev, token, None)),
+        }
+    }
+
+    fn fence_rejected(&self, ev: &CanonicalEvent, token: i64, db_fence: Option<i64>) -> Outcome {
+        self.metrics.fence_rejected().increment(1);
+        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token, ?db_fence,
+            "fence rejected: a newer token owns this payment; nothing written");
+        Outcome::LeaseLost { token }
+    }
+}
+
+fn decide(row: &PaymentRow, fp: &str) -> Option<Outcome> {
+    if row.fingerprint != fp {
+        Some(Outcome::PayloadMismatch)
+    } else if row.status.is_terminal() {
+        Some(Outcome::Duplicate)
+    } else {
+        None
+    }
+}

@@ -1,0 +1,289 @@
+//! Standard Webhooks (`standard` scheme) and the generic payload schema.
+//!
+//! Signature: `webhook-signature` holds space-separated `v1,<base64>` entries,
+//! each an HMAC-SHA256 over `{webhook-id}.{webhook-timestamp}.{raw body}` keyed
+//! with the base64 part of a `whsec_` secret. Any configured secret may verify
+//! (rotation). Comparison is constant-time (`Mac::verify_slice`).
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use serde_json::Value;
+use sha2::Sha256;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use super::{CanonicalEvent, EventKind, Item, Reject};
+
+type HmacSha256 = Hmac<Sha256>;
+
+#[derive(Clone)]
+pub struct Standard {
+    keys: Vec<Vec<u8>>,
+    tolerance_secs: i64,
+}
+
+impl Standard {
+    pub fn new(secrets: &[String], tolerance_secs: u64) -> Result<Standard, String> {
+        let keys = secrets
+            .iter()
+            .map(|s| decode_secret(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tolerance_secs =
+            i64::try_from(tolerance_secs).map_err(|_| "tolerance_secs too large".to_owned())?;
+        Ok(Standard {
+            keys,
+            tolerance_secs,
+        })
+    }
+
+    pub fn verify(&self, headers: &http::HeaderMap, body: &[u8], now: i64) -> Result<(), Reject> {
+        let header = |name: &str| -> Result<&str, Reject> {
+            headers
+                .get(name)
+                .ok_or_else(|| Reject::Unauthorized(format!("missing {name} header")))?
+                .to_str()
+                .map_err(|_| Reject::Unauthorized(format!("{name} header is not ASCII")))
+        };
+        let id = header("webhook-id")?;
+        let ts_text = header("webhook-timestamp")?;
+        let signatures = header("webhook-signature")?;
+        let ts: i64 = ts_text.parse().map_err(|_| {
+            Reject::Unauthorized("webhook-timestamp is not a unix timestamp".to_owned())
+        })?;
+        if now.abs_diff(ts) > self.tolerance_secs.unsigned_abs() {
+            return Err(Reject::Unauthorized(
+                "webhook-timestamp outside tolerance".to_owned(),
+            ));
+        }
+        let candidates: Vec<Vec<u8>> = signatures
+            .split(' ')
+            .filter_map(|entry| entry.strip_prefix("v1,"))
+            .filter_map(|b64| B64.decode(b64).ok())
+            .collect();
+        if candidates.is_empty() {
+            return Err(Reject::Unauthorized(
+                "no v1 signature in webhook-signature".to_owned(),
+            ));
+        }
+        for key in &self.keys {
+            let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+            mac.update(id.as_bytes());
+            mac.update(b".");
+            mac.update(ts_text.as_bytes());
+            mac.update(b".");
+            mac.update(body);
+            for sig in &candidates {
+                if mac.clone().verify_slice(sig).is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        Err(Reject::Unauthorized("signature does not match".to_owned()))
+    }
+}
+
+fn decode_secret(secret: &str) -> Result<Vec<u8>, String> {
+    let b64 = secret
+        .strip_prefix("whsec_")
+        .ok_or("a standard secret starts with whsec_")?;
+    let key = B64
+        .decode(b64)
+        .map_err(|_| "the part after whsec_ is not base64".to_owned())?;
+    if key.len() < 8 {
+        return Err("secret key is shorter than 8 bytes".to_owned());
+    }
+    Ok(key)
+}
+
+/// Signs like a Standard Webhooks sender: the `webhook-signature` value.
+pub fn sign(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
+    let key = decode_secret(secret)?;
+    let mut mac = HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any length");
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    Ok(format!("v1,{}", B64.encode(mac.finalize().into_bytes())))
+}
+
+/// Maps the generic payload (SPEC §4) strictly: no coercion, no trimming, no defaults.
+pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
+    let invalid = |m: &str| Reject::Invalid(m.to_owned());
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| Reject::Invalid(format!("body is not valid JSON: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| invalid("body must be a JSON object"))?;
+    let event_type = match obj.get("event_type") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return Err(invalid("event_type must be a string")),
+        None => return Err(invalid("event_type is required")),
+    };
+    let Some(kind) = EventKind::from_generic(event_type) else {
+        return Ok(Item::Ignored {
+            event_type: event_type.to_owned(),
+        });
+    };
+    let transaction_id = match obj.get("transaction_id") {
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(invalid("transaction_id must be a string")),
+        None => return Err(invalid("transaction_id is required")),
+    };
+    check_transaction_id(&transaction_id)?;
+    let amount_minor = match obj.get("amount") {
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(a) if a > 0 => a,
+            Some(_) => return Err(invalid("amount must be greater than 0")),
+            None if n.is_u64() => return Err(invalid("amount is too large")),
+            None => {
+                return Err(invalid(
+                    "amount must be an integer in minor units, not a float",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(invalid(
+                "amount must be an integer in minor units (got a non-number)",
+            ))
+        }
+        None => return Err(invalid("amount is required")),
+    };
+    let currency = match obj.get("currency") {
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(invalid("currency must be a string")),
+        None => return Err(invalid("currency is required")),
+    };
+    check_currency(&currency)?;
+    let occurred_at = match obj.get("occurred_at") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(
+            OffsetDateTime::parse(s, &Rfc3339)
+                .map_err(|_| invalid("occurred_at must be an RFC 3339 timestamp"))?,
+        ),
+        Some(_) => return Err(invalid("occurred_at must be an RFC 3339 string")),
+    };
+    Ok(Item::Event(CanonicalEvent {
+        provider: provider.to_owned(),
+        transaction_id,
+        event_type: kind,
+        amount_minor,
+        currency,
+        occurred_at,
+    }))
+}
+
+/// 1–255 printable ASCII, no leading or trailing whitespace (rejected, not trimmed).
+pub fn check_transaction_id(id: &str) -> Result<(), Reject> {
+    if id.is_empty() || id.len() > 255 {
+        return Err(Reject::Invalid(
+            "transaction_id must be 1 to 255 characters".to_owned(),
+        ));
+    }
+    if !id.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(Reject::Invalid(
+            "transaction_id must be printable ASCII".to_owned(),
+        ));
+    }
+    if id.starts_with(' ') || id.ends_with(' ') {
+        return Err(Reject::Invalid(
+            "transaction_id has leading or trailing whitespace".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// ISO 4217 form: three upper-case ASCII letters.
+pub fn check_currency(c: &str) -> Result<(), Reject> {
+    if c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()) {
+        Ok(())
+    } else {
+        Err(Reject::Invalid(
+            "currency must be an ISO 4217 code: three upper-case letters".to_owned(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    fn headers(id: &str, ts: i64, sig: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert("webhook-id", id.parse().unwrap());
+        h.insert("webhook-timestamp", ts.to_string().parse().unwrap());
+        h.insert("webhook-signature", sig.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn matches_the_standard_webhooks_reference_vector() {
+        // Test vector from the Standard Webhooks specification's reference libraries.
+        let body = br#"{"test": 2432232314}"#;
+        let sig = sign(SECRET, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body).unwrap();
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn verifies_any_listed_signature_and_any_configured_secret() {
+        let s = Standard::new(
+            &["whsec_b2xkLXNlY3JldC1rZXk=".to_owned(), SECRET.to_owned()],
+            300,
+        )
+        .unwrap();
+        let body = b"{}";
+        let good = sign(SECRET, "id1", 1000, body).unwrap();
+        let multi = format!("v1,AAAA v2,xyz {good}");
+        assert!(s.verify(&headers("id1", 1000, &multi), body, 1000).is_ok());
+        assert!(s
+            .verify(&headers("id1", 1000, &good), b"{ }", 1000)
+            .is_err());
+        assert!(s.verify(&headers("id2", 1000, &good), body, 1000).is_err());
+    }
+
+    #[test]
+    fn timestamp_tolerance_is_inclusive_at_the_edge_and_rejects_beyond() {
+        let s = Standard::new(&[SECRET.to_owned()], 300).unwrap();
+        let sig = sign(SECRET, "id", 1000, b"{}").unwrap();
+        assert!(s.verify(&headers("id", 1000, &sig), b"{}", 1300).is_ok());
+        assert!(s.verify(&headers("id", 1000, &sig), b"{}", 700).is_ok());
+        assert!(s.verify(&headers("id", 1000, &sig), b"{}", 1301).is_err());
+        assert!(s.verify(&headers("id", 1000, &sig), b"{}", 699).is_err());
+    }
+
+    #[test]
+    fn generic_payload_is_strict() {
+        let ok = br#"{"transaction_id":"tx_1","amount":1000,"currency":"EUR","event_type":"payment.succeeded","extra":1}"#;
+        assert!(matches!(parse_generic("generic", ok), Ok(Item::Event(_))));
+        for bad in [
+            r#"{"transaction_id":"tx_1","amount":10.0,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1","amount":0,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1","amount":-5,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1","amount":"1000","currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1","amount":1000,"event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1","amount":1000,"currency":"eur","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":" tx_1","amount":1000,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1 ","amount":1000,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"","amount":1000,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx\u00e9","amount":1000,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":7,"amount":1000,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1","amount":1e3,"currency":"EUR","event_type":"payment.succeeded"}"#,
+            r#"{"transaction_id":"tx_1","amount":1000,"currency":"EUR","event_type":"payment.succeeded","occurred_at":"yesterday"}"#,
+            r#"[1,2]"#,
+            r#"{"transaction_id":"tx_1""#,
+        ] {
+            assert!(
+                matches!(
+                    parse_generic("generic", bad.as_bytes()),
+                    Err(Reject::Invalid(_))
+                ),
+                "{bad}"
+            );
+        }
+        let ignored = br#"{"event_type":"customer.created"}"#;
+        assert!(matches!(
+            parse_generic("generic", ignored),
+            Ok(Item::Ignored { .. })
+        ));
+    }
+}

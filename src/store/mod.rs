@@ -1,0 +1,428 @@
+//! PostgreSQL: the final arbiter of who processed a payment.
+//!
+//! # The fencing rule (must stay true)
+//!
+//! Every write of a processing attempt carries the attempt's fencing token and
+//! is conditioned on it in SQL:
+//!
+//! - the claim raises `payments.fence` to the token only while the row is
+//!   `processing`, its fence is *lower* than the token, and the fingerprint is
+//!   the same; otherwise it changes nothing and the row is re-read;
+//! - finalize (status + ledger entry, one statement) applies only where
+//!   `fence = token AND status = 'processing'`.
+//!
+//! So a holder that stalled past its lease and resumes after a newer holder
+//! claimed the row cannot change anything: its write matches no row and is
+//! reported as [`Finalize::FenceRejected`]. Conflicts are resolved with
+//! `ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key`: only that
+//! constraint can send a delivery down the "row exists" branch, and that branch
+//! always re-reads the row to tell duplicate from payload mismatch. Every other
+//! database error is an error ([`StoreError`]), never a duplicate.
+
+pub mod audit;
+pub mod migrate;
+
+use std::time::Duration;
+
+use deadpool_postgres::{
+    GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
+};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use crate::config::DbConfig;
+use crate::providers::{CanonicalEvent, EventKind};
+
+/// Name of the constraint that makes a payment unique.
+pub const PAYMENTS_UNIQUE: &str = "payments_provider_transaction_id_key";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Processing,
+    Succeeded,
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Processing => "processing",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Status, StoreError> {
+        match s {
+            "processing" => Ok(Status::Processing),
+            "succeeded" => Ok(Status::Succeeded),
+            "failed" => Ok(Status::Failed),
+            other => Err(StoreError::Corrupt(format!(
+                "unknown payment status `{other}`"
+            ))),
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Status::Processing)
+    }
+}
+
+/// What the database holds for one (provider, transaction_id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentRow {
+    pub id: i64,
+    pub status: Status,
+    pub fingerprint: String,
+    pub fence: i64,
+}
+
+/// Result of a fenced claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The row is ours at `fence = token`, status `processing`.
+    Claimed { payment_id: i64 },
+    /// Already terminal with the same fingerprint: a duplicate.
+    AlreadyDone(Status),
+    /// Same (provider, transaction_id), different fingerprint.
+    Mismatch,
+    /// Still `processing`, but the database fence is at or above our token.
+    Stale { db_fence: i64 },
+}
+
+/// Result of a fenced finalize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finalize {
+    Applied(Status),
+    /// No row had `fence = token AND status = 'processing'`: a newer holder owns it.
+    FenceRejected,
+}
+
+/// Result of the one-transaction path (no downstream).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inline {
+    Committed(Status),
+    NotClaimed(Claim),
+    /// The lease was lost before commit; the transaction was rolled back.
+    LeaseLost,
+    FenceRejected,
+}
+
+/// How a database error is classified. Exhaustive on purpose: adding a kind
+/// forces every caller to decide what it means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbErrorKind {
+    /// 23505 on `payments_provider_transaction_id_key` itself.
+    PaymentExists,
+    /// Any other integrity violation: a bug or a corrupt row, never a duplicate.
+    Constraint,
+    /// Serialization failure or deadlock: safe to retry.
+    Conflict,
+    /// statement_timeout / query cancelled.
+    Timeout,
+    /// Connection lost, server shutting down, cannot connect.
+    Connection,
+    Other,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no database connection available: {0}")]
+    Pool(#[from] PoolError),
+    #[error("database error ({kind:?})")]
+    Db {
+        kind: DbErrorKind,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("unexpected database state: {0}")]
+    Corrupt(String),
+    #[error("could not build the pool: {0}")]
+    Build(String),
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(source: tokio_postgres::Error) -> StoreError {
+        StoreError::Db {
+            kind: classify(&source),
+            source,
+        }
+    }
+}
+
+/// Classifies by SQLSTATE (and, for unique violations, by constraint name).
+pub fn classify(e: &tokio_postgres::Error) -> DbErrorKind {
+    let Some(db) = e.as_db_error() else {
+        return DbErrorKind::Connection;
+    };
+    let code = db.code();
+    if *code == SqlState::UNIQUE_VIOLATION {
+        if db.constraint() == Some(PAYMENTS_UNIQUE) {
+            DbErrorKind::PaymentExists
+        } else {
+            DbErrorKind::Constraint
+        }
+    } else if *code == SqlState::T_R_SERIALIZATION_FAILURE
+        || *code == SqlState::T_R_DEADLOCK_DETECTED
+    {
+        DbErrorKind::Conflict
+    } else if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE {
+        DbErrorKind::Timeout
+    } else if code.code().starts_with("08")
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+    {
+        DbErrorKind::Connection
+    } else if code.code().starts_with("23") {
+        DbErrorKind::Constraint
+    } else {
+        DbErrorKind::Other
+    }
+}
+
+const SELECT_PAYMENT: &str =
+    "SELECT id, status, fingerprint, fence FROM payments WHERE provider = $1 AND transaction_id = $2";
+
+const CLAIM: &str = "\
+INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
+VALUES ($1, $2, $3, $4, $5, $6, 'processing', $7, $8)
+ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
+   SET fence = EXCLUDED.fence, updated_at = now()
+ WHERE payments.status = 'processing'
+   AND payments.fence < EXCLUDED.fence
+   AND payments.fingerprint = EXCLUDED.fingerprint
+RETURNING id";
+
+/// Status and ledger entry in one statement, both conditioned on the token.
+const FINALIZE_WITH_ENTRY: &str = "\
+WITH upd AS (
+    UPDATE payments SET status = 'succeeded', updated_at = now()
+     WHERE id = $1 AND fence = $2 AND status = 'processing'
+    RETURNING id, amount_minor, currency)
+INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+SELECT id, $3, amount_minor * $4, currency, $2 FROM upd
+RETURNING payment_id";
+
+const FINALIZE_FAILED: &str = "\
+UPDATE payments SET status = 'failed', updated_at = now()
+ WHERE id = $1 AND fence = $2 AND status = 'processing'
+RETURNING id";
+
+/// The pooled PostgreSQL store.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+}
+
+impl Store {
+    /// Builds the pool. Connections are opened lazily, so a database that is
+    /// down at start makes requests answer 503 (and `/readyz` say so) instead
+    /// of stopping the process.
+    pub fn new(cfg: &DbConfig) -> Result<Store, StoreError> {
+        let mut pg: tokio_postgres::Config = cfg
+            .url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| StoreError::Build(e.to_string()))?;
+        pg.application_name("fencehook");
+        pg.options(format!(
+            "-c statement_timeout={}",
+            cfg.statement_timeout.as_millis()
+        ));
+        pg.connect_timeout(cfg.connect_timeout);
+        pg.keepalives(true);
+        pg.keepalives_idle(Duration::from_secs(10));
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(cfg.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(cfg.pool_wait))
+            .create_timeout(Some(cfg.connect_timeout))
+            .recycle_timeout(Some(cfg.connect_timeout))
+            .build()
+            .map_err(|e| StoreError::Build(e.to_string()))?;
+        Ok(Store { pool })
+    }
+
+    pub fn pool_status(&self) -> deadpool_postgres::Status {
+        self.pool.status()
+    }
+
+    /// Readiness probe.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        client.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    pub async fn lookup(
+        &self,
+        provider: &str,
+        transaction_id: &str,
+    ) -> Result<Option<PaymentRow>, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(SELECT_PAYMENT).await?;
+        let row = client
+            .query_opt(&stmt, &[&provider, &transaction_id])
+            .await?;
+        row.map(|r| to_payment(&r)).transpose()
+    }
+
+    /// Fenced claim in its own transaction (used when the business step leaves
+    /// the database: the claim must be durable before the downstream call).
+    pub async fn claim(
+        &self,
+        ev: &CanonicalEvent,
+        fingerprint: &str,
+        token: i64,
+    ) -> Result<Claim, StoreError> {
+        let client = self.pool.get().await?;
+        claim_on(&client, ev, fingerprint, token).await
+    }
+
+    /// Fenced finalize: `succeeded` + ledger entry (or `failed`), one statement.
+    pub async fn finalize(
+        &self,
+        payment_id: i64,
+        kind: EventKind,
+        token: i64,
+    ) -> Result<Finalize, StoreError> {
+        let client = self.pool.get().await?;
+        finalize_on(&client, payment_id, kind, token).await
+    }
+
+    /// Claim, business effect and final status in one transaction. `lease_ok`
+    /// is asked right before commit: when it says the lease is gone the
+    /// transaction is rolled back and nothing is written.
+    pub async fn claim_and_finalize(
+        &self,
+        ev: &CanonicalEvent,
+        fingerprint: &str,
+        token: i64,
+        lease_ok: impl Fn() -> bool,
+    ) -> Result<Inline, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let payment_id = match claim_on(&tx, ev, fingerprint, token).await? {
+            Claim::Claimed { payment_id } => payment_id,
+            other => {
+                tx.rollback().await?;
+                return Ok(Inline::NotClaimed(other));
+            }
+        };
+        if !lease_ok() {
+            tx.rollback().await?;
+            return Ok(Inline::LeaseLost);
+        }
+        match finalize_on(&tx, payment_id, ev.event_type, token).await? {
+            Finalize::Applied(status) => {
+                if !lease_ok() {
+                    tx.rollback().await?;
+                    return Ok(Inline::LeaseLost);
+                }
+                tx.commit().await?;
+                Ok(Inline::Committed(status))
+            }
+            Finalize::FenceRejected => {
+                tx.rollback().await?;
+                Ok(Inline::FenceRejected)
+            }
+        }
+    }
+}
+
+async fn claim_on<C: GenericClient>(
+    client: &C,
+    ev: &CanonicalEvent,
+    fingerprint: &str,
+    token: i64,
+) -> Result<Claim, StoreError> {
+    let stmt = client.prepare_cached(CLAIM).await?;
+    let row = client
+        .query_opt(
+            &stmt,
+            &[
+                &ev.provider,
+                &ev.transaction_id,
+                &ev.event_type.as_str(),
+                &ev.amount_minor,
+                &ev.currency,
+                &fingerprint,
+                &token,
+                &ev.occurred_at,
+            ],
+        )
+        .await?;
+    if let Some(row) = row {
+        return Ok(Claim::Claimed {
+            payment_id: row.get(0),
+        });
+    }
+    // The conflict branch: re-read to tell duplicate, mismatch and stale apart.
+    let stmt = client.prepare_cached(SELECT_PAYMENT).await?;
+    let row = client
+        .query_opt(&stmt, &[&ev.provider, &ev.transaction_id])
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("claim conflicted but no row exists".to_owned()))?;
+    let existing = to_payment(&row)?;
+    Ok(if existing.fingerprint != fingerprint {
+        Claim::Mismatch
+    } else if existing.status.is_terminal() {
+        Claim::AlreadyDone(existing.status)
+    } else {
+        Claim::Stale {
+            db_fence: existing.fence,
+        }
+    })
+}
+
+async fn finalize_on<C: GenericClient>(
+    client: &C,
+    payment_id: i64,
+    kind: EventKind,
+    token: i64,
+) -> Result<Finalize, StoreError> {
+    let (status, row) = match kind {
+        EventKind::PaymentFailed => {
+            let stmt = client.prepare_cached(FINALIZE_FAILED).await?;
+            (
+                Status::Failed,
+                client.query_opt(&stmt, &[&payment_id, &token]).await?,
+            )
+        }
+        EventKind::PaymentSucceeded | EventKind::RefundSucceeded => {
+            let (effect, sign): (&str, i64) = if kind == EventKind::RefundSucceeded {
+                ("debit", -1)
+            } else {
+                ("credit", 1)
+            };
+            let stmt = client.prepare_cached(FINALIZE_WITH_ENTRY).await?;
+            (
+                Status::Succeeded,
+                client
+                    .query_opt(&stmt, &[&payment_id, &token, &effect, &sign])
+                    .await?,
+            )
+        }
+    };
+    Ok(match row {
+        Some(_) => Finalize::Applied(status),
+        None => Finalize::FenceRejected,
+    })
+}
+
+fn to_payment(row: &tokio_postgres::Row) -> Result<PaymentRow, StoreError> {
+    Ok(PaymentRow {
+        id: row.get(0),
+        status: Status::parse(row.get(1))?,
+        fingerprint: row.get(2),
+        fence: row.get(3),
+    })
+}
