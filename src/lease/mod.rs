@@ -175,6 +175,14 @@ impl LeaseGuard {
         self.finish();
     }
 
+    /// Stops renewing and walks away without releasing, as a crashed holder
+    /// would: the lock stays until its TTL runs out. For tests and drills.
+    pub fn abandon(mut self) {
+        self.released = true;
+        self.heartbeat.abort();
+        self.finish();
+    }
+
     fn finish(&self) {
         self.metrics
             .lease_held_seconds()

@@ -1,0 +1,9 @@
+//! One integration binary: real PostgreSQL, real Redis, a database and a key
+//! prefix per test. Test names are sentences.
+
+mod helpers;
+
+mod exactly_once;
+mod faults;
+mod input;
+mod lease;
