@@ -19,7 +19,9 @@ async fn fifty_concurrent_deliveries_over_three_instances_book_one_payment() {
     for i in 0..50 {
         let app = apps[i % 3].clone();
         let p = p.clone();
-        tasks.push(tokio::spawn(async move { app.deliver_until_settled(&p, Duration::from_secs(20)).await }));
+        tasks.push(tokio::spawn(async move {
+            app.deliver_until_settled(&p, Duration::from_secs(20)).await
+        }));
     }
     let mut finals: HashMap<String, usize> = HashMap::new();
     for t in tasks {
@@ -28,14 +30,22 @@ async fn fifty_concurrent_deliveries_over_three_instances_book_one_payment() {
         assert_eq!(last.status, 200, "every delivery ends 200, got {answers:?}");
         *finals.entry(last.result().to_owned()).or_default() += 1;
         for a in &answers[..answers.len() - 1] {
-            assert_eq!((a.status, a.result()), (409, "in_progress"), "only in_progress before the end: {answers:?}");
+            assert_eq!(
+                (a.status, a.result()),
+                (409, "in_progress"),
+                "only in_progress before the end: {answers:?}"
+            );
         }
     }
     assert_eq!(finals.get("processed"), Some(&1), "{finals:?}");
     assert_eq!(finals.get("duplicate"), Some(&49), "{finals:?}");
     assert_eq!(ctx.payments().await, 1);
     assert_eq!(ctx.entries().await, 1);
-    assert_eq!(ctx.count("SELECT sum(amount_minor)::bigint FROM ledger_entries").await, 4200);
+    assert_eq!(
+        ctx.count("SELECT sum(amount_minor)::bigint FROM ledger_entries")
+            .await,
+        4200
+    );
     ctx.assert_audit_clean().await;
 }
 
@@ -70,17 +80,35 @@ async fn many_transactions_with_duplicates_leave_the_audit_clean() {
         assert_eq!(last.status, 200, "{tx}: {answers:?}");
         // Invariant 3: every 2xx corresponds to a committed terminal row.
         let (status, _) = ctx.payment(&tx).await.expect("a 200 has a row");
-        assert!(status == "succeeded" || status == "failed", "{tx} answered 200 but is {status}");
+        assert!(
+            status == "succeeded" || status == "failed",
+            "{tx} answered 200 but is {status}"
+        );
         if last.result() == "processed" {
             *processed.entry(tx).or_default() += 1;
         }
     }
-    assert_eq!(processed.len(), transactions, "each transaction processed by someone");
-    assert!(processed.values().all(|n| *n == 1), "each processed exactly once: {processed:?}");
+    assert_eq!(
+        processed.len(),
+        transactions,
+        "each transaction processed by someone"
+    );
+    assert!(
+        processed.values().all(|n| *n == 1),
+        "each processed exactly once: {processed:?}"
+    );
     assert_eq!(ctx.payments().await, transactions as i64);
-    assert_eq!(ctx.count("SELECT count(*) FROM payments WHERE status = 'failed'").await, 8);
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM payments WHERE status = 'failed'")
+            .await,
+        8
+    );
     assert_eq!(ctx.entries().await, transactions as i64 - 8);
-    assert_eq!(ctx.count("SELECT count(*) FROM ledger_entries WHERE effect = 'debit'").await, 4);
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM ledger_entries WHERE effect = 'debit'")
+            .await,
+        4
+    );
     ctx.assert_audit_clean().await;
 }
 
@@ -110,18 +138,38 @@ async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing() {
     let mut b_answers = Vec::new();
     while !first.is_finished() {
         b_answers.push(b.deliver(&p).await);
+        // While A's outcome is not committed, B must never have held the lease.
+        if ctx.payment("tx_slow").await.unwrap().0 == "processing" {
+            assert_eq!(
+                b.metric(LEASE_ACQUIRE_TOTAL, &[("result", "acquired")]),
+                0.0,
+                "B held the lease during A's call"
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let first = first.await.unwrap();
     assert_eq!((first.status, first.result()), (200, "processed"));
-    assert!(b_answers.iter().any(|r| r.status == 409), "B saw the holder: {b_answers:?}");
+    assert!(
+        b_answers.iter().any(|r| r.status == 409),
+        "B saw the holder: {b_answers:?}"
+    );
     for r in &b_answers {
-        assert!(r.status == 409 || (r.status == 200 && r.result() == "duplicate"), "{r:?}");
+        assert!(
+            r.status == 409 || (r.status == 200 && r.result() == "duplicate"),
+            "{r:?}"
+        );
     }
-    assert_eq!(downstream.calls().len(), 1, "no second holder called downstream");
-    assert_eq!(b.metric(LEASE_ACQUIRE_TOTAL, &[("result", "acquired")]), 0.0, "B never held the lease");
+    assert_eq!(
+        downstream.calls().len(),
+        1,
+        "no second holder called downstream"
+    );
     let renewals = a.metric(LEASE_RENEW_TOTAL, &[("result", "ok")]);
-    assert!(renewals >= 6.0, "a 2.7 s call under a 0.9 s TTL renews every 0.3 s; saw {renewals}");
+    assert!(
+        renewals >= 6.0,
+        "a 2.7 s call under a 0.9 s TTL renews every 0.3 s; saw {renewals}"
+    );
     assert_eq!(ctx.entries().await, 1);
     let call = &downstream.calls()[0];
     assert_eq!(call.idempotency_key, "generic:tx_slow");

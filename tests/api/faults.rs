@@ -37,10 +37,22 @@ async fn a_database_cut_mid_processing_answers_503_writes_nothing_half_and_a_ret
     let p = payment("tx_dbcut", 1500);
 
     let first = app.deliver(&p).await;
-    assert_eq!((first.status, first.result()), (503, "unavailable"), "a database error is never a 200 or a duplicate");
+    assert_eq!(
+        (first.status, first.result()),
+        (503, "unavailable"),
+        "a database error is never a 200 or a duplicate"
+    );
     assert!(first.retry_after.is_some(), "503 carries Retry-After");
-    assert_eq!(ctx.payment("tx_dbcut").await, Some(("processing".to_owned(), 1)), "claim durable, not finalised");
-    assert_eq!(ctx.entries().await, 0, "no ledger entry from the failed attempt");
+    assert_eq!(
+        ctx.payment("tx_dbcut").await,
+        Some(("processing".to_owned(), 1)),
+        "claim durable, not finalised"
+    );
+    assert_eq!(
+        ctx.entries().await,
+        0,
+        "no ledger entry from the failed attempt"
+    );
 
     // While the database stays unreachable, deliveries keep answering 503.
     let during = app.deliver(&p).await;
@@ -49,7 +61,11 @@ async fn a_database_cut_mid_processing_answers_503_writes_nothing_half_and_a_ret
     proxy.restore();
     let answers = app.deliver_until_settled(&p, Duration::from_secs(10)).await;
     let last = answers.last().unwrap();
-    assert_eq!((last.status, last.result()), (200, "processed"), "{answers:?}");
+    assert_eq!(
+        (last.status, last.result()),
+        (200, "processed"),
+        "{answers:?}"
+    );
     let again = app.deliver(&p).await;
     assert_eq!((again.status, again.result()), (200, "duplicate"));
     assert_eq!(ctx.entries().await, 1);
@@ -70,8 +86,14 @@ async fn a_database_that_is_unreachable_before_the_claim_answers_503_and_writes_
     assert!(r.retry_after.is_some());
     assert_eq!(ctx.payments().await, 0);
     proxy.restore();
-    let answers = app.deliver_until_settled(&payment("tx_nodb", 10), Duration::from_secs(10)).await;
-    assert_eq!(answers.last().unwrap().result(), "processed", "the pool recovers by itself: {answers:?}");
+    let answers = app
+        .deliver_until_settled(&payment("tx_nodb", 10), Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        answers.last().unwrap().result(),
+        "processed",
+        "the pool recovers by itself: {answers:?}"
+    );
     assert_eq!(ctx.entries().await, 1);
 }
 
@@ -87,7 +109,10 @@ async fn redis_unreachable_answers_503_with_retry_after_and_writes_nothing() {
     assert_eq!(ctx.payments().await, 0);
     let (ready, body) = app.get_admin("/readyz").await;
     assert_eq!(ready, 503);
-    assert!(body.contains("lease_backend") && body.contains("error"), "{body}");
+    assert!(
+        body.contains("lease_backend") && body.contains("error"),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -97,13 +122,21 @@ async fn redis_cut_mid_flight_answers_503_then_books_once_after_it_returns() {
     let mut cfg = ctx.config();
     cfg.lease.redis_url = format!("redis://{}", proxy.addr());
     let app = ctx.spawn(cfg).await;
-    assert_eq!(app.deliver(&payment("tx_warm", 1)).await.result(), "processed");
+    assert_eq!(
+        app.deliver(&payment("tx_warm", 1)).await.result(),
+        "processed"
+    );
     proxy.cut();
     let r = app.deliver(&payment("tx_rcut", 10)).await;
     assert_eq!((r.status, r.result()), (503, "unavailable"));
-    assert!(ctx.payment("tx_rcut").await.is_none(), "nothing written without a lease");
+    assert!(
+        ctx.payment("tx_rcut").await.is_none(),
+        "nothing written without a lease"
+    );
     proxy.restore();
-    let answers = app.deliver_until_settled(&payment("tx_rcut", 10), Duration::from_secs(10)).await;
+    let answers = app
+        .deliver_until_settled(&payment("tx_rcut", 10), Duration::from_secs(10))
+        .await;
     assert_eq!(answers.last().unwrap().result(), "processed", "{answers:?}");
     assert_eq!(ctx.entries().await, 2);
 }
@@ -156,26 +189,58 @@ async fn a_stale_holder_that_resumes_after_a_takeover_is_fenced_out() {
         let (b, p) = (b.clone(), p.clone());
         async move { b.deliver_until_settled(&p, Duration::from_secs(20)).await }
     });
-    wait_for("B's downstream call with token 2", Duration::from_secs(10), || async {
-        downstream.calls().iter().any(|c| c.fencing_token == 2)
-    })
+    wait_for(
+        "B's downstream call with token 2",
+        Duration::from_secs(10),
+        || async { downstream.calls().iter().any(|c| c.fencing_token == 2) },
+    )
     .await;
-    assert_eq!(ctx.payment("tx_stale").await, Some(("processing".to_owned(), 2)), "B claimed with a higher token");
+    assert_eq!(
+        ctx.payment("tx_stale").await,
+        Some(("processing".to_owned(), 2)),
+        "B claimed with a higher token"
+    );
 
     a_resume.notify_one();
     let a_answer = a_answer.await.unwrap();
-    assert_eq!((a_answer.status, a_answer.result()), (409, "lease_lost"), "A must not answer processed");
-    assert_eq!(a.metric(FENCE_REJECTED_TOTAL, &[]), 1.0, "A's finalize was refused by the fence");
-    assert!(a.metric(LEASE_LOST_TOTAL, &[]) >= 1.0, "A noticed the loss too");
+    assert_eq!(
+        (a_answer.status, a_answer.result()),
+        (409, "lease_lost"),
+        "A must not answer processed"
+    );
+    assert_eq!(
+        a.metric(FENCE_REJECTED_TOTAL, &[]),
+        1.0,
+        "A's finalize was refused by the fence"
+    );
+    assert!(
+        a.metric(LEASE_LOST_TOTAL, &[]) >= 1.0,
+        "A noticed the loss too"
+    );
     let mut redis = ctx.redis().await;
-    let lock: Option<String> = redis::cmd("GET").arg(ctx.lock_key("tx_stale")).query_async(&mut redis).await.unwrap();
-    assert!(lock.as_deref().is_some_and(|v| v.ends_with(":2")), "A's release left B's lock: {lock:?}");
+    let lock: Option<String> = redis::cmd("GET")
+        .arg(ctx.lock_key("tx_stale"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        lock.as_deref().is_some_and(|v| v.ends_with(":2")),
+        "A's release left B's lock: {lock:?}"
+    );
 
     downstream.open_gate();
     let b_answers = b_answer.await.unwrap();
-    assert_eq!(b_answers.last().unwrap().result(), "processed", "{b_answers:?}");
+    assert_eq!(
+        b_answers.last().unwrap().result(),
+        "processed",
+        "{b_answers:?}"
+    );
     assert_eq!(ctx.entries().await, 1);
-    assert_eq!(ctx.count("SELECT fence FROM ledger_entries").await, 2, "the entry is B's");
+    assert_eq!(
+        ctx.count("SELECT fence FROM ledger_entries").await,
+        2,
+        "the entry is B's"
+    );
     ctx.assert_audit_clean().await;
 }
 
@@ -190,18 +255,32 @@ async fn a_lost_fence_counter_is_resynced_from_the_database_and_books_once() {
 
     downstream.set_status(500);
     let first = app.deliver(&p).await;
-    assert_eq!((first.status, first.result()), (503, "unavailable"), "downstream failure leaves it retryable");
-    assert_eq!(ctx.payment("tx_resync").await, Some(("processing".to_owned(), 1)));
+    assert_eq!(
+        (first.status, first.result()),
+        (503, "unavailable"),
+        "downstream failure leaves it retryable"
+    );
+    assert_eq!(
+        ctx.payment("tx_resync").await,
+        Some(("processing".to_owned(), 1))
+    );
 
     // Redis loses the counter (restart without persistence, failover, eviction).
     let mut redis = ctx.redis().await;
-    let _: i64 = redis::cmd("DEL").arg(ctx.fence_key("tx_resync")).query_async(&mut redis).await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(ctx.fence_key("tx_resync"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
 
     downstream.set_status(200);
     let second = app.deliver(&p).await;
     assert_eq!((second.status, second.result()), (200, "processed"));
     assert_eq!(app.metric(FENCE_RESYNC_TOTAL, &[]), 1.0);
-    assert_eq!(ctx.payment("tx_resync").await, Some(("succeeded".to_owned(), 2)));
+    assert_eq!(
+        ctx.payment("tx_resync").await,
+        Some(("succeeded".to_owned(), 2))
+    );
     assert_eq!(ctx.entries().await, 1);
     let tokens: Vec<i64> = downstream.calls().iter().map(|c| c.fencing_token).collect();
     assert_eq!(tokens, vec![1, 2], "the retry ran under the resynced token");

@@ -2,17 +2,27 @@
 
 use serde_json::json;
 
-use crate::helpers::{now, payment, TestContext, TestApp, SECRET};
+use crate::helpers::{now, payment, TestApp, TestContext, SECRET};
 
 async fn assert_nothing_written(ctx: &TestContext) {
     assert_eq!(ctx.payments().await, 0, "no payment row");
     assert_eq!(ctx.entries().await, 0, "no ledger entry");
-    assert!(ctx.redis_keys().await.is_empty(), "no lease taken: {:?}", ctx.redis_keys().await);
+    assert!(
+        ctx.redis_keys().await.is_empty(),
+        "no lease taken: {:?}",
+        ctx.redis_keys().await
+    );
 }
 
 async fn raw(app: &TestApp, body: &str) -> (u16, String, String) {
-    let r = app.post_signed("generic", body.as_bytes(), now(), SECRET).await;
-    (r.status, r.result().to_owned(), r.body["reason"].as_str().unwrap_or("").to_owned())
+    let r = app
+        .post_signed("generic", body.as_bytes(), now(), SECRET)
+        .await;
+    (
+        r.status,
+        r.result().to_owned(),
+        r.body["reason"].as_str().unwrap_or("").to_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -21,13 +31,27 @@ async fn bad_signatures_and_stale_timestamps_are_401_and_write_nothing() {
     let app = ctx.spawn(ctx.config()).await;
     let body = payment("tx_sig", 100).to_string();
     let other_secret = "whsec_c29tZS1vdGhlci1zZWNyZXQta2V5";
-    let r = app.post_signed("generic", body.as_bytes(), now(), other_secret).await;
+    let r = app
+        .post_signed("generic", body.as_bytes(), now(), other_secret)
+        .await;
     assert_eq!((r.status, r.result()), (401, "unauthorized"));
     for skew in [-301, 301, -3600] {
-        let r = app.post_signed("generic", body.as_bytes(), now() + skew, SECRET).await;
-        assert_eq!((r.status, r.result()), (401, "unauthorized"), "timestamp skew {skew}");
+        let r = app
+            .post_signed("generic", body.as_bytes(), now() + skew, SECRET)
+            .await;
+        assert_eq!(
+            (r.status, r.result()),
+            (401, "unauthorized"),
+            "timestamp skew {skew}"
+        );
     }
-    let r = app.post("/webhooks/generic", &[("content-type", "application/json")], body.clone().into_bytes()).await;
+    let r = app
+        .post(
+            "/webhooks/generic",
+            &[("content-type", "application/json")],
+            body.clone().into_bytes(),
+        )
+        .await;
     assert_eq!(r.status, 401, "missing signature headers");
     // A valid signature over other bytes: the body was tampered with.
     let id = "msg_1";
@@ -37,7 +61,12 @@ async fn bad_signatures_and_stale_timestamps_are_401_and_write_nothing() {
     let r = app
         .post(
             "/webhooks/generic",
-            &[("content-type", "application/json"), ("webhook-id", id), ("webhook-timestamp", &ts), ("webhook-signature", &sig)],
+            &[
+                ("content-type", "application/json"),
+                ("webhook-id", id),
+                ("webhook-timestamp", &ts),
+                ("webhook-signature", &sig),
+            ],
             tampered.into_bytes(),
         )
         .await;
@@ -61,7 +90,11 @@ async fn malformed_payloads_are_400_with_a_reason_and_write_nothing() {
     ];
     for (name, body) in cases {
         let (status, result, reason) = raw(&app, &body).await;
-        assert_eq!((status, result.as_str()), (400, "invalid_payload"), "{name}");
+        assert_eq!(
+            (status, result.as_str()),
+            (400, "invalid_payload"),
+            "{name}"
+        );
         assert!(!reason.is_empty(), "{name}: a human-readable reason");
     }
     assert_nothing_written(&ctx).await;
@@ -73,13 +106,27 @@ async fn size_content_type_and_unknown_provider_get_their_statuses_and_write_not
     let app = ctx.spawn(ctx.config()).await;
     let mut big = payment("tx_big", 100);
     big["padding"] = "x".repeat(70 * 1024).into();
-    let r = app.post_signed("generic", big.to_string().as_bytes(), now(), SECRET).await;
+    let r = app
+        .post_signed("generic", big.to_string().as_bytes(), now(), SECRET)
+        .await;
     assert_eq!((r.status, r.result()), (413, "too_large"));
 
     let body = payment("tx_ct", 100).to_string();
-    let r = app.post("/webhooks/generic", &[("content-type", "text/plain")], body.clone().into_bytes()).await;
+    let r = app
+        .post(
+            "/webhooks/generic",
+            &[("content-type", "text/plain")],
+            body.clone().into_bytes(),
+        )
+        .await;
     assert_eq!(r.status, 415);
-    let r = app.post("/webhooks/nope", &[("content-type", "application/json")], body.into_bytes()).await;
+    let r = app
+        .post(
+            "/webhooks/nope",
+            &[("content-type", "application/json")],
+            body.into_bytes(),
+        )
+        .await;
     assert_eq!(r.status, 404);
     assert_nothing_written(&ctx).await;
 }
@@ -88,7 +135,9 @@ async fn size_content_type_and_unknown_provider_get_their_statuses_and_write_not
 async fn unhandled_event_types_are_ignored_with_200_and_write_nothing() {
     let ctx = TestContext::new().await;
     let app = ctx.spawn(ctx.config()).await;
-    let r = app.deliver(&json!({"event_type": "customer.created", "id": "cus_1"})).await;
+    let r = app
+        .deliver(&json!({"event_type": "customer.created", "id": "cus_1"}))
+        .await;
     assert_eq!((r.status, r.result()), (200, "ignored"));
     assert_nothing_written(&ctx).await;
 }
@@ -97,14 +146,26 @@ async fn unhandled_event_types_are_ignored_with_200_and_write_nothing() {
 async fn the_same_transaction_with_another_amount_is_422_and_changes_nothing() {
     let ctx = TestContext::new().await;
     let app = ctx.spawn(ctx.config()).await;
-    assert_eq!(app.deliver(&payment("tx_mm", 1000)).await.result(), "processed");
+    assert_eq!(
+        app.deliver(&payment("tx_mm", 1000)).await.result(),
+        "processed"
+    );
     let r = app.deliver(&payment("tx_mm", 1001)).await;
     assert_eq!((r.status, r.result()), (422, "payload_mismatch"));
     let mut other_currency = payment("tx_mm", 1000);
     other_currency["currency"] = "USD".into();
     assert_eq!(app.deliver(&other_currency).await.status, 422);
-    assert_eq!(app.deliver(&payment("tx_mm", 1000)).await.result(), "duplicate");
+    assert_eq!(
+        app.deliver(&payment("tx_mm", 1000)).await.result(),
+        "duplicate"
+    );
     assert_eq!(ctx.count("SELECT amount_minor FROM payments").await, 1000);
     assert_eq!(ctx.entries().await, 1);
-    assert_eq!(app.metric("fencehook_webhooks_total", &[("result", "payload_mismatch")]), 2.0);
+    assert_eq!(
+        app.metric(
+            "fencehook_webhooks_total",
+            &[("result", "payload_mismatch")]
+        ),
+        2.0
+    );
 }

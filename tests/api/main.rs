@@ -7,3 +7,4 @@ mod exactly_once;
 mod faults;
 mod input;
 mod lease;
+mod shutdown;

@@ -45,29 +45,53 @@ impl MockDownstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let calls = Arc::new(Mutex::new(Vec::new()));
-        let behaviour = Arc::new(Mutex::new(Behaviour { status: 200, ..Default::default() }));
+        let behaviour = Arc::new(Mutex::new(Behaviour {
+            status: 200,
+            ..Default::default()
+        }));
         let gate = Arc::new(Notify::new());
         let task = tokio::spawn({
             let (calls, behaviour, gate) = (calls.clone(), behaviour.clone(), gate.clone());
             async move {
                 loop {
-                    let Ok((stream, _)) = listener.accept().await else { continue };
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
                     let (calls, behaviour, gate) = (calls.clone(), behaviour.clone(), gate.clone());
                     tokio::spawn(async move {
                         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                            let (calls, behaviour, gate) = (calls.clone(), behaviour.clone(), gate.clone());
+                            let (calls, behaviour, gate) =
+                                (calls.clone(), behaviour.clone(), gate.clone());
                             async move {
                                 let header = |n: &str| {
-                                    req.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+                                    req.headers()
+                                        .get(n)
+                                        .and_then(|v| v.to_str().ok())
+                                        .unwrap_or("")
+                                        .to_owned()
                                 };
                                 let key = header("idempotency-key");
                                 let token: i64 = header("fencing-token").parse().unwrap_or(-1);
-                                let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                                let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-                                calls.lock().unwrap().push(Call { idempotency_key: key, fencing_token: token, body });
+                                let bytes = req
+                                    .into_body()
+                                    .collect()
+                                    .await
+                                    .map(|b| b.to_bytes())
+                                    .unwrap_or_default();
+                                let body = serde_json::from_slice(&bytes)
+                                    .unwrap_or(serde_json::Value::Null);
+                                calls.lock().unwrap().push(Call {
+                                    idempotency_key: key,
+                                    fencing_token: token,
+                                    body,
+                                });
                                 let (status, delay, gated) = {
                                     let b = behaviour.lock().unwrap();
-                                    (b.status, b.delay, b.gate_token == Some(token) && !b.gate_open)
+                                    (
+                                        b.status,
+                                        b.delay,
+                                        b.gate_token == Some(token) && !b.gate_open,
+                                    )
                                 };
                                 if gated {
                                     loop {
@@ -79,17 +103,26 @@ impl MockDownstream {
                                     }
                                 }
                                 tokio::time::sleep(delay).await;
-                                let mut resp = hyper::Response::new(Full::new(Bytes::from_static(b"{}")));
+                                let mut resp =
+                                    hyper::Response::new(Full::new(Bytes::from_static(b"{}")));
                                 *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
                                 Ok::<_, Infallible>(resp)
                             }
                         });
-                        let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                        let _ = http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
                     });
                 }
             }
         });
-        MockDownstream { addr, calls, behaviour, gate, task }
+        MockDownstream {
+            addr,
+            calls,
+            behaviour,
+            gate,
+            task,
+        }
     }
 
     pub fn url(&self) -> hyper::Uri {

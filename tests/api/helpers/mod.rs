@@ -58,8 +58,15 @@ impl TestContext {
         let db_name = format!("fh_test_{}", &id[..16]);
         let admin = database_admin_url();
         let database_url = with_dbname(&admin, &db_name);
-        fencehook::store::migrate::run(&database_url).await.expect("test database created and migrated");
-        TestContext { db_name, database_url, redis_url: redis_url(), prefix: format!("fhtest-{}", &id[..16]) }
+        fencehook::store::migrate::run(&database_url)
+            .await
+            .expect("test database created and migrated");
+        TestContext {
+            db_name,
+            database_url,
+            redis_url: redis_url(),
+            prefix: format!("fhtest-{}", &id[..16]),
+        }
     }
 
     /// PostgreSQL URL of this test's database, but through `addr` (a proxy).
@@ -112,11 +119,20 @@ impl TestContext {
         let task = tokio::spawn(app.run_until_stopped(async move {
             let _ = stopped.await;
         }));
-        TestApp { base, admin, state, stop: Some(stop), task: Some(task), client: client() }
+        TestApp {
+            base,
+            admin,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+            client: client(),
+        }
     }
 
     pub async fn db(&self) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls).await.unwrap();
+        let (client, conn) = tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -140,20 +156,31 @@ impl TestContext {
         let row = self
             .db()
             .await
-            .query_opt("SELECT status, fence FROM payments WHERE transaction_id = $1", &[&transaction_id])
+            .query_opt(
+                "SELECT status, fence FROM payments WHERE transaction_id = $1",
+                &[&transaction_id],
+            )
             .await
             .unwrap();
         row.map(|r| (r.get(0), r.get(1)))
     }
 
     pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap()
+        redis::Client::open(self.redis_url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
     }
 
     /// Keys of this test's prefix.
     pub async fn redis_keys(&self) -> Vec<String> {
         let mut conn = self.redis().await;
-        redis::cmd("KEYS").arg(format!("{}:*", self.prefix)).query_async(&mut conn).await.unwrap()
+        redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query_async(&mut conn)
+            .await
+            .unwrap()
     }
 
     pub fn lock_key(&self, transaction_id: &str) -> String {
@@ -166,9 +193,16 @@ impl TestContext {
 
     /// Every invariant of SPEC §6 that the database can show.
     pub async fn assert_audit_clean(&self) {
-        let checks = fencehook::store::audit::run(&self.database_url).await.unwrap();
+        let checks = fencehook::store::audit::run(&self.database_url)
+            .await
+            .unwrap();
         for c in checks {
-            assert!(c.violations.is_empty(), "audit check {} violated: {:?}", c.name, c.violations);
+            assert!(
+                c.violations.is_empty(),
+                "audit check {} violated: {:?}",
+                c.name,
+                c.violations
+            );
         }
     }
 }
@@ -181,18 +215,29 @@ impl Drop for TestContext {
         let redis_url = self.redis_url.clone();
         // Dropping needs its own runtime: the test's may be shutting down.
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
-                if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                if let Ok((client, conn)) =
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                {
                     tokio::spawn(conn);
-                    let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await;
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
                 }
                 if let Ok(client) = redis::Client::open(redis_url.as_str()) {
                     if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                        let keys: Vec<String> =
-                            redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut conn).await.unwrap_or_default();
+                        let keys: Vec<String> = redis::cmd("KEYS")
+                            .arg(format!("{prefix}:*"))
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap_or_default();
                         if !keys.is_empty() {
-                            let _: Result<i64, _> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
+                            let _: Result<i64, _> =
+                                redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
                         }
                     }
                 }
@@ -231,14 +276,18 @@ pub struct Reply {
 
 impl Reply {
     pub fn result(&self) -> &str {
-        self.body.get("result").and_then(Value::as_str).unwrap_or("")
+        self.body
+            .get("result")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
 }
 
 impl TestApp {
     /// Signs and posts a generic payload.
     pub async fn deliver(&self, payload: &Value) -> Reply {
-        self.post_signed("generic", payload.to_string().as_bytes(), now(), SECRET).await
+        self.post_signed("generic", payload.to_string().as_bytes(), now(), SECRET)
+            .await
     }
 
     pub async fn post_signed(&self, provider: &str, body: &[u8], ts: i64, secret: &str) -> Reply {
@@ -262,12 +311,23 @@ impl TestApp {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let resp = self.client.request(req.body(Full::new(Bytes::from(body))).unwrap()).await.expect("app answers");
+        let resp = self
+            .client
+            .request(req.body(Full::new(Bytes::from(body))).unwrap())
+            .await
+            .expect("app answers");
         let status = resp.status().as_u16();
-        let retry_after = resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Reply { status, retry_after, body }
+        Reply {
+            status,
+            retry_after,
+            body,
+        }
     }
 
     /// Delivers until the answer is neither 409 nor 503 (a PSP's retries), or
@@ -287,7 +347,9 @@ impl TestApp {
     }
 
     pub async fn get_admin(&self, path: &str) -> (u16, String) {
-        let req = hyper::Request::get(format!("{}{path}", self.admin)).body(Full::new(Bytes::new())).unwrap();
+        let req = hyper::Request::get(format!("{}{path}", self.admin))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
         let resp = self.client.request(req).await.unwrap();
         let status = resp.status().as_u16();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
@@ -318,7 +380,10 @@ impl Drop for TestApp {
 }
 
 pub fn now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
 }
 
 /// A generic payment payload.
@@ -342,7 +407,10 @@ where
         if cond().await {
             return;
         }
-        assert!(tokio::time::Instant::now() < end, "timed out waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -1,0 +1,59 @@
+# fencehook — the same checks run here and in CI (.ci/run).
+#
+#   make run    build (release), find or start PostgreSQL + Redis, migrate, serve on 127.0.0.1:8080
+#   make test   unit tests, then the integration tests against real PostgreSQL and Redis
+#   make lint   cargo fmt --check + clippy -D warnings
+#
+# Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/dev-services.sh starts
+# private throwaway ones from the installed binaries under target/dev-services and says so
+# (`make dev-services-stop` stops them).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+
+# Server-level URLs used to find the services (the database name is fencehook's own).
+PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+REDIS_URL ?= redis://127.0.0.1:6379
+FENCEHOOK_DB ?= fencehook
+# The documented development secret of the built-in `generic` provider. Never use it in production.
+DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
+
+SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/dev-services.sh env)"
+
+.PHONY: build run test test-unit test-integration lint fmt check dev-services-stop clean
+
+build:
+	$(CARGO) build --locked --release
+
+run: build
+	@set -e; $(SERVICES); \
+	export DATABASE_URL="$${DATABASE_URL%/*}/$(FENCEHOOK_DB)"; \
+	export FENCEHOOK_GENERIC_SECRET="$${FENCEHOOK_GENERIC_SECRET:-$(DEV_SECRET)}"; \
+	echo "fencehook: serving http://127.0.0.1:8080/webhooks/generic (admin http://127.0.0.1:9090), database $${DATABASE_URL##*/}"; \
+	exec ./target/release/fencehook serve
+
+test: test-unit test-integration
+
+test-unit:
+	@echo "== unit tests (no services) =="
+	$(CARGO) test --locked --lib --bins
+
+test-integration:
+	@echo "== integration tests (real PostgreSQL + Redis) =="
+	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
+	$(CARGO) test --locked --test api
+
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt
+
+check: lint test
+
+dev-services-stop:
+	scripts/dev-services.sh stop
+
+clean:
+	$(CARGO) clean
