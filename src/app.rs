@@ -46,6 +46,8 @@ pub struct State {
     pub lease: RedisLease,
     pub metrics: Metrics,
     pub max_body_bytes: usize,
+    /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
+    pub inflight: tokio::sync::Semaphore,
     draining: AtomicBool,
 }
 
@@ -66,6 +68,28 @@ impl State {
         self.metrics
             .gauge(metrics::DB_POOL_WAITING, &[])
             .set(s.waiting as f64);
+    }
+
+    /// Pings PostgreSQL and the lease backend (bounded) and updates
+    /// `fencehook_backend_up`. Returns the two results for `/readyz`.
+    pub async fn probe_backends(&self) -> (Result<(), String>, Result<(), String>) {
+        let probe = Duration::from_secs(2);
+        let (pg, lease) = tokio::join!(
+            tokio::time::timeout(probe, self.store.ping()),
+            tokio::time::timeout(probe, self.lease.ping()),
+        );
+        let pg = match pg {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(crate::error::chain(&e)),
+            Err(_) => Err("timed out".to_owned()),
+        };
+        let lease = match lease {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".to_owned()),
+        };
+        self.set_backend_up(pg.is_ok(), lease.is_ok());
+        (pg, lease)
     }
 
     pub fn set_backend_up(&self, postgres: bool, lease: bool) {
@@ -128,6 +152,7 @@ impl App {
             lease,
             metrics,
             max_body_bytes: cfg.max_body_bytes,
+            inflight: tokio::sync::Semaphore::new(cfg.max_inflight),
             draining: AtomicBool::new(false),
         };
         state.set_backend_up(false, false);
@@ -177,6 +202,7 @@ impl App {
                 loop {
                     tick.tick().await;
                     state.refresh_gauges();
+                    let _ = state.probe_backends().await;
                     state.metrics.upkeep();
                 }
             }

@@ -83,6 +83,9 @@ pub struct ServeArgs {
     /// Largest accepted request body.
     #[arg(long, env = "FENCEHOOK_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
+    /// Deliveries processed at once by this instance; beyond it they are answered 503 at once.
+    #[arg(long, env = "FENCEHOOK_MAX_INFLIGHT", default_value_t = 512)]
+    pub max_inflight: usize,
     /// Bound on finishing in-flight deliveries after SIGTERM/SIGINT.
     #[arg(long, env = "FENCEHOOK_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
@@ -180,6 +183,7 @@ pub struct Config {
     pub downstream_timeout: Duration,
     pub providers: Vec<Provider>,
     pub max_body_bytes: usize,
+    pub max_inflight: usize,
     pub shutdown_timeout: Duration,
     pub migrate_on_start: bool,
 }
@@ -270,6 +274,20 @@ impl ServeArgs {
                 ));
             }
         }
+        if self.max_inflight == 0 {
+            return Err(bad("FENCEHOOK_MAX_INFLIGHT", "must be at least 1"));
+        }
+        // Each delivery holds at most one pooled connection at a time, so
+        // connections beyond the in-flight limit could never be used.
+        if self.db.db_pool_size > self.max_inflight {
+            return Err(bad(
+                "FENCEHOOK_DB_POOL_SIZE",
+                format!(
+                    "{} is more than FENCEHOOK_MAX_INFLIGHT ({}): a delivery uses one connection at a time",
+                    self.db.db_pool_size, self.max_inflight
+                ),
+            ));
+        }
         if self.max_body_bytes < 256 {
             return Err(bad("FENCEHOOK_MAX_BODY_BYTES", "must be at least 256"));
         }
@@ -295,6 +313,7 @@ impl ServeArgs {
             downstream_timeout,
             providers,
             max_body_bytes: self.max_body_bytes,
+            max_inflight: self.max_inflight,
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             migrate_on_start: self.migrate_on_start,
         })
@@ -362,6 +381,21 @@ impl ServeArgs {
     }
 }
 
+/// `FENCEHOOK_*` variables in `env` that no setting reads: usually a typo
+/// that would otherwise silently leave a default in force.
+pub fn unknown_settings(
+    known: &[String],
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Vec<String> {
+    let mut unknown: Vec<String> = env
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("FENCEHOOK_") && !known.contains(k))
+        .collect();
+    unknown.sort();
+    unknown
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,6 +419,26 @@ mod tests {
             .expect("flags parse")
             .serve
             .validate()
+    }
+
+    #[test]
+    fn unknown_fencehook_variables_are_listed() {
+        let known = vec!["FENCEHOOK_LEASE_TTL_MS".to_owned()];
+        let env = vec![
+            ("FENCEHOOK_LEASE_TTL_MS".to_owned(), "1".to_owned()),
+            ("FENCEHOOK_LEASE_TTL".to_owned(), "1".to_owned()),
+            ("PATH".to_owned(), "/bin".to_owned()),
+        ];
+        assert_eq!(
+            unknown_settings(&known, env),
+            vec!["FENCEHOOK_LEASE_TTL".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_pool_larger_than_the_inflight_limit_is_refused() {
+        let err = parse(&["--db-pool-size", "64", "--max-inflight", "32"]).unwrap_err();
+        assert_eq!(err.setting, "FENCEHOOK_DB_POOL_SIZE");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use fencehook::app::App;
 use fencehook::cli::{self, SendArgs};
 use fencehook::config::{DbArgs, LogFormat, ServeArgs};
@@ -22,6 +22,8 @@ enum Command {
     Serve(ServeArgs),
     /// Apply the migrations in sql/ (creates the database if missing).
     Migrate(DbArgs),
+    /// Validate the settings and the providers file without starting; exits 2 on the first bad one.
+    CheckConfig(ServeArgs),
     /// Check the database invariants; exits 1 on any violation.
     Audit(DbArgs),
     /// Sign and send one generic webhook (for demos).
@@ -45,8 +47,30 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> ExitCode {
     match cli.command {
+        Command::CheckConfig(args) => {
+            warn_unknown_settings();
+            match args.validate() {
+                Ok(cfg) => {
+                    let names: Vec<&str> = cfg.providers.iter().map(|p| p.name.as_str()).collect();
+                    println!(
+                        "configuration ok: providers [{}], lease backend {:?} (ttl {} ms, renew every {} ms), downstream {}",
+                        names.join(", "),
+                        cfg.lease.backend,
+                        cfg.lease.ttl.as_millis(),
+                        cfg.lease.renew_interval().as_millis(),
+                        cfg.downstream_url.as_ref().map_or("none".to_owned(), |u| u.to_string()),
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("fencehook: invalid configuration: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Serve(args) => {
             init_tracing(args.log_format);
+            warn_unknown_settings();
             let cfg = match args.validate() {
                 Ok(cfg) => cfg,
                 Err(e) => {
@@ -104,6 +128,22 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// Warns about `FENCEHOOK_*` variables that no setting reads (a typo would
+/// otherwise leave a default silently in force).
+fn warn_unknown_settings() {
+    let cmd = Cli::command();
+    let mut known: Vec<String> = cmd
+        .get_subcommands()
+        .flat_map(|sub| sub.get_arguments())
+        .filter_map(|arg| arg.get_env())
+        .map(|env| env.to_string_lossy().into_owned())
+        .collect();
+    known.extend(["FENCEHOOK_LOG".to_owned(), "FENCEHOOK_URL".to_owned()]);
+    for name in fencehook::config::unknown_settings(&known, std::env::vars()) {
+        eprintln!("fencehook: warning: unknown setting {name} is ignored");
     }
 }
 

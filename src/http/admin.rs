@@ -1,7 +1,6 @@
 //! Admin listener: `/metrics`, `/healthz`, `/readyz`. Never on the public port.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -28,22 +27,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
 }
 
 async fn readyz(state: &State) -> Response<Body> {
-    let probe = Duration::from_secs(2);
-    let (pg, lease) = tokio::join!(
-        tokio::time::timeout(probe, state.store.ping()),
-        tokio::time::timeout(probe, state.lease.ping()),
-    );
-    let pg = match pg {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(crate::error::chain(&e)),
-        Err(_) => Err("timed out".to_owned()),
-    };
-    let lease = match lease {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out".to_owned()),
-    };
-    state.set_backend_up(pg.is_ok(), lease.is_ok());
+    let (pg, lease) = state.probe_backends().await;
     let draining = state.is_draining();
     let show = |r: &Result<(), String>| match r {
         Ok(()) => "ok".to_owned(),

@@ -160,6 +160,13 @@ async fn deliver(
             ..unavailable_answer()
         };
     }
+    let Ok(_permit) = state.inflight.try_acquire() else {
+        tracing::warn!(transaction_id = %ev.transaction_id, "FENCEHOOK_MAX_INFLIGHT reached; answered 503");
+        return Answer {
+            transaction_id: Some(ev.transaction_id),
+            ..unavailable_answer()
+        };
+    };
     let result = state.processor.process(&ev).await;
     let mut answer = match result {
         Ok(outcome) => outcome_answer(&outcome),

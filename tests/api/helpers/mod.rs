@@ -101,6 +101,7 @@ impl TestContext {
             downstream_timeout: Duration::from_secs(10),
             providers: vec![Provider::generic(SECRET).unwrap()],
             max_body_bytes: 64 * 1024,
+            max_inflight: 512,
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
         }

@@ -1,0 +1,247 @@
+//! What SREs rely on: every metric the dashboard and the alert rules use is
+//! one a running instance emits; check-config names each bad setting.
+
+use std::time::Duration;
+
+use crate::helpers::downstream::MockDownstream;
+use crate::helpers::{payment, TestContext};
+
+/// Metric names (`fencehook_…`) mentioned in a text.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("fencehook_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn exposed(exposition: &str, name: &str) -> bool {
+    exposition
+        .lines()
+        .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+}
+
+fn dashboard_exprs() -> String {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/grafana-dashboard.json"
+    ))
+    .unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    let mut exprs = String::new();
+    for panel in dash["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push_str(target["expr"].as_str().expect("every target has an expr"));
+            exprs.push('\n');
+        }
+    }
+    exprs
+}
+
+fn alert_exprs() -> String {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/alerts.yml")).unwrap();
+    let docs = yaml_rust2::YamlLoader::load_from_str(&text).expect("alert rules are YAML");
+    let mut exprs = String::new();
+    for group in docs[0]["groups"].as_vec().expect("groups") {
+        for rule in group["rules"].as_vec().expect("rules") {
+            assert!(rule["alert"].as_str().is_some(), "every rule is an alert");
+            exprs.push_str(rule["expr"].as_str().expect("every rule has an expr"));
+            exprs.push('\n');
+        }
+    }
+    exprs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_metric_in_the_spec_dashboard_and_alerts_is_emitted_after_traffic() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    // Held longer than a renew interval, so renewals (and their margin) are recorded.
+    downstream.set_delay(Duration::from_millis(500));
+    let mut cfg = ctx.config();
+    cfg.lease.ttl = Duration::from_millis(600);
+    cfg.lease.redis_timeout = Duration::from_millis(150);
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    assert_eq!(
+        app.deliver(&payment("tx_ops", 100)).await.result(),
+        "processed"
+    );
+    assert_eq!(
+        app.deliver(&payment("tx_ops", 100)).await.result(),
+        "duplicate"
+    );
+    let (status, health) = app.get_admin("/healthz").await;
+    assert_eq!(status, 200, "{health}");
+    let (status, ready) = app.get_admin("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["postgres"], "ok");
+    assert_eq!(ready["lease_backend"], "ok");
+
+    let (status, exposition) = app.get_admin("/metrics").await;
+    assert_eq!(status, 200);
+    let spec = [
+        "fencehook_webhooks_total",
+        "fencehook_webhook_duration_seconds_bucket",
+        "fencehook_lease_acquire_total",
+        "fencehook_lease_renew_total",
+        "fencehook_lease_lost_total",
+        "fencehook_lease_held_seconds_bucket",
+        "fencehook_fence_rejected_total",
+        "fencehook_fence_resync_total",
+    ];
+    for name in spec {
+        assert!(
+            exposed(&exposition, name),
+            "SPEC metric {name} missing from /metrics"
+        );
+    }
+    let used = metric_names(&(dashboard_exprs() + &alert_exprs()));
+    assert!(
+        used.len() >= 10,
+        "the dashboard and rules use the metrics: {used:?}"
+    );
+    for name in used {
+        assert!(
+            exposed(&exposition, &name),
+            "{name} is used by deploy/ but not emitted:\n{exposition}"
+        );
+    }
+    for line in exposition
+        .lines()
+        .filter(|l| l.starts_with("# HELP fencehook_"))
+    {
+        assert!(
+            line.split_whitespace().count() > 3,
+            "described with a help text: {line}"
+        );
+    }
+}
+
+/// Runs `fencehook check-config` with only these `FENCEHOOK_*` settings.
+fn check_config(env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.arg("check-config");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
+    let (code, out, _) = check_config(&[]);
+    assert_eq!(code, 0, "defaults are valid: {out}");
+    assert!(out.starts_with("configuration ok"), "{out}");
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("FENCEHOOK_LISTEN", "not-an-address")],
+            "FENCEHOOK_LISTEN",
+        ),
+        (
+            &[("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:8080")],
+            "FENCEHOOK_ADMIN_LISTEN",
+        ),
+        (&[("DATABASE_URL", "not a url at all")], "DATABASE_URL"),
+        (&[("REDIS_URL", "http://127.0.0.1:6379")], "REDIS_URL"),
+        (
+            &[("FENCEHOOK_LEASE_TTL_MS", "100")],
+            "FENCEHOOK_LEASE_TTL_MS",
+        ),
+        (
+            &[
+                ("FENCEHOOK_LEASE_TTL_MS", "1200"),
+                ("FENCEHOOK_REDIS_TIMEOUT_MS", "400"),
+            ],
+            "FENCEHOOK_REDIS_TIMEOUT_MS",
+        ),
+        (
+            &[("FENCEHOOK_LEASE_MAX_MS", "1000")],
+            "FENCEHOOK_LEASE_MAX_MS",
+        ),
+        (
+            &[
+                ("FENCEHOOK_DOWNSTREAM_URL", "http://127.0.0.1:9/x"),
+                ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "60000"),
+            ],
+            "FENCEHOOK_LEASE_MAX_MS",
+        ),
+        (
+            &[("FENCEHOOK_DOWNSTREAM_URL", "ftp://example/x")],
+            "FENCEHOOK_DOWNSTREAM_URL",
+        ),
+        (
+            &[("FENCEHOOK_FENCE_KEY_TTL_SECS", "60")],
+            "FENCEHOOK_FENCE_KEY_TTL_SECS",
+        ),
+        (
+            &[("FENCEHOOK_REDIS_KEY_PREFIX", "a{b}")],
+            "FENCEHOOK_REDIS_KEY_PREFIX",
+        ),
+        (&[("FENCEHOOK_DB_POOL_SIZE", "0")], "FENCEHOOK_DB_POOL_SIZE"),
+        (
+            &[
+                ("FENCEHOOK_DB_POOL_SIZE", "64"),
+                ("FENCEHOOK_MAX_INFLIGHT", "8"),
+            ],
+            "FENCEHOOK_DB_POOL_SIZE",
+        ),
+        (
+            &[("FENCEHOOK_DB_STATEMENT_TIMEOUT_MS", "0")],
+            "FENCEHOOK_DB_STATEMENT_TIMEOUT_MS",
+        ),
+        (
+            &[("FENCEHOOK_MAX_BODY_BYTES", "10")],
+            "FENCEHOOK_MAX_BODY_BYTES",
+        ),
+        (
+            &[("FENCEHOOK_GENERIC_SECRET", "plaintext")],
+            "FENCEHOOK_GENERIC_SECRET",
+        ),
+        (
+            &[("FENCEHOOK_PROVIDERS", "/nonexistent/providers.toml")],
+            "FENCEHOOK_PROVIDERS",
+        ),
+        (
+            &[("FENCEHOOK_LEASE_BACKEND", "postgres")],
+            "FENCEHOOK_LEASE_BACKEND",
+        ),
+    ];
+    for (env, setting) in cases {
+        let (code, _, err) = check_config(env);
+        assert_eq!(code, 2, "{env:?} must be refused; stderr: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line for {env:?}: {err}");
+        assert!(
+            lines[0].contains(setting),
+            "{env:?}: the line names {setting}: {err}"
+        );
+    }
+    let (code, _, err) = check_config(&[("FENCEHOOK_LEASE_TLL_MS", "5000")]);
+    assert_eq!(code, 0);
+    assert!(
+        err.contains("unknown setting FENCEHOOK_LEASE_TLL_MS"),
+        "typos are warned about: {err}"
+    );
+}
