@@ -36,16 +36,16 @@ test: test-unit test-integration
 
 test-unit:
 	@echo "== unit tests (no services) =="
-	$(CARGO) test --locked --lib --bins
+	$(CARGO) test --locked --features failpoints --lib --bins
 
 test-integration:
 	@echo "== integration tests (real PostgreSQL + Redis) =="
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
-	$(CARGO) test --locked --test api
+	$(CARGO) test --locked --features failpoints --test api
 
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
 
 fmt:
 	$(CARGO) fmt

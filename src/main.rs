@@ -32,6 +32,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Arms failpoints from FAILPOINTS; a no-op unless built with `--features failpoints`.
+    let _failpoints = fail::FailScenario::setup();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -254,6 +254,7 @@ impl Processor {
         if let Some(hook) = &self.hooks.before_finalize {
             hook(ev).await;
         }
+        failpoint_before_finalize();
         match self
             .store
             .finalize(payment_id, ev.event_type, token)
@@ -270,6 +271,23 @@ impl Processor {
             "fence rejected: a newer token owns this payment; nothing written");
         Outcome::LeaseLost { token }
     }
+}
+
+/// Failpoint for process-level fault tests (compiled in only with the
+/// `failpoints` feature): `FAILPOINTS=before_finalize=1*return(sigstop)` makes
+/// the process SIGSTOP itself after the last lease check, right before the
+/// fenced finalize — a stop-the-world pause at the worst moment. The test
+/// SIGCONTs it once another instance has taken over.
+fn failpoint_before_finalize() {
+    fail::fail_point!("before_finalize", |arg: Option<String>| {
+        if arg.as_deref() == Some("sigstop") {
+            let pid = std::process::id().to_string();
+            // Blocks this thread until SIGCONT, like the rest of the process.
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status();
+        }
+    });
 }
 
 fn decide(row: &PaymentRow, fp: &str) -> Option<Outcome> {

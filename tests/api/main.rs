@@ -8,4 +8,5 @@ mod faults;
 mod input;
 mod lease;
 mod operations;
+mod process;
 mod shutdown;

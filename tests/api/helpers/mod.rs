@@ -3,6 +3,7 @@
 //! `App::build`, a mock downstream service, and a TCP fault proxy.
 
 pub mod downstream;
+pub mod process;
 pub mod proxy;
 
 use std::net::SocketAddr;

@@ -1,0 +1,224 @@
+//! Real processes: `fencehook serve` children on ephemeral ports, and private
+//! `redis-server` instances a test may kill and restart. Never the shared ones.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::{client, Reply, SECRET};
+
+/// A `fencehook serve` process.
+pub struct ServeProcess {
+    child: Child,
+    pub base: String,
+    pub admin: String,
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServeProcess {
+    /// Starts `fencehook serve` with `env` on ports it picks itself
+    /// (`127.0.0.1:0`) and waits for its "serving" log line.
+    pub async fn start(env: &[(&str, String)]) -> ServeProcess {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
+        cmd.arg("serve");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FENCEHOOK_")
+                || k == "DATABASE_URL"
+                || k == "REDIS_URL"
+                || k == "FAILPOINTS"
+            {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("FENCEHOOK_LISTEN", "127.0.0.1:0")
+            .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:0")
+            .env("FENCEHOOK_LOG_FORMAT", "json")
+            .env("FENCEHOOK_MIGRATE_ON_START", "false")
+            .env("FENCEHOOK_GENERIC_SECRET", SECRET);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("fencehook binary starts");
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (ports_tx, ports_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn({
+            let logs = logs.clone();
+            async move {
+                let mut lines = BufReader::new(stderr).lines();
+                let mut ports_tx = Some(ports_tx);
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                        if v["message"] == "fencehook serving" {
+                            if let Some(tx) = ports_tx.take() {
+                                let _ = tx.send((
+                                    v["port"].as_u64().unwrap(),
+                                    v["admin_port"].as_u64().unwrap(),
+                                ));
+                            }
+                        }
+                    }
+                    logs.lock().unwrap().push(line);
+                }
+            }
+        });
+        let (port, admin_port) = tokio::time::timeout(Duration::from_secs(20), ports_rx)
+            .await
+            .unwrap_or_else(|_| panic!("fencehook serve did not start: {:?}", logs.lock().unwrap()))
+            .expect("serving line");
+        ServeProcess {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            logs,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .args([format!("-{sig}"), self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{sig}");
+    }
+
+    /// Waits for the process to exit; `None` when it did not within `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .ok()
+            .map(|r| r.unwrap())
+    }
+
+    pub async fn deliver(&self, payload: &serde_json::Value) -> Reply {
+        deliver_to(&self.base, payload).await
+    }
+
+    /// Sum of a metric's samples on this process's /metrics.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let req = hyper::Request::get(format!("{}/metrics", self.admin))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        fencehook::metrics::sum_samples(&String::from_utf8_lossy(&body), name, labels)
+    }
+}
+
+/// Signs and posts a generic payload to an app's base URL. Transport errors
+/// (a killed process) come back as status 0.
+pub async fn deliver_to(base: &str, payload: &serde_json::Value) -> Reply {
+    let body = payload.to_string();
+    let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+    let ts = super::now();
+    let sig = fencehook::providers::standard::sign(SECRET, &id, ts, body.as_bytes()).unwrap();
+    let req = hyper::Request::post(format!("{base}/webhooks/generic"))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", sig)
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(30), client().request(req)).await {
+        Ok(Ok(resp)) => {
+            let status = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let bytes = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            Reply {
+                status,
+                retry_after,
+                body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+            }
+        }
+        _ => Reply {
+            status: 0,
+            retry_after: None,
+            body: serde_json::Value::Null,
+        },
+    }
+}
+
+/// A private `redis-server` on its own port, without persistence.
+pub struct PrivateRedis {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    pub async fn start() -> PrivateRedis {
+        let port = super::closed_port().await;
+        let mut r = PrivateRedis { port, child: None };
+        r.restart().await;
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (again) on the same port, empty, and waits until it answers.
+    pub async fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server is installed");
+        self.child = Some(child);
+        let url = self.url();
+        super::wait_for("private redis answers", Duration::from_secs(10), || {
+            let url = url.clone();
+            async move {
+                let Ok(client) = redis::Client::open(url.as_str()) else {
+                    return false;
+                };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                    return false;
+                };
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
+            }
+        })
+        .await;
+    }
+
+    /// SIGKILL: everything in memory is gone.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+}
