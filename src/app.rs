@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::downstream::Downstream;
-use crate::lease::{LeaseError, RedisLease};
+use crate::lease::{Lease, LeaseError};
 use crate::metrics::{self, Metrics};
 use crate::processor::{Hooks, Processor};
 use crate::providers::Provider;
@@ -43,7 +43,7 @@ pub struct State {
     pub providers: HashMap<String, Provider>,
     pub processor: Processor,
     pub store: Store,
-    pub lease: RedisLease,
+    pub lease: Lease,
     pub metrics: Metrics,
     pub max_body_bytes: usize,
     /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
@@ -126,7 +126,7 @@ impl App {
         let names: Vec<String> = cfg.providers.iter().map(|p| p.name.clone()).collect();
         let metrics = Metrics::new(&names);
         let store = Store::new(&cfg.db)?;
-        let lease = RedisLease::new(&cfg.lease, metrics.clone())?;
+        let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
         let downstream = cfg
             .downstream_url
             .clone()

@@ -235,12 +235,6 @@ impl ServeArgs {
         }
         let db = self.db.validate()?;
         let lease = self.lease_config()?;
-        if lease.backend == LeaseBackendKind::Postgres {
-            return Err(bad(
-                "FENCEHOOK_LEASE_BACKEND",
-                "`postgres` is not built yet (see README, \"Not built yet\"); use `redis`",
-            ));
-        }
         let downstream_url = match &self.downstream_url {
             None => None,
             Some(s) if s.is_empty() => None,

@@ -31,7 +31,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return bad_arguments(e),
+    };
     // Arms failpoints from FAILPOINTS; a no-op unless built with `--features failpoints`.
     let _failpoints = fail::FailScenario::setup();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -131,6 +134,51 @@ async fn run(cli: Cli) -> ExitCode {
             }
         },
     }
+}
+
+/// A value clap could not parse (`FENCEHOOK_LEASE_TTL_MS=abc`) stops the
+/// start with one line naming the environment variable, like every other bad
+/// setting; help, version and usage errors are printed as clap formats them.
+fn bad_arguments(e: clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        let _ = e.print();
+        return if e.use_stderr() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    let arg = e
+        .get(ContextKind::InvalidArg)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let long = arg
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .trim_start_matches('-')
+        .to_owned();
+    let cmd = Cli::command();
+    let setting = cmd
+        .get_subcommands()
+        .flat_map(|sub| sub.get_arguments())
+        .find(|a| a.get_long() == Some(long.as_str()))
+        .and_then(|a| a.get_env().map(|env| env.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| format!("--{long}"));
+    let value = e
+        .get(ContextKind::InvalidValue)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let valid = e
+        .get(ContextKind::ValidValue)
+        .map(|v| format!(" (one of: {v})"))
+        .unwrap_or_default();
+    eprintln!("fencehook: invalid configuration: {setting}: invalid value `{value}`{valid}");
+    ExitCode::from(2)
 }
 
 /// Warns about `FENCEHOOK_*` variables that no setting reads (a typo would

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::downstream::Downstream;
 use crate::error::Error;
-use crate::lease::{Acquire, LeaseGuard, LeaseKey, RedisLease};
+use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey};
 use crate::metrics::Metrics;
 use crate::providers::CanonicalEvent;
 use crate::store::{Claim, Finalize, Inline, PaymentRow, Status, Store, StoreError};
@@ -87,7 +87,7 @@ impl Hooks {
 #[derive(Clone)]
 pub struct Processor {
     store: Store,
-    lease: RedisLease,
+    lease: Lease,
     metrics: Metrics,
     inflight_wait: Duration,
     downstream: Option<Downstream>,
@@ -101,7 +101,7 @@ const MAX_POLL: Duration = Duration::from_millis(100);
 impl Processor {
     pub fn new(
         store: Store,
-        lease: RedisLease,
+        lease: Lease,
         metrics: Metrics,
         inflight_wait: Duration,
         downstream: Option<Downstream>,

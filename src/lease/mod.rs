@@ -17,6 +17,7 @@
 //!   on the token (see `store`), so a holder that is wrong about its lease
 //!   (stalled process, lost Redis writes) still cannot commit.
 
+pub mod postgres;
 pub mod redis;
 
 use std::fmt;
@@ -28,9 +29,173 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::config::{DbConfig, LeaseBackendKind, LeaseConfig};
 use crate::metrics::Metrics;
 
+pub use self::postgres::PgLease;
 pub use self::redis::RedisLease;
+
+/// What a backend's acquire answered, before a guard is built around it.
+pub enum RawAcquire {
+    Acquired { token: i64 },
+    Held { remaining: Duration },
+}
+
+#[derive(Clone)]
+enum Backend {
+    Redis(RedisLease),
+    Postgres(PgLease),
+}
+
+/// The lease store, whichever backend keeps it; cheap to clone.
+#[derive(Clone)]
+pub struct Lease {
+    inner: Arc<LeaseInner>,
+}
+
+struct LeaseInner {
+    backend: Backend,
+    ttl: Duration,
+    max_hold: Duration,
+    timeout: Duration,
+    metrics: Metrics,
+}
+
+impl Lease {
+    /// Builds the configured backend. Connections are lazy: a store that is
+    /// down at start makes deliveries answer 503 until it is back.
+    pub fn new(cfg: &LeaseConfig, db: &DbConfig, metrics: Metrics) -> Result<Lease, LeaseError> {
+        let backend = match cfg.backend {
+            LeaseBackendKind::Redis => Backend::Redis(RedisLease::new(cfg)?),
+            LeaseBackendKind::Postgres => Backend::Postgres(PgLease::new(cfg, db)?),
+        };
+        Ok(Lease {
+            inner: Arc::new(LeaseInner {
+                backend,
+                ttl: cfg.ttl,
+                max_hold: cfg.max_hold,
+                timeout: cfg.redis_timeout,
+                metrics,
+            }),
+        })
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self.inner.backend {
+            Backend::Redis(_) => "redis",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Bounds one backend call by the configured timeout.
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, LeaseError>>,
+    ) -> Result<T, LeaseError> {
+        match tokio::time::timeout(self.inner.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),
+        }
+    }
+
+    /// One atomic acquisition with a new owner UUID. On success a heartbeat
+    /// starts with the guard; its local expiry counts from when this was sent.
+    pub async fn acquire(&self, key: &LeaseKey) -> Result<Acquire, LeaseError> {
+        let owner = Uuid::new_v4();
+        let sent = Instant::now();
+        let m = &self.inner.metrics;
+        let raw = match &self.inner.backend {
+            Backend::Redis(r) => self.bounded(r.acquire(key, owner)).await,
+            Backend::Postgres(p) => self.bounded(p.acquire(key, owner)).await,
+        };
+        let token = match raw {
+            Err(e) => {
+                m.lease_acquire_error().increment(1);
+                return Err(e);
+            }
+            Ok(RawAcquire::Held { remaining }) => {
+                m.lease_held_by_other().increment(1);
+                return Ok(Acquire::Held { remaining });
+            }
+            Ok(RawAcquire::Acquired { token }) => token,
+        };
+        m.lease_acquired().increment(1);
+        m.leases_held().increment(1.0);
+        let (tx, rx) = watch::channel(LeaseState {
+            expires_at: sent + self.inner.ttl,
+            lost: None,
+        });
+        let token_cell = Arc::new(Mutex::new(token));
+        let heartbeat = Heartbeat {
+            lease: self.clone(),
+            key: key.clone(),
+            owner,
+            token: token_cell.clone(),
+            state: tx,
+            ttl: self.inner.ttl,
+            max_hold: self.inner.max_hold,
+            acquired_at: sent,
+            timeout: self.inner.timeout,
+            metrics: m.clone(),
+        };
+        let heartbeat = tokio::spawn(heartbeat.run());
+        Ok(Acquire::Acquired(LeaseGuard {
+            lease: self.clone(),
+            key: key.clone(),
+            owner,
+            token: token_cell,
+            token_now: token,
+            state: rx,
+            heartbeat,
+            acquired_at: sent,
+            released: false,
+            metrics: m.clone(),
+        }))
+    }
+
+    /// Extends the lease only if it is still `owner`'s with `token`.
+    pub async fn renew(&self, key: &LeaseKey, owner: Uuid, token: i64) -> Result<bool, LeaseError> {
+        match &self.inner.backend {
+            Backend::Redis(r) => self.bounded(r.renew(key, owner, token)).await,
+            Backend::Postgres(p) => self.bounded(p.renew(key, owner, token)).await,
+        }
+    }
+
+    /// Compare-and-delete: never releases a lease that is not ours.
+    pub async fn release(
+        &self,
+        key: &LeaseKey,
+        owner: Uuid,
+        token: i64,
+    ) -> Result<bool, LeaseError> {
+        match &self.inner.backend {
+            Backend::Redis(r) => self.bounded(r.release(key, owner, token)).await,
+            Backend::Postgres(p) => self.bounded(p.release(key, owner, token)).await,
+        }
+    }
+
+    /// See [`LeaseGuard::resync`].
+    pub async fn resync(
+        &self,
+        key: &LeaseKey,
+        owner: Uuid,
+        token: i64,
+        db_fence: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        match &self.inner.backend {
+            Backend::Redis(r) => self.bounded(r.resync(key, owner, token, db_fence)).await,
+            Backend::Postgres(p) => self.bounded(p.resync(key, owner, token, db_fence)).await,
+        }
+    }
+
+    /// Readiness probe.
+    pub async fn ping(&self) -> Result<(), LeaseError> {
+        match &self.inner.backend {
+            Backend::Redis(r) => self.bounded(r.ping()).await,
+            Backend::Postgres(p) => self.bounded(p.ping()).await,
+        }
+    }
+}
 
 /// Result of an acquisition attempt.
 pub enum Acquire {
@@ -91,7 +256,7 @@ pub struct LeaseKey {
 /// dropping the guard stops renewals (and releases the lock in the background
 /// if `release` was not called).
 pub struct LeaseGuard {
-    lease: RedisLease,
+    lease: Lease,
     key: LeaseKey,
     owner: Uuid,
     /// Current token; changes only on a fence resync. The heartbeat holds this
@@ -213,7 +378,7 @@ impl Drop for LeaseGuard {
 
 /// Parameters of one heartbeat.
 pub(crate) struct Heartbeat {
-    pub lease: RedisLease,
+    pub lease: Lease,
     pub key: LeaseKey,
     pub owner: Uuid,
     pub token: Arc<Mutex<i64>>,

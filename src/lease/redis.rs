@@ -15,13 +15,10 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::Script;
-use tokio::sync::{watch, Mutex};
-use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{Acquire, Heartbeat, LeaseError, LeaseGuard, LeaseKey, LeaseState};
+use super::{LeaseError, LeaseKey, RawAcquire};
 use crate::config::LeaseConfig;
-use crate::metrics::Metrics;
 
 /// Acquire. KEYS: lock, fence. ARGV: owner, ttl ms, fence-key ttl ms.
 /// Returns `{1, token}` when acquired, `{0, remaining-ms}` when held.
@@ -83,20 +80,18 @@ struct Inner {
     conn: ConnectionManager,
     prefix: String,
     ttl: Duration,
-    max_hold: Duration,
     fence_key_ttl: Duration,
     timeout: Duration,
     acquire: Script,
     renew: Script,
     release: Script,
     resync: Script,
-    metrics: Metrics,
 }
 
 impl RedisLease {
     /// Connects lazily: a Redis that is down at start makes deliveries answer
     /// 503 until it is back, instead of stopping the process.
-    pub fn new(cfg: &LeaseConfig, metrics: Metrics) -> Result<RedisLease, LeaseError> {
+    pub fn new(cfg: &LeaseConfig) -> Result<RedisLease, LeaseError> {
         let client = redis::Client::open(cfg.redis_url.as_str())
             .map_err(|e| LeaseError::Unavailable(e.to_string()))?;
         let manager_cfg = redis::aio::ConnectionManagerConfig::new()
@@ -111,14 +106,12 @@ impl RedisLease {
                 conn,
                 prefix: cfg.key_prefix.clone(),
                 ttl: cfg.ttl,
-                max_hold: cfg.max_hold,
                 fence_key_ttl: cfg.fence_key_ttl,
                 timeout: cfg.redis_timeout,
                 acquire: Script::new(ACQUIRE_LUA),
                 renew: Script::new(RENEW_LUA),
                 release: Script::new(RELEASE_LUA),
                 resync: Script::new(RESYNC_LUA),
-                metrics,
             }),
         })
     }
@@ -137,10 +130,6 @@ impl RedisLease {
         )
     }
 
-    pub fn ttl(&self) -> Duration {
-        self.inner.ttl
-    }
-
     async fn call<T: redis::FromRedisValue>(
         &self,
         inv: redis::ScriptInvocation<'_>,
@@ -153,65 +142,23 @@ impl RedisLease {
         }
     }
 
-    /// One atomic acquisition. On success a heartbeat starts with the guard.
-    pub async fn acquire(&self, key: &LeaseKey) -> Result<Acquire, LeaseError> {
-        let owner = Uuid::new_v4();
-        let sent = Instant::now();
+    /// One atomic acquisition for `owner`.
+    pub async fn acquire(&self, key: &LeaseKey, owner: Uuid) -> Result<RawAcquire, LeaseError> {
         let mut inv = self.inner.acquire.key(self.lock_key(key));
         inv.key(self.fence_key(key))
             .arg(owner.to_string())
             .arg(self.inner.ttl.as_millis() as u64)
             .arg(self.inner.fence_key_ttl.as_millis() as u64);
-        let reply: Result<(i64, i64), LeaseError> = self.call(inv).await;
-        let m = &self.inner.metrics;
-        let (acquired, value) = match reply {
-            Ok(r) => r,
-            Err(e) => {
-                m.lease_acquire_error().increment(1);
-                return Err(e);
-            }
-        };
-        if acquired != 1 {
-            m.lease_held_by_other().increment(1);
+        let (acquired, value): (i64, i64) = self.call(inv).await?;
+        if acquired == 1 {
+            Ok(RawAcquire::Acquired { token: value })
+        } else {
             // -1 (no expiry) cannot come from us; treat it as a full TTL.
             let remaining = u64::try_from(value)
                 .map(Duration::from_millis)
                 .unwrap_or(self.inner.ttl);
-            return Ok(Acquire::Held { remaining });
+            Ok(RawAcquire::Held { remaining })
         }
-        m.lease_acquired().increment(1);
-        m.leases_held().increment(1.0);
-        let token = value;
-        let (tx, rx) = watch::channel(LeaseState {
-            expires_at: sent + self.inner.ttl,
-            lost: None,
-        });
-        let token_cell = Arc::new(Mutex::new(token));
-        let heartbeat = Heartbeat {
-            lease: self.clone(),
-            key: key.clone(),
-            owner,
-            token: token_cell.clone(),
-            state: tx,
-            ttl: self.inner.ttl,
-            max_hold: self.inner.max_hold,
-            acquired_at: sent,
-            timeout: self.inner.timeout,
-            metrics: m.clone(),
-        };
-        let heartbeat = tokio::spawn(heartbeat.run());
-        Ok(Acquire::Acquired(LeaseGuard {
-            lease: self.clone(),
-            key: key.clone(),
-            owner,
-            token: token_cell,
-            token_now: token,
-            state: rx,
-            heartbeat,
-            acquired_at: sent,
-            released: false,
-            metrics: m.clone(),
-        }))
     }
 
     /// Extends the lock only if it still holds `<owner>:<token>`.

@@ -3,16 +3,20 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use fencehook::config::LeaseBackendKind;
 use fencehook::metrics::{LEASE_ACQUIRE_TOTAL, LEASE_RENEW_TOTAL};
 
 use crate::helpers::{downstream::MockDownstream, payment, TestContext};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifty_concurrent_deliveries_over_three_instances_book_one_payment() {
+async fn fifty_concurrent_deliveries_over_three_instances_book_one_payment(
+    backend: LeaseBackendKind,
+) {
     let ctx = TestContext::new().await;
     let mut apps = Vec::new();
     for _ in 0..3 {
-        apps.push(std::sync::Arc::new(ctx.spawn(ctx.config()).await));
+        apps.push(std::sync::Arc::new(
+            ctx.spawn(ctx.config_for(backend)).await,
+        ));
     }
     let p = payment("tx_storm", 4200);
     let mut tasks = Vec::new();
@@ -49,12 +53,13 @@ async fn fifty_concurrent_deliveries_over_three_instances_book_one_payment() {
     ctx.assert_audit_clean().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn many_transactions_with_duplicates_leave_the_audit_clean() {
+async fn many_transactions_with_duplicates_leave_the_audit_clean(backend: LeaseBackendKind) {
     let ctx = TestContext::new().await;
     let mut apps = Vec::new();
     for _ in 0..3 {
-        apps.push(std::sync::Arc::new(ctx.spawn(ctx.config()).await));
+        apps.push(std::sync::Arc::new(
+            ctx.spawn(ctx.config_for(backend)).await,
+        ));
     }
     let (transactions, copies) = (40, 4);
     let mut tasks = Vec::new();
@@ -112,13 +117,12 @@ async fn many_transactions_with_duplicates_leave_the_audit_clean() {
     ctx.assert_audit_clean().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing() {
+async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing(backend: LeaseBackendKind) {
     let ctx = TestContext::new().await;
     let downstream = MockDownstream::start().await;
     let ttl = Duration::from_millis(900);
     downstream.set_delay(ttl * 3);
-    let mut cfg = ctx.config();
+    let mut cfg = ctx.config_for(backend);
     cfg.lease.ttl = ttl;
     cfg.lease.redis_timeout = Duration::from_millis(250);
     cfg.downstream_url = Some(downstream.url());
@@ -176,3 +180,31 @@ async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing() {
     assert_eq!(call.body["amount_minor"], 999);
     ctx.assert_audit_clean().await;
 }
+
+/// The same exactly-once tests run against both lease backends.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod redis_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(fencehook::config::LeaseBackendKind::Redis).await
+                }
+            )*
+        }
+        mod postgres_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(fencehook::config::LeaseBackendKind::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+both_backends!(
+    fifty_concurrent_deliveries_over_three_instances_book_one_payment,
+    many_transactions_with_duplicates_leave_the_audit_clean,
+    a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing,
+);

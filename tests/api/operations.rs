@@ -224,8 +224,16 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
             "FENCEHOOK_PROVIDERS",
         ),
         (
-            &[("FENCEHOOK_LEASE_BACKEND", "postgres")],
+            &[("FENCEHOOK_LEASE_BACKEND", "mysql")],
             "FENCEHOOK_LEASE_BACKEND",
+        ),
+        (
+            &[("FENCEHOOK_LEASE_TTL_MS", "five seconds")],
+            "FENCEHOOK_LEASE_TTL_MS",
+        ),
+        (
+            &[("FENCEHOOK_MIGRATE_ON_START", "maybe")],
+            "FENCEHOOK_MIGRATE_ON_START",
         ),
     ];
     for (env, setting) in cases {

@@ -76,14 +76,18 @@ fn is_stopped(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once() {
+async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(
+    backend: &'static str,
+) {
     let ctx = TestContext::new().await;
     let downstream = MockDownstream::start().await;
     downstream.gate_token(1);
     let e = with(
         env(&ctx, &ctx.redis_url),
-        &[("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string())],
+        &[
+            ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+            ("FENCEHOOK_LEASE_BACKEND", backend.to_owned()),
+        ],
     );
     let a = ServeProcess::start(&e).await;
     let b = ServeProcess::start(&e).await;
@@ -114,13 +118,15 @@ async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_an
 }
 
 #[cfg(feature = "failpoints")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues() {
+async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues(backend: &'static str) {
     let ctx = TestContext::new().await;
     let downstream = MockDownstream::start().await;
     let e = with(
         env(&ctx, &ctx.redis_url),
-        &[("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string())],
+        &[
+            ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+            ("FENCEHOOK_LEASE_BACKEND", backend.to_owned()),
+        ],
     );
     // A stops itself (SIGSTOP) after its last lease check, right before the finalize.
     let a = ServeProcess::start(&with(
@@ -335,4 +341,37 @@ async fn sigterm_during_a_slow_downstream_call_finishes_releases_and_exits_0() {
         logs.contains("SIGTERM received") && logs.contains("stopped"),
         "{logs}"
     );
+}
+
+/// Holder crashes and stalls, against both lease backends.
+mod redis_backend {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once() {
+        super::an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(
+            "redis",
+        )
+        .await
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues() {
+        super::an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues("redis").await
+    }
+}
+
+mod postgres_backend {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once() {
+        super::an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(
+            "postgres",
+        )
+        .await
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues() {
+        super::an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues("postgres").await
+    }
 }

@@ -47,6 +47,8 @@ pub fn socket_of(url: &str) -> SocketAddr {
 /// A database and a Redis key prefix that belong to one test; the database is
 /// dropped when the context is dropped.
 pub struct TestContext {
+    /// One connection for the test's own queries (opened on first use).
+    client: tokio::sync::OnceCell<tokio_postgres::Client>,
     pub db_name: String,
     pub database_url: String,
     pub redis_url: String,
@@ -63,6 +65,7 @@ impl TestContext {
             .await
             .expect("test database created and migrated");
         TestContext {
+            client: tokio::sync::OnceCell::new(),
             db_name,
             database_url,
             redis_url: redis_url(),
@@ -83,7 +86,7 @@ impl TestContext {
             admin_listen: "127.0.0.1:0".parse().unwrap(),
             db: DbConfig {
                 url: self.database_url.clone(),
-                pool_size: 8,
+                pool_size: 4,
                 pool_wait: Duration::from_secs(2),
                 statement_timeout: Duration::from_secs(5),
                 connect_timeout: Duration::from_secs(2),
@@ -106,6 +109,13 @@ impl TestContext {
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
         }
+    }
+
+    /// [`TestContext::config`] with the given lease backend.
+    pub fn config_for(&self, backend: LeaseBackendKind) -> Config {
+        let mut cfg = self.config();
+        cfg.lease.backend = backend;
+        cfg
     }
 
     pub async fn spawn(&self, cfg: Config) -> TestApp {
@@ -131,14 +141,20 @@ impl TestContext {
         }
     }
 
-    pub async fn db(&self) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls)
+    /// The test's own connection to its database (one per test).
+    pub async fn db(&self) -> &tokio_postgres::Client {
+        self.client
+            .get_or_init(|| async {
+                let (client, conn) =
+                    tokio_postgres::connect(&self.database_url, tokio_postgres::NoTls)
+                        .await
+                        .unwrap();
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                client
+            })
             .await
-            .unwrap();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        client
     }
 
     pub async fn count(&self, sql: &str) -> i64 {

@@ -1,0 +1,179 @@
+//! The PostgreSQL lease backend (`FENCEHOOK_LEASE_BACKEND=postgres`): the same
+//! guarantees without Redis, for small deployments and as the baseline the
+//! Redis path is measured against.
+//!
+//! A row per transaction in `leases` holds the owner, the token (the fence
+//! counter, which only grows) and the expiry, all judged by the database's own
+//! clock (`clock_timestamp()`), so instances never compare wall clocks. Each
+//! operation is one statement, atomic by itself. The backend has its own small
+//! pool so renewals never queue behind payment writes.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+use super::{LeaseError, LeaseKey, RawAcquire};
+use crate::config::{DbConfig, LeaseConfig};
+
+/// Takes a free or expired lease, raising the token; returns nothing when held.
+const ACQUIRE: &str = "\
+INSERT INTO leases AS l (provider, transaction_id, owner, token, expires_at)
+VALUES ($1, $2, $3, 1, clock_timestamp() + $4 * interval '1 millisecond')
+ON CONFLICT (provider, transaction_id) DO UPDATE
+   SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
+ WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+RETURNING token";
+
+/// Milliseconds left on a lease held by someone else.
+const REMAINING: &str = "\
+SELECT greatest(0, (extract(epoch FROM (expires_at - clock_timestamp())) * 1000)::bigint)
+  FROM leases WHERE provider = $1 AND transaction_id = $2";
+
+/// Extends only our own, unexpired lease; never revives an expired one.
+const RENEW: &str = "\
+UPDATE leases SET expires_at = clock_timestamp() + $5 * interval '1 millisecond'
+ WHERE provider = $1 AND transaction_id = $2 AND owner = $3 AND token = $4
+   AND expires_at > clock_timestamp()";
+
+/// Compare-and-release: clears the owner, keeps the token.
+const RELEASE: &str = "\
+UPDATE leases SET owner = NULL, expires_at = NULL
+ WHERE provider = $1 AND transaction_id = $2 AND owner = $3 AND token = $4";
+
+/// Fence resync inside our lease: raise the token past the payments fence.
+const RESYNC: &str = "\
+UPDATE leases SET token = greatest(token, $5) + 1
+ WHERE provider = $1 AND transaction_id = $2 AND owner = $3 AND token = $4
+   AND expires_at > clock_timestamp()
+RETURNING token";
+
+#[derive(Clone)]
+pub struct PgLease {
+    pool: Pool,
+    ttl: Duration,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> LeaseError {
+    LeaseError::Unavailable(e.to_string())
+}
+
+impl PgLease {
+    pub fn new(cfg: &LeaseConfig, db: &DbConfig) -> Result<PgLease, LeaseError> {
+        let mut pg: tokio_postgres::Config = db.url.parse().map_err(unavailable)?;
+        pg.application_name("fencehook-lease");
+        pg.options(format!(
+            "-c statement_timeout={}",
+            cfg.redis_timeout.as_millis().max(1)
+        ));
+        pg.connect_timeout(db.connect_timeout);
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size((db.pool_size / 2).clamp(2, 8))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(cfg.redis_timeout))
+            .create_timeout(Some(db.connect_timeout))
+            .recycle_timeout(Some(db.connect_timeout))
+            .build()
+            .map_err(unavailable)?;
+        Ok(PgLease { pool, ttl: cfg.ttl })
+    }
+
+    fn ttl_ms(&self) -> f64 {
+        self.ttl.as_millis() as f64
+    }
+
+    pub async fn acquire(&self, key: &LeaseKey, owner: Uuid) -> Result<RawAcquire, LeaseError> {
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let stmt = client.prepare_cached(ACQUIRE).await.map_err(unavailable)?;
+        let ttl = self.ttl_ms();
+        let row = client
+            .query_opt(&stmt, &[&key.provider, &key.transaction_id, &owner, &ttl])
+            .await
+            .map_err(unavailable)?;
+        if let Some(row) = row {
+            return Ok(RawAcquire::Acquired { token: row.get(0) });
+        }
+        let stmt = client
+            .prepare_cached(REMAINING)
+            .await
+            .map_err(unavailable)?;
+        let ms: Option<i64> = client
+            .query_opt(&stmt, &[&key.provider, &key.transaction_id])
+            .await
+            .map_err(unavailable)?
+            .map(|r| r.get(0));
+        Ok(RawAcquire::Held {
+            remaining: ms
+                .map(|m| Duration::from_millis(m as u64))
+                .unwrap_or(self.ttl),
+        })
+    }
+
+    pub async fn renew(&self, key: &LeaseKey, owner: Uuid, token: i64) -> Result<bool, LeaseError> {
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let stmt = client.prepare_cached(RENEW).await.map_err(unavailable)?;
+        let ttl = self.ttl_ms();
+        let n = client
+            .execute(
+                &stmt,
+                &[&key.provider, &key.transaction_id, &owner, &token, &ttl],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(n == 1)
+    }
+
+    pub async fn release(
+        &self,
+        key: &LeaseKey,
+        owner: Uuid,
+        token: i64,
+    ) -> Result<bool, LeaseError> {
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let stmt = client.prepare_cached(RELEASE).await.map_err(unavailable)?;
+        let n = client
+            .execute(&stmt, &[&key.provider, &key.transaction_id, &owner, &token])
+            .await
+            .map_err(unavailable)?;
+        Ok(n == 1)
+    }
+
+    pub async fn resync(
+        &self,
+        key: &LeaseKey,
+        owner: Uuid,
+        token: i64,
+        db_fence: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        let client = self.pool.get().await.map_err(unavailable)?;
+        let stmt = client.prepare_cached(RESYNC).await.map_err(unavailable)?;
+        let row = client
+            .query_opt(
+                &stmt,
+                &[
+                    &key.provider,
+                    &key.transaction_id,
+                    &owner,
+                    &token,
+                    &db_fence,
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    pub async fn ping(&self) -> Result<(), LeaseError> {
+        let client = self.pool.get().await.map_err(unavailable)?;
+        client.simple_query("SELECT 1").await.map_err(unavailable)?;
+        Ok(())
+    }
+}
