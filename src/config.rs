@@ -314,11 +314,11 @@ impl ServeArgs {
     }
 
     fn lease_config(&self) -> Result<LeaseConfig, ConfigError> {
-        if !(self.redis_url.starts_with("redis://") || self.redis_url.starts_with("rediss://")) {
-            return Err(bad(
-                "REDIS_URL",
-                format!("`{}` is not a redis:// URL", self.redis_url),
-            ));
+        // One URL, or a comma-separated list of Redis Cluster seed nodes.
+        for node in self.redis_url.split(',').map(str::trim) {
+            if !(node.starts_with("redis://") || node.starts_with("rediss://")) {
+                return Err(bad("REDIS_URL", format!("`{node}` is not a redis:// URL")));
+            }
         }
         if self.lease_ttl_ms < 150 {
             return Err(bad("FENCEHOOK_LEASE_TTL_MS", "must be at least 150 ms"));

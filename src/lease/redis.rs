@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
 use redis::Script;
 use uuid::Uuid;
 
@@ -76,8 +77,15 @@ pub struct RedisLease {
     inner: Arc<Inner>,
 }
 
+/// One Redis server, or a Redis Cluster (slots routed by the hash tag).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
     ttl: Duration,
     fence_key_ttl: Duration,
@@ -91,16 +99,43 @@ struct Inner {
 impl RedisLease {
     /// Connects lazily: a Redis that is down at start makes deliveries answer
     /// 503 until it is back, instead of stopping the process.
+    ///
+    /// `REDIS_URL` names one server (`redis://host:port`), or a Redis Cluster
+    /// as a comma-separated list of seed nodes
+    /// (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`).
     pub fn new(cfg: &LeaseConfig) -> Result<RedisLease, LeaseError> {
-        let client = redis::Client::open(cfg.redis_url.as_str())
-            .map_err(|e| LeaseError::Unavailable(e.to_string()))?;
-        let manager_cfg = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(cfg.redis_timeout))
-            .set_response_timeout(Some(cfg.redis_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_lazy_with_config(client, manager_cfg)
-            .map_err(|e| LeaseError::Unavailable(e.to_string()))?;
+        let unavailable = |e: redis::RedisError| LeaseError::Unavailable(e.to_string());
+        let nodes: Vec<&str> = cfg
+            .redis_url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let conn = if nodes.len() > 1 {
+            let client = redis::cluster::ClusterClient::builder(nodes)
+                .connection_timeout(cfg.redis_timeout)
+                .response_timeout(cfg.redis_timeout)
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(100)
+                .build()
+                .map_err(unavailable)?;
+            Conn::Cluster(
+                client
+                    .get_pending_async_connection_with_config(redis::cluster::ClusterConfig::new()),
+            )
+        } else {
+            let client = redis::Client::open(cfg.redis_url.as_str()).map_err(unavailable)?;
+            let manager_cfg = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(cfg.redis_timeout))
+                .set_response_timeout(Some(cfg.redis_timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(200));
+            Conn::Single(
+                ConnectionManager::new_lazy_with_config(client, manager_cfg)
+                    .map_err(unavailable)?,
+            )
+        };
         Ok(RedisLease {
             inner: Arc::new(Inner {
                 conn,
@@ -134,8 +169,13 @@ impl RedisLease {
         &self,
         inv: redis::ScriptInvocation<'_>,
     ) -> Result<T, LeaseError> {
-        let mut conn = self.inner.conn.clone();
-        match tokio::time::timeout(self.inner.timeout, inv.invoke_async(&mut conn)).await {
+        let invoke = async {
+            match self.inner.conn.clone() {
+                Conn::Single(mut c) => inv.invoke_async(&mut c).await,
+                Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
+            }
+        };
+        match tokio::time::timeout(self.inner.timeout, invoke).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(LeaseError::Unavailable(e.to_string())),
             Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),
@@ -203,9 +243,15 @@ impl RedisLease {
 
     /// Readiness probe.
     pub async fn ping(&self) -> Result<(), LeaseError> {
-        let mut conn = self.inner.conn.clone();
         let cmd = redis::cmd("PING");
-        match tokio::time::timeout(self.inner.timeout, cmd.query_async::<String>(&mut conn)).await {
+        let ping = async {
+            match self.inner.conn.clone() {
+                Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await,
+                // Routed to every primary: ready only when the whole cluster answers.
+                Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await,
+            }
+        };
+        match tokio::time::timeout(self.inner.timeout, ping).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(LeaseError::Unavailable(e.to_string())),
             Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),

@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod cluster;
 mod exactly_once;
 mod faults;
 mod input;

@@ -2,6 +2,7 @@
 //! Redis key prefix per test, apps on port 0 built in-process with
 //! `App::build`, a mock downstream service, and a TCP fault proxy.
 
+pub mod cluster;
 pub mod downstream;
 pub mod process;
 pub mod proxy;
