@@ -3,6 +3,7 @@
 #   make run    build (release), find or start PostgreSQL + Redis, migrate, serve on 127.0.0.1:8080
 #   make test   unit tests, then the integration tests against real PostgreSQL and Redis
 #   make lint   cargo fmt --check + clippy -D warnings
+#   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/dev-services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -20,7 +21,7 @@ DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 
 SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/dev-services.sh env)"
 
-.PHONY: build run test test-unit test-integration lint fmt check dev-services-stop clean
+.PHONY: build run test test-unit test-integration chaos lint fmt check dev-services-stop clean
 
 build:
 	$(CARGO) build --locked --release
@@ -42,6 +43,12 @@ test-integration:
 	@echo "== integration tests (real PostgreSQL + Redis) =="
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
 	$(CARGO) test --locked --features failpoints --test api
+
+# Seeded fault schedule against three real instances; CHAOS_SEED=<n> replays a run.
+CHAOS_DURATION_SECS ?= 60
+chaos:
+	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
+	CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features failpoints --test chaos -- --ignored --nocapture
 
 lint:
 	$(CARGO) fmt --check

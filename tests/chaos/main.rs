@@ -1,0 +1,300 @@
+//! `make chaos`: a seeded, bounded run. Three `fencehook serve` processes take
+//! a duplicate-heavy load (each transaction delivered k times at once, every
+//! delivery retried like a PSP until it gets a 200) while a random schedule of
+//! faults fires: instances SIGKILLed and restarted, SIGSTOPped past their TTL,
+//! Redis killed and restarted empty or stalled, PostgreSQL cut or its backends
+//! terminated. Afterwards it checks the history against the database:
+//! every 200 has a committed terminal row, no transaction has two entries
+//! (`audit`), every transaction eventually got a 200.
+//!
+//! `CHAOS_SEED` replays a run; `CHAOS_DURATION_SECS` (default 60) bounds it.
+//! Ignored in `cargo test`; run by `make chaos`.
+
+#[path = "../api/helpers/mod.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use helpers::downstream::MockDownstream;
+use helpers::process::{deliver_to, PrivateRedis, ServeProcess};
+use helpers::proxy::FaultProxy;
+use helpers::{payment, socket_of, Reply, TestContext};
+
+const INSTANCES: usize = 3;
+const DUPLICATES: usize = 4;
+const TTL_MS: u64 = 1000;
+
+#[derive(Default)]
+struct History {
+    /// Every answer, per transaction.
+    answers: HashMap<String, Vec<Reply>>,
+    faults: BTreeMap<&'static str, usize>,
+    log: Vec<String>,
+}
+
+struct Env {
+    ctx: TestContext,
+    pg_proxy: FaultProxy,
+    redis_proxy: FaultProxy,
+    redis: tokio::sync::Mutex<PrivateRedis>,
+    downstream: MockDownstream,
+}
+
+impl Env {
+    fn serve_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "DATABASE_URL",
+                self.ctx.database_url_via(self.pg_proxy.addr()),
+            ),
+            ("REDIS_URL", format!("redis://{}", self.redis_proxy.addr())),
+            ("FENCEHOOK_REDIS_KEY_PREFIX", self.ctx.prefix.clone()),
+            ("FENCEHOOK_LEASE_TTL_MS", TTL_MS.to_string()),
+            ("FENCEHOOK_REDIS_TIMEOUT_MS", "250".to_owned()),
+            ("FENCEHOOK_INFLIGHT_WAIT_MS", "500".to_owned()),
+            ("FENCEHOOK_DB_POOL_SIZE", "6".to_owned()),
+            ("FENCEHOOK_DB_POOL_WAIT_MS", "1000".to_owned()),
+            ("FENCEHOOK_DB_STATEMENT_TIMEOUT_MS", "3000".to_owned()),
+            ("FENCEHOOK_DB_CONNECT_TIMEOUT_MS", "1000".to_owned()),
+            (
+                "FENCEHOOK_DOWNSTREAM_URL",
+                self.downstream.url().to_string(),
+            ),
+            ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "2000".to_owned()),
+            (
+                "FENCEHOOK_LOG",
+                "warn,fencehook=info,fencehook::http::webhook=warn".to_owned(),
+            ),
+        ]
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long-running; run with `make chaos`"]
+async fn chaos() {
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let secs: u64 = std::env::var("CHAOS_DURATION_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    println!("chaos: seed {seed} (replay with CHAOS_SEED={seed}), {secs} s, {INSTANCES} instances, k={DUPLICATES}");
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    let ctx = TestContext::new().await;
+    let redis = PrivateRedis::start().await;
+    let redis_proxy = FaultProxy::start(format!("127.0.0.1:{}", redis.port).parse().unwrap()).await;
+    let pg_proxy = FaultProxy::start(socket_of(&ctx.database_url)).await;
+    let downstream = MockDownstream::start().await;
+    downstream.set_delay(Duration::from_millis(20));
+    let env = Arc::new(Env {
+        ctx,
+        pg_proxy,
+        redis_proxy,
+        redis: tokio::sync::Mutex::new(redis),
+        downstream,
+    });
+
+    let mut procs = Vec::new();
+    for _ in 0..INSTANCES {
+        procs.push(Some(ServeProcess::start(&env.serve_env()).await));
+    }
+    let bases: Arc<RwLock<Vec<String>>> = Arc::new(RwLock::new(
+        procs
+            .iter()
+            .map(|p| p.as_ref().unwrap().base.clone())
+            .collect(),
+    ));
+    let history = Arc::new(Mutex::new(History::default()));
+    let start = Instant::now();
+    let load_end = start + Duration::from_secs(secs);
+    // Deliveries keep retrying (like a PSP) for a while after the faults stop.
+    let settle_end = load_end + Duration::from_secs(45);
+
+    // The load: a new transaction every 25 ms, each delivered k times at once.
+    let load = {
+        let (bases, history) = (bases.clone(), history.clone());
+        let mut load_rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+        tokio::spawn(async move {
+            let mut deliveries = Vec::new();
+            let mut t = 0usize;
+            while Instant::now() < load_end {
+                let tx = format!("tx_chaos_{t}");
+                let amount = load_rng.gen_range(1..100_000);
+                let failed = load_rng.gen_bool(0.05);
+                for _ in 0..DUPLICATES {
+                    let first = load_rng.gen_range(0..INSTANCES);
+                    let (bases, history, tx) = (bases.clone(), history.clone(), tx.clone());
+                    let mut p = payment(&tx, amount);
+                    if failed {
+                        p["event_type"] = "payment.failed".into();
+                    }
+                    deliveries.push(tokio::spawn(async move {
+                        let mut i = first;
+                        loop {
+                            let base = bases.read().unwrap()[i % INSTANCES].clone();
+                            let r = deliver_to(&base, &p).await;
+                            let done = r.status == 200;
+                            history
+                                .lock()
+                                .unwrap()
+                                .answers
+                                .entry(tx.clone())
+                                .or_default()
+                                .push(r);
+                            if done || Instant::now() >= settle_end {
+                                return;
+                            }
+                            i += 1; // a PSP retry may land on another instance
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }));
+                }
+                t += 1;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            for d in deliveries {
+                let _ = d.await;
+            }
+        })
+    };
+
+    // The faults.
+    while Instant::now() + Duration::from_secs(3) < load_end {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(1500..4000))).await;
+        let at = start.elapsed().as_secs_f64();
+        let kind = rng.gen_range(0..6);
+        let name = match kind {
+            0 => {
+                let i = rng.gen_range(0..INSTANCES);
+                procs[i].as_ref().unwrap().signal("KILL");
+                procs[i] = None;
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2000))).await;
+                let p = ServeProcess::start(&env.serve_env()).await;
+                bases.write().unwrap()[i] = p.base.clone();
+                procs[i] = Some(p);
+                "instance SIGKILL + restart"
+            }
+            1 => {
+                let i = rng.gen_range(0..INSTANCES);
+                let p = procs[i].as_ref().unwrap();
+                p.signal("STOP");
+                tokio::time::sleep(Duration::from_millis(
+                    rng.gen_range(TTL_MS * 3 / 2..TTL_MS * 3),
+                ))
+                .await;
+                p.signal("CONT");
+                "instance SIGSTOP past TTL"
+            }
+            2 => {
+                let mut redis = env.redis.lock().await;
+                redis.kill().await;
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2000))).await;
+                redis.restart().await;
+                "redis SIGKILL + restart empty"
+            }
+            3 => {
+                env.redis_proxy.pause();
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(300..2000))).await;
+                env.redis_proxy.resume();
+                "redis traffic paused"
+            }
+            4 => {
+                env.pg_proxy.cut();
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1500))).await;
+                env.pg_proxy.restore();
+                "postgres connections cut"
+            }
+            _ => {
+                let _ = env
+                    .ctx
+                    .db()
+                    .await
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE datname = $1 AND application_name LIKE 'fencehook%'",
+                        &[&env.ctx.db_name],
+                    )
+                    .await;
+                "postgres backends terminated"
+            }
+        };
+        let mut h = history.lock().unwrap();
+        *h.faults.entry(name).or_default() += 1;
+        h.log.push(format!("  t={at:6.1}s  {name}"));
+    }
+    load.await.unwrap();
+
+    // Check the history against the database.
+    let h = history.lock().unwrap();
+    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    let mut violations = Vec::new();
+    let mut deliveries = 0;
+    for (tx, answers) in &h.answers {
+        for a in answers {
+            deliveries += 1;
+            let label = if a.status == 0 {
+                "000 (no answer)".to_owned()
+            } else {
+                format!("{} {}", a.status, a.result())
+            };
+            *by_status.entry(label).or_default() += 1;
+        }
+        let got_200 = answers.iter().any(|a| a.status == 200);
+        if !got_200 {
+            violations.push(format!("{tx}: never answered 200"));
+            continue;
+        }
+        let row: Option<(String, i64)> = env.ctx.payment(tx).await;
+        match row.as_ref().map(|r| r.0.as_str()) {
+            Some("succeeded" | "failed") => {}
+            other => violations.push(format!("{tx}: answered 200 but the row is {other:?}")),
+        }
+    }
+    for c in fencehook::store::audit::run(&env.ctx.database_url)
+        .await
+        .unwrap()
+    {
+        for v in c.violations {
+            violations.push(format!("audit {}: {v}", c.name));
+        }
+    }
+    let payments = env.ctx.payments().await;
+    let entries = env.ctx.entries().await;
+
+    println!("\nchaos summary (seed {seed}, {secs} s)");
+    println!("  transactions          {:>8}", h.answers.len());
+    println!("  deliveries (attempts) {deliveries:>8}");
+    println!("  payments rows         {payments:>8}");
+    println!("  ledger entries        {entries:>8}");
+    println!("  answers:");
+    for (k, v) in &by_status {
+        println!("    {k:<28}{v:>8}");
+    }
+    println!("  faults injected:");
+    for (k, v) in &h.faults {
+        println!("    {k:<28}{v:>8}");
+    }
+    println!("  fault timeline:");
+    for l in &h.log {
+        println!("  {l}");
+    }
+    println!("  violations            {:>8}", violations.len());
+    for v in violations.iter().take(20) {
+        println!("    {v}");
+    }
+    assert!(
+        violations.is_empty(),
+        "chaos found {} violation(s); replay with CHAOS_SEED={seed}",
+        violations.len()
+    );
+}
