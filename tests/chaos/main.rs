@@ -235,7 +235,7 @@ async fn chaos() {
     load.await.unwrap();
 
     // Check the history against the database.
-    let h = history.lock().unwrap();
+    let h = std::mem::take(&mut *history.lock().unwrap());
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     let mut violations = Vec::new();
     let mut deliveries = 0;
