@@ -24,7 +24,7 @@ enum Command {
     Migrate(DbArgs),
     /// Check the database invariants; exits 1 on any violation.
     Audit(DbArgs),
-    /// Sign and send one generic webhook (for demos).
+    /// Sign and send one webhook as a standard, stripe or adyen provider would (for demos).
     Send(SendArgs),
 }
 
