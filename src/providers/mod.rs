@@ -100,7 +100,9 @@ impl CanonicalEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {
     Event(CanonicalEvent),
-    /// A well-signed event of a type fencehook does not act on.
+    /// A well-signed event fencehook does not act on: a type it does not
+    /// book, or a state that moves no money (a pending refund, an uncaptured
+    /// charge, a zero-value authorisation). Answered 200, nothing written.
     Ignored {
         event_type: String,
     },
