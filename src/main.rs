@@ -26,7 +26,7 @@ enum Command {
     CheckConfig(ServeArgs),
     /// Check the database invariants; exits 1 on any violation.
     Audit(DbArgs),
-    /// Sign and send one generic webhook (for demos).
+    /// Sign and send one webhook as a standard, stripe or adyen provider would (for demos).
     Send(SendArgs),
 }
 

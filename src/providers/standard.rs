@@ -13,6 +13,8 @@ use sha2::Sha256;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use super::fields::{self, amount_minor};
+pub use super::fields::{check_currency, check_transaction_id};
 use super::{CanonicalEvent, EventKind, Item, Reject};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -108,8 +110,7 @@ pub fn sign(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Result<Strin
 /// Maps the generic payload (SPEC §4) strictly: no coercion, no trimming, no defaults.
 pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
     let invalid = |m: &str| Reject::Invalid(m.to_owned());
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| Reject::Invalid(format!("body is not valid JSON: {e}")))?;
+    let value = fields::parse_json(body)?;
     let obj = value
         .as_object()
         .ok_or_else(|| invalid("body must be a JSON object"))?;
@@ -129,24 +130,7 @@ pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         None => return Err(invalid("transaction_id is required")),
     };
     check_transaction_id(&transaction_id)?;
-    let amount_minor = match obj.get("amount") {
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(a) if a > 0 => a,
-            Some(_) => return Err(invalid("amount must be greater than 0")),
-            None if n.is_u64() => return Err(invalid("amount is too large")),
-            None => {
-                return Err(invalid(
-                    "amount must be an integer in minor units, not a float",
-                ))
-            }
-        },
-        Some(_) => {
-            return Err(invalid(
-                "amount must be an integer in minor units (got a non-number)",
-            ))
-        }
-        None => return Err(invalid("amount is required")),
-    };
+    let amount_minor = amount_minor(obj.get("amount"), "amount")?;
     let currency = match obj.get("currency") {
         Some(Value::String(s)) => s.clone(),
         Some(_) => return Err(invalid("currency must be a string")),
@@ -169,37 +153,6 @@ pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         currency,
         occurred_at,
     }))
-}
-
-/// 1–255 printable ASCII, no leading or trailing whitespace (rejected, not trimmed).
-pub fn check_transaction_id(id: &str) -> Result<(), Reject> {
-    if id.is_empty() || id.len() > 255 {
-        return Err(Reject::Invalid(
-            "transaction_id must be 1 to 255 characters".to_owned(),
-        ));
-    }
-    if !id.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-        return Err(Reject::Invalid(
-            "transaction_id must be printable ASCII".to_owned(),
-        ));
-    }
-    if id.starts_with(' ') || id.ends_with(' ') {
-        return Err(Reject::Invalid(
-            "transaction_id has leading or trailing whitespace".to_owned(),
-        ));
-    }
-    Ok(())
-}
-
-/// ISO 4217 form: three upper-case ASCII letters.
-pub fn check_currency(c: &str) -> Result<(), Reject> {
-    if c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()) {
-        Ok(())
-    } else {
-        Err(Reject::Invalid(
-            "currency must be an ISO 4217 code: three upper-case letters".to_owned(),
-        ))
-    }
 }
 
 #[cfg(test)]
@@ -285,5 +238,26 @@ mod tests {
             parse_generic("generic", ignored),
             Ok(Item::Ignored { .. })
         ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn verify_and_parse_never_panic(
+            id in "[ -~]{0,40}",
+            ts in "[ -~]{0,24}",
+            sig in "[ -~]{0,200}",
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            now in proptest::num::i64::ANY,
+        ) {
+            let s = Standard::new(&[SECRET.to_owned()], 300).unwrap();
+            let mut h = http::HeaderMap::new();
+            for (name, value) in [("webhook-id", &id), ("webhook-timestamp", &ts), ("webhook-signature", &sig)] {
+                if let Ok(v) = value.parse() {
+                    h.insert(name, v);
+                }
+            }
+            let _ = s.verify(&h, &body, now);
+            let _ = parse_generic("generic", &body);
+        }
     }
 }

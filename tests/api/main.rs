@@ -10,4 +10,5 @@ mod input;
 mod lease;
 mod operations;
 mod process;
+mod providers;
 mod shutdown;

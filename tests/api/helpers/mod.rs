@@ -290,7 +290,11 @@ pub struct TestApp {
 pub struct Reply {
     pub status: u16,
     pub retry_after: Option<String>,
+    /// The body as JSON (`Null` when it is not JSON, e.g. Adyen's `[accepted]`).
     pub body: Value,
+    /// The body as text.
+    pub text: String,
+    pub content_type: Option<String>,
 }
 
 impl Reply {
@@ -336,16 +340,21 @@ impl TestApp {
             .await
             .expect("app answers");
         let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().to_owned());
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        let retry_after = header("retry-after");
+        let content_type = header("content-type");
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         Reply {
             status,
             retry_after,
             body,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            content_type,
         }
     }
 

@@ -141,6 +141,10 @@ pub async fn deliver_to(base: &str, payload: &serde_json::Value) -> Reply {
                 .headers()
                 .get("retry-after")
                 .map(|v| v.to_str().unwrap().to_owned());
+            let content_type = resp
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned());
             let bytes = http_body_util::BodyExt::collect(resp.into_body())
                 .await
                 .map(|b| b.to_bytes())
@@ -149,12 +153,16 @@ pub async fn deliver_to(base: &str, payload: &serde_json::Value) -> Reply {
                 status,
                 retry_after,
                 body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+                text: String::from_utf8_lossy(&bytes).into_owned(),
+                content_type,
             }
         }
         _ => Reply {
             status: 0,
             retry_after: None,
             body: serde_json::Value::Null,
+            text: String::new(),
+            content_type: None,
         },
     }
 }
