@@ -189,7 +189,6 @@ impl Processor {
                 {
                     Inline::Committed(status) => return Ok(Outcome::Processed { token, status }),
                     Inline::LeaseLost => return Ok(Outcome::LeaseLost { token }),
-                    Inline::FenceRejected => return Ok(self.fence_rejected(ev, token, None)),
                     Inline::NotClaimed(claim) => claim,
                 },
                 Some(downstream) => {

@@ -103,9 +103,8 @@ pub enum Finalize {
 pub enum Inline {
     Committed(Status),
     NotClaimed(Claim),
-    /// The lease was lost before commit; the transaction was rolled back.
+    /// The lease was lost before the write started; nothing was written.
     LeaseLost,
-    FenceRejected,
 }
 
 /// How a database error is classified. Exhaustive on purpose: adding a kind
@@ -194,6 +193,25 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    AND payments.fence < EXCLUDED.fence
    AND payments.fingerprint = EXCLUDED.fingerprint
 RETURNING id";
+
+/// The one-statement inline path: the fenced claim writes the final status
+/// (`$7`) at once, and the ledger entry (effect `$10`, sign `$11`; none when
+/// `$10` is NULL) is inserted only for a row the claim wrote.
+const CLAIM_AND_FINALIZE: &str = "\
+WITH claim AS (
+    INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
+       SET fence = EXCLUDED.fence, status = EXCLUDED.status, updated_at = now()
+     WHERE payments.status = 'processing'
+       AND payments.fence < EXCLUDED.fence
+       AND payments.fingerprint = EXCLUDED.fingerprint
+    RETURNING id, amount_minor, currency),
+entry AS (
+    INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+    SELECT id, $10, amount_minor * $11, currency, $8 FROM claim WHERE $10::text IS NOT NULL
+    RETURNING payment_id)
+SELECT id FROM claim";
 
 /// Status and ledger entry in one statement, both conditioned on the token.
 const FINALIZE_WITH_ENTRY: &str = "\
@@ -298,9 +316,12 @@ impl Store {
         finalize_on(&client, payment_id, kind, token).await
     }
 
-    /// Claim, business effect and final status in one transaction. `lease_ok`
-    /// is asked right before commit: when it says the lease is gone the
-    /// transaction is rolled back and nothing is written.
+    /// Claim, business effect and final status in one statement (one
+    /// transaction, one round trip): the fenced upsert writes the final status
+    /// directly and feeds the ledger insert. `lease_ok` is asked right before
+    /// the statement is sent: once the lease is gone no write starts. The
+    /// statement itself is still fenced, so a holder that stalls after the
+    /// check changes nothing if a newer token has claimed the row.
     pub async fn claim_and_finalize(
         &self,
         ev: &CanonicalEvent,
@@ -308,33 +329,38 @@ impl Store {
         token: i64,
         lease_ok: impl Fn() -> bool,
     ) -> Result<Inline, StoreError> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let payment_id = match claim_on(&tx, ev, fingerprint, token).await? {
-            Claim::Claimed { payment_id } => payment_id,
-            other => {
-                tx.rollback().await?;
-                return Ok(Inline::NotClaimed(other));
-            }
-        };
+        let client = self.pool.get().await?;
         if !lease_ok() {
-            tx.rollback().await?;
             return Ok(Inline::LeaseLost);
         }
-        match finalize_on(&tx, payment_id, ev.event_type, token).await? {
-            Finalize::Applied(status) => {
-                if !lease_ok() {
-                    tx.rollback().await?;
-                    return Ok(Inline::LeaseLost);
-                }
-                tx.commit().await?;
-                Ok(Inline::Committed(status))
-            }
-            Finalize::FenceRejected => {
-                tx.rollback().await?;
-                Ok(Inline::FenceRejected)
-            }
+        let (status, effect, sign): (Status, Option<&str>, i64) = match ev.event_type {
+            EventKind::PaymentSucceeded => (Status::Succeeded, Some("credit"), 1),
+            EventKind::RefundSucceeded => (Status::Succeeded, Some("debit"), -1),
+            EventKind::PaymentFailed => (Status::Failed, None, 0),
+        };
+        let stmt = client.prepare_cached(CLAIM_AND_FINALIZE).await?;
+        let row = client
+            .query_opt(
+                &stmt,
+                &[
+                    &ev.provider,
+                    &ev.transaction_id,
+                    &ev.event_type.as_str(),
+                    &ev.amount_minor,
+                    &ev.currency,
+                    &fingerprint,
+                    &status.as_str(),
+                    &token,
+                    &ev.occurred_at,
+                    &effect,
+                    &sign,
+                ],
+            )
+            .await?;
+        if row.is_some() {
+            return Ok(Inline::Committed(status));
         }
+        Ok(Inline::NotClaimed(reread(&client, ev, fingerprint).await?))
     }
 }
 
@@ -365,7 +391,15 @@ async fn claim_on<C: GenericClient>(
             payment_id: row.get(0),
         });
     }
-    // The conflict branch: re-read to tell duplicate, mismatch and stale apart.
+    reread(client, ev, fingerprint).await
+}
+
+/// The conflict branch: re-read the row to tell duplicate, mismatch and stale apart.
+async fn reread<C: GenericClient>(
+    client: &C,
+    ev: &CanonicalEvent,
+    fingerprint: &str,
+) -> Result<Claim, StoreError> {
     let stmt = client.prepare_cached(SELECT_PAYMENT).await?;
     let row = client
         .query_opt(&stmt, &[&ev.provider, &ev.transaction_id])
