@@ -7,4 +7,5 @@ mod exactly_once;
 mod faults;
 mod input;
 mod lease;
+mod load;
 mod shutdown;
