@@ -64,3 +64,11 @@ dev-services-stop:
 
 clean:
 	$(CARGO) clean
+
+# make load: three `fencehook serve` instances on a fresh database and Redis key prefix,
+# `fencehook load` across them (k copies of every transaction, racing), then
+# `fencehook audit --answers`; one report, everything stopped and dropped afterwards.
+# Knobs: LOAD_DURATION (s, default 30), LOAD_DUPLICATES (4), LOAD_CONCURRENCY (32). See docs/load.md.
+.PHONY: load
+load:
+	@PG_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' DEV_SECRET='$(DEV_SECRET)' CARGO='$(CARGO)' scripts/load.sh

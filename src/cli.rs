@@ -1,5 +1,6 @@
 //! The `send` and `audit` subcommands.
 
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -12,8 +13,21 @@ use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use crate::config::DbArgs;
 use crate::providers::{adyen, standard, stripe, SchemeKind};
 use crate::store::audit;
+
+/// `fencehook audit`: the database invariants, and optionally the answers a
+/// load run received.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// A `fencehook load --answers` file: every 2xx in it (other than
+    /// `ignored`) must have a committed succeeded/failed payments row.
+    #[arg(long, value_name = "FILE")]
+    pub answers: Option<PathBuf>,
+}
 
 /// `fencehook send`: sign one delivery the way the provider's scheme does and send it.
 #[derive(Debug, Clone, Args)]
@@ -237,26 +251,45 @@ fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
 }
 
 /// Runs the audit and prints one line per check; `Ok(true)` when clean.
-pub async fn audit(database_url: &str) -> Result<bool, String> {
-    let checks = audit::run(database_url)
+/// With `answers`, the answers file is read first, so a bad file stops the
+/// audit before anything is printed as "clean".
+pub async fn audit(database_url: &str, answers: Option<&Path>) -> Result<bool, String> {
+    let answers = answers
+        .map(audit::read_answers)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let mut checks = audit::run(database_url)
         .await
         .map_err(|e| format!("audit could not read the database: {e}"))?;
+    if let Some(answers) = &answers {
+        let check = audit::check_answers(database_url, answers)
+            .await
+            .map_err(|e| format!("audit could not read the database: {e}"))?;
+        checks.push(check);
+    }
     let (payments, entries) = audit::totals(database_url)
         .await
         .map_err(|e| e.to_string())?;
     println!("audit: {payments} payments, {entries} ledger entries");
+    if let Some(answers) = &answers {
+        println!(
+            "audit: {} answers read, {} transactions answered 2xx to check",
+            answers.lines,
+            answers.durable.len()
+        );
+    }
     let mut clean = true;
     for c in &checks {
-        let verdict = if c.violations.is_empty() {
+        let verdict = if c.total == 0 {
             "ok".to_owned()
         } else {
-            format!("VIOLATED ({})", c.violations.len())
+            format!("VIOLATED ({})", c.total)
         };
         println!("  {:<40} {verdict:<14} {}", c.name, c.description);
         for v in &c.violations {
             println!("      {v}");
         }
-        clean &= c.violations.is_empty();
+        clean &= c.total == 0;
     }
     println!(
         "audit: {}",

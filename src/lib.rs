@@ -14,6 +14,7 @@
 //! - [`downstream`]: the optional business call that leaves the database.
 //! - [`metrics`]: metric names and the per-app registry.
 //! - [`cli`]: the `send` and `audit` subcommands.
+//! - [`load`]: the `load` subcommand, a PSP with duplicates driving one or more instances.
 
 #![forbid(unsafe_code)]
 
@@ -24,6 +25,7 @@ pub mod downstream;
 pub mod error;
 pub mod http;
 pub mod lease;
+pub mod load;
 pub mod metrics;
 pub mod processor;
 pub mod providers;

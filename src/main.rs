@@ -4,8 +4,9 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use fencehook::app::App;
-use fencehook::cli::{self, SendArgs};
+use fencehook::cli::{self, AuditArgs, SendArgs};
 use fencehook::config::{DbArgs, LogFormat, ServeArgs};
+use fencehook::load::{self, LoadArgs};
 use tracing_subscriber::EnvFilter;
 
 /// Payment-webhook receiver that applies every payment exactly once.
@@ -25,9 +26,12 @@ enum Command {
     /// Validate the settings and the providers file without starting; exits 2 on the first bad one.
     CheckConfig(ServeArgs),
     /// Check the database invariants; exits 1 on any violation.
-    Audit(DbArgs),
+    Audit(AuditArgs),
     /// Sign and send one webhook as a standard, stripe or adyen provider would (for demos).
     Send(SendArgs),
+    /// Drive one or more instances with signed deliveries, k copies each; report
+    /// throughput, latency and answers. Exits 1 when the run shows a problem.
+    Load(LoadArgs),
 }
 
 fn main() -> ExitCode {
@@ -111,14 +115,16 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Audit(db) => match cli::audit(&db.database_url).await {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::FAILURE,
-            Err(e) => {
-                eprintln!("fencehook: {e}");
-                ExitCode::from(2)
+        Command::Audit(args) => {
+            match cli::audit(&args.db.database_url, args.answers.as_deref()).await {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("fencehook: {e}");
+                    ExitCode::from(2)
+                }
             }
-        },
+        }
         Command::Send(args) => match cli::send(&args).await {
             Ok((status, body)) => {
                 println!("{status} {body}");
@@ -133,6 +139,22 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        // Ctrl-C stops launching; deliveries in flight end and are reported.
+        Command::Load(args) => match load::command(&args, ctrl_c()).await {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("fencehook: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+/// Resolves on Ctrl-C; never, when the handler cannot be installed.
+async fn ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

@@ -8,6 +8,7 @@ mod exactly_once;
 mod faults;
 mod input;
 mod lease;
+mod load;
 mod operations;
 mod process;
 mod providers;
