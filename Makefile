@@ -72,3 +72,9 @@ clean:
 .PHONY: load
 load:
 	@PG_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' DEV_SECRET='$(DEV_SECRET)' CARGO='$(CARGO)' scripts/load.sh
+
+# make bench: the pgbench ceiling of fencehook's per-delivery SQL, then one instance with Redis
+# leases and one with PostgreSQL leases at k = 1, 4, 16; writes docs/benchmarks.md + .svg.
+.PHONY: bench
+bench:
+	@PG_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' CARGO='$(CARGO)' scripts/bench.sh

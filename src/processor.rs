@@ -94,8 +94,11 @@ pub struct Processor {
     hooks: Hooks,
 }
 
-/// First pause of the in-flight wait; doubles up to [`MAX_POLL`].
-const FIRST_POLL: Duration = Duration::from_millis(10);
+/// First pause of the in-flight wait; doubles up to [`MAX_POLL`]. A holder
+/// without a downstream call commits in a few milliseconds.
+const FIRST_POLL: Duration = Duration::from_millis(2);
+/// `Retry-After` of an `in_progress` answer, at most.
+const IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
 const MAX_POLL: Duration = Duration::from_millis(100);
 
 impl Processor {
@@ -134,10 +137,6 @@ impl Processor {
                 Acquire::Acquired(guard) => break guard,
                 Acquire::Held { remaining } => {
                     waited = true;
-                    if let Some(done) = self.settled(ev, &fp).await? {
-                        self.metrics.inflight_wait("duplicate").increment(1);
-                        return Ok(done);
-                    }
                     let now = Instant::now();
                     if now >= deadline {
                         let outcome = if self.inflight_wait.is_zero() {
@@ -146,12 +145,21 @@ impl Processor {
                             "timeout"
                         };
                         self.metrics.inflight_wait(outcome).increment(1);
+                        // The holder usually commits within milliseconds; its
+                        // lock's full TTL would send the PSP away for seconds.
                         return Ok(Outcome::InProgress {
-                            retry_after: remaining,
+                            retry_after: remaining.min(IN_PROGRESS_RETRY_AFTER),
                         });
                     }
                     tokio::time::sleep(pause.min(deadline - now)).await;
                     pause = (pause * 2).min(MAX_POLL);
+                    // Look at the row before trying the lease again: a holder
+                    // that finished has released it, and taking it only to
+                    // find the row done would cost a token and two writes.
+                    if let Some(done) = self.settled(ev, &fp).await? {
+                        self.metrics.inflight_wait("duplicate").increment(1);
+                        return Ok(done);
+                    }
                 }
             }
         };
