@@ -133,7 +133,7 @@ done
 
 # ---------------------------------------------------------------- report
 MACHINE="$(nproc) cores ($(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)), $(free -g | awk '/^Mem:/ {print $2}') GiB"
-VERSIONS="$(psql "$ADMIN_DB_URL" -Atc 'SHOW server_version' | cut -d' ' -f1) PostgreSQL, Redis $(redis-cli -u "$REDIS_URL" info server | sed -nE 's/^redis_version:(.*)\r?$/\1/p' | tr -d '\r')"
+VERSIONS="PostgreSQL $(psql "$ADMIN_DB_URL" -Atc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-cli -u "$REDIS_URL" info server | sed -nE 's/^redis_version:(.*)\r?$/\1/p' | tr -d '\r')"
 python3 scripts/bench_report.py "$OUT" "$MACHINE" "$VERSIONS" "$DURATION" "$PGBENCH_SECS" "$CONCURRENCY" \
   "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 say "== wrote docs/benchmarks.md and docs/benchmarks.svg =="

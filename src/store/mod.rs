@@ -333,11 +333,11 @@ impl Store {
         if !lease_ok() {
             return Ok(Inline::LeaseLost);
         }
-        let (status, effect, sign): (Status, Option<&str>, i64) = match ev.event_type {
-            EventKind::PaymentSucceeded => (Status::Succeeded, Some("credit"), 1),
-            EventKind::RefundSucceeded => (Status::Succeeded, Some("debit"), -1),
-            EventKind::PaymentFailed => (Status::Failed, None, 0),
-        };
+        let Booking {
+            status,
+            effect,
+            sign,
+        } = booking(ev.event_type);
         let stmt = client.prepare_cached(CLAIM_AND_FINALIZE).await?;
         let row = client
             .query_opt(
@@ -417,33 +417,55 @@ async fn reread<C: GenericClient>(
     })
 }
 
+/// What an event kind books: the final status and the ledger effect (none for a failure).
+struct Booking {
+    status: Status,
+    effect: Option<&'static str>,
+    /// Sign of the entry's amount: credits positive, debits negative.
+    sign: i64,
+}
+
+fn booking(kind: EventKind) -> Booking {
+    match kind {
+        EventKind::PaymentSucceeded => Booking {
+            status: Status::Succeeded,
+            effect: Some("credit"),
+            sign: 1,
+        },
+        EventKind::RefundSucceeded => Booking {
+            status: Status::Succeeded,
+            effect: Some("debit"),
+            sign: -1,
+        },
+        EventKind::PaymentFailed => Booking {
+            status: Status::Failed,
+            effect: None,
+            sign: 0,
+        },
+    }
+}
+
 async fn finalize_on<C: GenericClient>(
     client: &C,
     payment_id: i64,
     kind: EventKind,
     token: i64,
 ) -> Result<Finalize, StoreError> {
-    let (status, row) = match kind {
-        EventKind::PaymentFailed => {
+    let Booking {
+        status,
+        effect,
+        sign,
+    } = booking(kind);
+    let row = match effect {
+        None => {
             let stmt = client.prepare_cached(FINALIZE_FAILED).await?;
-            (
-                Status::Failed,
-                client.query_opt(&stmt, &[&payment_id, &token]).await?,
-            )
+            client.query_opt(&stmt, &[&payment_id, &token]).await?
         }
-        EventKind::PaymentSucceeded | EventKind::RefundSucceeded => {
-            let (effect, sign): (&str, i64) = if kind == EventKind::RefundSucceeded {
-                ("debit", -1)
-            } else {
-                ("credit", 1)
-            };
+        Some(effect) => {
             let stmt = client.prepare_cached(FINALIZE_WITH_ENTRY).await?;
-            (
-                Status::Succeeded,
-                client
-                    .query_opt(&stmt, &[&payment_id, &token, &effect, &sign])
-                    .await?,
-            )
+            client
+                .query_opt(&stmt, &[&payment_id, &token, &effect, &sign])
+                .await?
         }
     };
     Ok(match row {
