@@ -64,16 +64,21 @@ async fn assert_every_200_is_durable(ctx: &TestContext, answers: &[(String, Vec<
     }
 }
 
+/// Every thread of `pid` is in the stopped state (`T`).
 fn is_stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('T')
-        })
-        .unwrap_or(false)
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        if !state.starts_with('T') {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(

@@ -29,16 +29,25 @@ impl PrivateCluster {
             std::env::temp_dir().join(format!("fh-cluster-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut ports = Vec::new();
+        let mut bus_ports = Vec::new();
         let mut children = Vec::new();
-        // Hold every listener until all ports are chosen, so no two are the same.
+        // Hold every listener until all ports are chosen, so no two are the
+        // same. Each node also needs a cluster-bus port; the default (port +
+        // 10000) can fall outside the port range or on a taken port, so it is
+        // chosen the same way and passed with --cluster-port.
         let mut holders = Vec::new();
-        for _ in 0..6 {
+        for i in 0..12 {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            ports.push(l.local_addr().unwrap().port());
+            let port = l.local_addr().unwrap().port();
+            if i < 6 {
+                ports.push(port);
+            } else {
+                bus_ports.push(port);
+            }
             holders.push(l);
         }
         drop(holders);
-        for port in &ports {
+        for (port, bus) in ports.iter().zip(&bus_ports) {
             let child = Command::new("redis-server")
                 .args([
                     "--port",
@@ -47,6 +56,8 @@ impl PrivateCluster {
                     "127.0.0.1",
                     "--cluster-enabled",
                     "yes",
+                    "--cluster-port",
+                    &bus.to_string(),
                     "--cluster-config-file",
                     &format!("nodes-{port}.conf"),
                     "--cluster-node-timeout",
