@@ -289,10 +289,14 @@ fn failpoint_before_finalize() {
     fail::fail_point!("before_finalize", |arg: Option<String>| {
         if arg.as_deref() == Some("sigstop") {
             let pid = std::process::id().to_string();
-            // Blocks this thread until SIGCONT, like the rest of the process.
             let _ = std::process::Command::new("kill")
                 .args(["-STOP", &pid])
                 .status();
+            // The stop reaches every thread asynchronously: this one can return
+            // from `kill` and run on for a moment. Sleeping here makes sure it
+            // is frozen before it can send the finalize; after SIGCONT the
+            // sleep ends and the stale holder carries on.
+            std::thread::sleep(std::time::Duration::from_millis(200));
         }
     });
 }

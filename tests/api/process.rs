@@ -154,7 +154,10 @@ async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues(backen
     assert_eq!(
         answers.last().unwrap().result(),
         "processed",
-        "B took over: {answers:?}"
+        "B took over: {answers:?}\nA's log: {:?}\nB's log: {:?}\ndownstream calls: {:?}",
+        a.logs.lock().unwrap(),
+        b.logs.lock().unwrap(),
+        downstream.calls()
     );
     a.signal("CONT");
     let a_answer = a_answer.await.unwrap();
