@@ -46,6 +46,8 @@ pub struct State {
     pub lease: Lease,
     pub metrics: Metrics,
     pub max_body_bytes: usize,
+    /// `FENCEHOOK_LEASE_MAX_MS`: past it no holder can still be working on a claim.
+    pub max_hold: Duration,
     /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
     pub inflight: tokio::sync::Semaphore,
     draining: AtomicBool,
@@ -90,6 +92,22 @@ impl State {
         };
         self.set_backend_up(pg.is_ok(), lease.is_ok());
         (pg, lease)
+    }
+
+    /// Samples `fencehook_payments_stuck_processing`: rows `processing` for
+    /// longer than any holder may keep its lease, so nobody is working on them.
+    pub async fn count_stuck(&self) {
+        let older_than = self.max_hold;
+        if let Ok(Ok(n)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.store.stuck_processing(older_than),
+        )
+        .await
+        {
+            self.metrics
+                .gauge(metrics::PAYMENTS_STUCK_PROCESSING, &[])
+                .set(n as f64);
+        }
     }
 
     pub fn set_backend_up(&self, postgres: bool, lease: bool) {
@@ -152,10 +170,15 @@ impl App {
             lease,
             metrics,
             max_body_bytes: cfg.max_body_bytes,
+            max_hold: cfg.lease.max_hold,
             inflight: tokio::sync::Semaphore::new(cfg.max_inflight),
             draining: AtomicBool::new(false),
         };
         state.set_backend_up(false, false);
+        state
+            .metrics
+            .gauge(metrics::PAYMENTS_STUCK_PROCESSING, &[])
+            .set(0.0);
         state.refresh_gauges();
         Ok(App {
             state: Arc::new(state),
@@ -203,6 +226,7 @@ impl App {
                     tick.tick().await;
                     state.refresh_gauges();
                     let _ = state.probe_backends().await;
+                    state.count_stuck().await;
                     state.metrics.upkeep();
                 }
             }

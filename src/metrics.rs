@@ -31,6 +31,7 @@ pub const DB_POOL_SIZE: &str = "fencehook_db_pool_size";
 pub const DB_POOL_AVAILABLE: &str = "fencehook_db_pool_available";
 pub const DB_POOL_WAITING: &str = "fencehook_db_pool_waiting";
 pub const BACKEND_UP: &str = "fencehook_backend_up";
+pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing";
 pub const BUILD_INFO: &str = "fencehook_build_info";
 
 /// Every `result` label value of `fencehook_webhooks_total`.
@@ -375,6 +376,11 @@ fn describe(rec: &PrometheusRecorder) {
         BACKEND_UP,
         None,
         "1 when the last health probe of the backend succeeded.",
+    );
+    d(
+        PAYMENTS_STUCK_PROCESSING,
+        None,
+        "Payments claimed but left processing for longer than the maximum lease hold (all instances see the same number).",
     );
     d(BUILD_INFO, None, "Build information; always 1.");
 }

@@ -273,6 +273,21 @@ impl Store {
         self.pool.status()
     }
 
+    /// Payments left `processing` for longer than `older_than`: claims whose
+    /// holder died or whose downstream kept failing, waiting for the PSP's
+    /// next retry. A number that stays above zero needs a human.
+    pub async fn stuck_processing(&self, older_than: Duration) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT count(*) FROM payments WHERE status = 'processing' \
+                 AND updated_at < now() - $1 * interval '1 millisecond'",
+            )
+            .await?;
+        let ms = older_than.as_millis() as f64;
+        Ok(client.query_one(&stmt, &[&ms]).await?.get(0))
+    }
+
     /// Readiness probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let client = self.pool.get().await?;

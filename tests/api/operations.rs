@@ -253,3 +253,37 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
         "typos are warned about: {err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_left_processing_past_the_max_hold_is_counted_as_stuck() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    downstream.set_status(500);
+    let mut cfg = ctx.config();
+    cfg.lease.ttl = Duration::from_millis(600);
+    cfg.lease.redis_timeout = Duration::from_millis(150);
+    cfg.lease.max_hold = Duration::from_secs(2);
+    cfg.downstream_timeout = Duration::from_millis(100);
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    let stuck = || app.metric("fencehook_payments_stuck_processing", &[]);
+    assert_eq!(app.deliver(&payment("tx_stuck", 100)).await.status, 503);
+    app.state.count_stuck().await;
+    assert_eq!(stuck(), 0.0, "a fresh claim may still have a holder");
+    crate::helpers::wait_for(
+        "past the max hold nobody works on it",
+        Duration::from_secs(10),
+        || async {
+            app.state.count_stuck().await;
+            stuck() == 1.0
+        },
+    )
+    .await;
+    downstream.set_status(200);
+    assert_eq!(
+        app.deliver(&payment("tx_stuck", 100)).await.result(),
+        "processed"
+    );
+    app.state.count_stuck().await;
+    assert_eq!(stuck(), 0.0, "resumed and finalised");
+}
