@@ -10,8 +10,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use super::{LeaseError, LeaseKey, RawAcquire};
@@ -61,28 +60,15 @@ fn unavailable(e: impl std::fmt::Display) -> LeaseError {
 
 impl PgLease {
     pub fn new(cfg: &LeaseConfig, db: &DbConfig) -> Result<PgLease, LeaseError> {
-        let mut pg: tokio_postgres::Config = db.url.parse().map_err(unavailable)?;
-        pg.application_name("fencehook-lease");
-        pg.options(format!(
-            "-c statement_timeout={}",
-            cfg.redis_timeout.as_millis().max(1)
-        ));
-        pg.connect_timeout(db.connect_timeout);
-        let manager = Manager::from_config(
-            pg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size((db.pool_size / 2).clamp(2, 8))
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(cfg.redis_timeout))
-            .create_timeout(Some(db.connect_timeout))
-            .recycle_timeout(Some(db.connect_timeout))
-            .build()
-            .map_err(unavailable)?;
+        let size = (db.pool_size / 2).clamp(2, 8);
+        let pool = crate::store::build_pool(
+            db,
+            "fencehook-lease",
+            cfg.redis_timeout,
+            size,
+            cfg.redis_timeout,
+        )
+        .map_err(LeaseError::Unavailable)?;
         Ok(PgLease { pool, ttl: cfg.ttl })
     }
 

@@ -239,33 +239,14 @@ impl Store {
     /// down at start makes requests answer 503 (and `/readyz` say so) instead
     /// of stopping the process.
     pub fn new(cfg: &DbConfig) -> Result<Store, StoreError> {
-        let mut pg: tokio_postgres::Config = cfg
-            .url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| StoreError::Build(e.to_string()))?;
-        pg.application_name("fencehook");
-        pg.options(format!(
-            "-c statement_timeout={}",
-            cfg.statement_timeout.as_millis()
-        ));
-        pg.connect_timeout(cfg.connect_timeout);
-        pg.keepalives(true);
-        pg.keepalives_idle(Duration::from_secs(10));
-        let manager = Manager::from_config(
-            pg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(cfg.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(cfg.pool_wait))
-            .create_timeout(Some(cfg.connect_timeout))
-            .recycle_timeout(Some(cfg.connect_timeout))
-            .build()
-            .map_err(|e| StoreError::Build(e.to_string()))?;
+        let pool = build_pool(
+            cfg,
+            "fencehook",
+            cfg.statement_timeout,
+            cfg.pool_size,
+            cfg.pool_wait,
+        )
+        .map_err(StoreError::Build)?;
         Ok(Store { pool })
     }
 
@@ -377,6 +358,46 @@ impl Store {
         }
         Ok(Inline::NotClaimed(reread(&client, ev, fingerprint).await?))
     }
+}
+
+/// A lazily connecting pool on `cfg.url` whose connections carry
+/// `application_name` and `statement_timeout`, recycled with a cheap
+/// is-closed check, so connections cut by a failure are replaced by
+/// themselves. Shared by the store and the PostgreSQL lease backend.
+pub(crate) fn build_pool(
+    cfg: &DbConfig,
+    application_name: &str,
+    statement_timeout: Duration,
+    size: usize,
+    wait: Duration,
+) -> Result<Pool, String> {
+    let mut pg: tokio_postgres::Config = cfg
+        .url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| e.to_string())?;
+    pg.application_name(application_name);
+    pg.options(format!(
+        "-c statement_timeout={}",
+        statement_timeout.as_millis().max(1)
+    ));
+    pg.connect_timeout(cfg.connect_timeout);
+    pg.keepalives(true);
+    pg.keepalives_idle(Duration::from_secs(10));
+    let manager = Manager::from_config(
+        pg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(wait))
+        .create_timeout(Some(cfg.connect_timeout))
+        .recycle_timeout(Some(cfg.connect_timeout))
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 async fn claim_on<C: GenericClient>(

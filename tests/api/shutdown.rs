@@ -17,29 +17,8 @@ async fn shutdown_during_a_slow_delivery_finishes_it_releases_the_lease_and_turn
     let state = app.state.clone();
     let p = payment("tx_shutdown", 321);
     let in_flight = {
-        let client = crate::helpers::client();
-        let body = p.to_string();
-        let base = base.clone();
-        tokio::spawn(async move {
-            let id = "msg_shutdown";
-            let ts = crate::helpers::now();
-            let sig = fencehook::providers::standard::sign(
-                crate::helpers::SECRET,
-                id,
-                ts,
-                body.as_bytes(),
-            )
-            .unwrap();
-            let req = hyper::Request::post(format!("{base}/webhooks/generic"))
-                .header("content-type", "application/json")
-                .header("webhook-id", id)
-                .header("webhook-timestamp", ts.to_string())
-                .header("webhook-signature", sig)
-                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-                .unwrap();
-            let resp = client.request(req).await.unwrap();
-            resp.status().as_u16()
-        })
+        let (base, p) = (base.clone(), p.clone());
+        tokio::spawn(async move { crate::helpers::process::deliver_to(&base, &p).await.status })
     };
     wait_for("the downstream call", Duration::from_secs(5), || async {
         !downstream.calls().is_empty()
