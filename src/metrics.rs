@@ -6,8 +6,8 @@
 //! instance did. Every counter is registered at start, so it is exported at
 //! zero before the first event and `rate()`/alerts work at once.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{
@@ -69,6 +69,9 @@ struct Inner {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     h: Handles,
+    /// `fencehook_webhooks_total` per (provider, result), registered once so
+    /// the request path does not build a key and hash it on every delivery.
+    webhooks: HashMap<String, HashMap<&'static str, Counter>>,
 }
 
 struct Handles {
@@ -146,19 +149,26 @@ impl Metrics {
         for result in ["ok", "error", "timeout", "lease_lost"] {
             c(DOWNSTREAM_TOTAL, &[("result", result)]).increment(0);
         }
+        let mut webhooks: HashMap<String, HashMap<&'static str, Counter>> = HashMap::new();
+        for provider in providers {
+            for result in WEBHOOK_RESULTS {
+                let c = webhook_counter(&recorder, provider, result);
+                c.increment(0);
+                webhooks
+                    .entry(provider.clone())
+                    .or_default()
+                    .insert(*result, c);
+            }
+        }
         let inner = Inner {
             recorder,
             handle,
             h: handles,
+            webhooks,
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
         };
-        for provider in providers {
-            for result in WEBHOOK_RESULTS {
-                metrics.webhook(provider, result).increment(0);
-            }
-        }
         metrics
             .gauge(BUILD_INFO, &[("version", env!("CARGO_PKG_VERSION"))])
             .set(1.0);
@@ -177,14 +187,15 @@ impl Metrics {
 
     /// `fencehook_webhooks_total{provider,result}`.
     pub fn webhook(&self, provider: &str, result: &'static str) -> Counter {
-        let key = Key::from_parts(
-            WEBHOOKS_TOTAL,
-            vec![
-                Label::new("provider", provider.to_owned()),
-                Label::new("result", result),
-            ],
-        );
-        self.inner.recorder.register_counter(&key, &META)
+        match self
+            .inner
+            .webhooks
+            .get(provider)
+            .and_then(|by_result| by_result.get(result))
+        {
+            Some(c) => c.clone(),
+            None => webhook_counter(&self.inner.recorder, provider, result),
+        }
     }
 
     pub fn inflight_wait(&self, outcome: &'static str) -> Counter {
@@ -292,6 +303,14 @@ fn counter(
     rec.register_counter(&Key::from_parts(name, labels), &META)
 }
 
+fn webhook_counter(rec: &PrometheusRecorder, provider: &str, result: &'static str) -> Counter {
+    let labels = vec![
+        Label::new("provider", provider.to_owned()),
+        Label::new("result", result),
+    ];
+    rec.register_counter(&Key::from_parts(WEBHOOKS_TOTAL, labels), &META)
+}
+
 fn describe(rec: &PrometheusRecorder) {
     let d = |name: &'static str, unit: Option<Unit>, help: &'static str| {
         rec.describe_counter(name.into(), unit, SharedString::const_str(help));
@@ -383,11 +402,6 @@ fn describe(rec: &PrometheusRecorder) {
         "Payments claimed but left processing for longer than the maximum lease hold (all instances see the same number).",
     );
     d(BUILD_INFO, None, "Build information; always 1.");
-}
-
-/// Seconds as f64 for histograms.
-pub fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
 }
 
 #[cfg(test)]

@@ -262,6 +262,8 @@ pub struct LeaseGuard {
     /// Current token; changes only on a fence resync. The heartbeat holds this
     /// lock while a renewal is in flight so a resync never races a renewal.
     token: Arc<Mutex<i64>>,
+    /// The same token, readable without awaiting the lock (it changes only
+    /// in `resync`, which takes `&mut self`).
     token_now: i64,
     state: watch::Receiver<LeaseState>,
     heartbeat: JoinHandle<()>,

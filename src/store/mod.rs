@@ -28,6 +28,7 @@ use deadpool_postgres::{
     GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
 };
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
 use crate::config::DbConfig;
@@ -184,34 +185,38 @@ pub fn classify(e: &tokio_postgres::Error) -> DbErrorKind {
 const SELECT_PAYMENT: &str =
     "SELECT id, status, fingerprint, fence FROM payments WHERE provider = $1 AND transaction_id = $2";
 
-const CLAIM: &str = "\
-INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-VALUES ($1, $2, $3, $4, $5, $6, 'processing', $7, $8)
+/// The fenced upsert both paths share. Parameters: $1 provider,
+/// $2 transaction_id, $3 event_type, $4 amount_minor, $5 currency,
+/// $6 fingerprint, $7 status to write, $8 token, $9 occurred_at.
+macro_rules! fenced_upsert {
+    () => {
+        "INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
-   SET fence = EXCLUDED.fence, updated_at = now()
+   SET fence = EXCLUDED.fence, status = EXCLUDED.status, updated_at = now()
  WHERE payments.status = 'processing'
    AND payments.fence < EXCLUDED.fence
    AND payments.fingerprint = EXCLUDED.fingerprint
-RETURNING id";
+RETURNING id, amount_minor, currency"
+    };
+}
 
-/// The one-statement inline path: the fenced claim writes the final status
-/// (`$7`) at once, and the ledger entry (effect `$10`, sign `$11`; none when
-/// `$10` is NULL) is inserted only for a row the claim wrote.
-const CLAIM_AND_FINALIZE: &str = "\
-WITH claim AS (
-    INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
-       SET fence = EXCLUDED.fence, status = EXCLUDED.status, updated_at = now()
-     WHERE payments.status = 'processing'
-       AND payments.fence < EXCLUDED.fence
-       AND payments.fingerprint = EXCLUDED.fingerprint
-    RETURNING id, amount_minor, currency),
+/// The claim of the downstream path: the upsert with status `processing`.
+const CLAIM: &str = fenced_upsert!();
+
+/// The one-statement inline path: the upsert writes the final status at once,
+/// and the ledger entry (effect `$10`, sign `$11`; none when `$10` is NULL) is
+/// inserted only for a row the upsert wrote.
+const CLAIM_AND_FINALIZE: &str = concat!(
+    "WITH claim AS (",
+    fenced_upsert!(),
+    "),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
     SELECT id, $10, amount_minor * $11, currency, $8 FROM claim WHERE $10::text IS NOT NULL
     RETURNING payment_id)
-SELECT id FROM claim";
+SELECT id FROM claim"
+);
 
 /// Status and ledger entry in one statement, both conditioned on the token.
 const FINALIZE_WITH_ENTRY: &str = "\
@@ -335,24 +340,14 @@ impl Store {
             sign,
         } = booking(ev.event_type);
         let stmt = client.prepare_cached(CLAIM_AND_FINALIZE).await?;
-        let row = client
-            .query_opt(
-                &stmt,
-                &[
-                    &ev.provider,
-                    &ev.transaction_id,
-                    &ev.event_type.as_str(),
-                    &ev.amount_minor,
-                    &ev.currency,
-                    &fingerprint,
-                    &status.as_str(),
-                    &token,
-                    &ev.occurred_at,
-                    &effect,
-                    &sign,
-                ],
-            )
-            .await?;
+        let text = UpsertText {
+            event_type: ev.event_type.as_str(),
+            fingerprint,
+            status: status.as_str(),
+        };
+        let mut params: Vec<&(dyn ToSql + Sync)> = upsert_params(ev, &text, &token).to_vec();
+        params.extend_from_slice(&[&effect, &sign]);
+        let row = client.query_opt(&stmt, &params).await?;
         if row.is_some() {
             return Ok(Inline::Committed(status));
         }
@@ -400,6 +395,32 @@ pub(crate) fn build_pool(
         .map_err(|e| e.to_string())
 }
 
+/// The nine parameters of [`fenced_upsert!`], in order.
+fn upsert_params<'a>(
+    ev: &'a CanonicalEvent,
+    text: &'a UpsertText<'a>,
+    token: &'a i64,
+) -> [&'a (dyn ToSql + Sync); 9] {
+    [
+        &ev.provider,
+        &ev.transaction_id,
+        &text.event_type,
+        &ev.amount_minor,
+        &ev.currency,
+        &text.fingerprint,
+        &text.status,
+        token,
+        &ev.occurred_at,
+    ]
+}
+
+/// The text parameters of the upsert that are not fields of the event.
+struct UpsertText<'a> {
+    event_type: &'static str,
+    fingerprint: &'a str,
+    status: &'static str,
+}
+
 async fn claim_on<C: GenericClient>(
     client: &C,
     ev: &CanonicalEvent,
@@ -407,20 +428,13 @@ async fn claim_on<C: GenericClient>(
     token: i64,
 ) -> Result<Claim, StoreError> {
     let stmt = client.prepare_cached(CLAIM).await?;
+    let text = UpsertText {
+        event_type: ev.event_type.as_str(),
+        fingerprint,
+        status: Status::Processing.as_str(),
+    };
     let row = client
-        .query_opt(
-            &stmt,
-            &[
-                &ev.provider,
-                &ev.transaction_id,
-                &ev.event_type.as_str(),
-                &ev.amount_minor,
-                &ev.currency,
-                &fingerprint,
-                &token,
-                &ev.occurred_at,
-            ],
-        )
+        .query_opt(&stmt, &upsert_params(ev, &text, &token))
         .await?;
     if let Some(row) = row {
         return Ok(Claim::Claimed {

@@ -116,7 +116,7 @@ async fn redis_unreachable_answers_503_with_retry_after_and_writes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_cut_mid_flight_answers_503_then_books_once_after_it_returns() {
+async fn a_cut_redis_connection_answers_503_then_books_once_after_it_returns() {
     let ctx = TestContext::new().await;
     let proxy = FaultProxy::start(socket_of(&ctx.redis_url)).await;
     let mut cfg = ctx.config();

@@ -4,16 +4,6 @@ use serde_json::json;
 
 use crate::helpers::{now, payment, TestApp, TestContext, SECRET};
 
-async fn assert_nothing_written(ctx: &TestContext) {
-    assert_eq!(ctx.payments().await, 0, "no payment row");
-    assert_eq!(ctx.entries().await, 0, "no ledger entry");
-    assert!(
-        ctx.redis_keys().await.is_empty(),
-        "no lease taken: {:?}",
-        ctx.redis_keys().await
-    );
-}
-
 async fn raw(app: &TestApp, body: &str) -> (u16, String, String) {
     let r = app
         .post_signed("generic", body.as_bytes(), now(), SECRET)
@@ -71,7 +61,7 @@ async fn bad_signatures_and_stale_timestamps_are_401_and_write_nothing() {
         )
         .await;
     assert_eq!(r.status, 401, "tampered body");
-    assert_nothing_written(&ctx).await;
+    ctx.assert_nothing_written().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -97,7 +87,7 @@ async fn malformed_payloads_are_400_with_a_reason_and_write_nothing() {
         );
         assert!(!reason.is_empty(), "{name}: a human-readable reason");
     }
-    assert_nothing_written(&ctx).await;
+    ctx.assert_nothing_written().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -128,7 +118,7 @@ async fn size_content_type_and_unknown_provider_get_their_statuses_and_write_not
         )
         .await;
     assert_eq!(r.status, 404);
-    assert_nothing_written(&ctx).await;
+    ctx.assert_nothing_written().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -139,7 +129,7 @@ async fn unhandled_event_types_are_ignored_with_200_and_write_nothing() {
         .deliver(&json!({"event_type": "customer.created", "id": "cus_1"}))
         .await;
     assert_eq!((r.status, r.result()), (200, "ignored"));
-    assert_nothing_written(&ctx).await;
+    ctx.assert_nothing_written().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

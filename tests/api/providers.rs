@@ -98,16 +98,6 @@ fn assert_accepted(r: &Reply) {
     assert_eq!(r.content_type.as_deref(), Some("text/plain"));
 }
 
-async fn assert_nothing_written(ctx: &TestContext) {
-    assert_eq!(ctx.payments().await, 0, "no payment row");
-    assert_eq!(ctx.entries().await, 0, "no ledger entry");
-    assert!(
-        ctx.redis_keys().await.is_empty(),
-        "no lease taken: {:?}",
-        ctx.redis_keys().await
-    );
-}
-
 async fn ledger_sum(ctx: &TestContext) -> i64 {
     ctx.count("SELECT coalesce(sum(amount_minor), 0)::bigint FROM ledger_entries")
         .await
@@ -165,7 +155,7 @@ async fn an_unhandled_stripe_event_type_is_ignored_and_writes_nothing() {
     let app = ctx.spawn(config(&ctx)).await;
     let r = deliver_stripe(&app, &fixture("stripe/customer.created.json")).await;
     assert_eq!((r.status, r.result()), (200, "ignored"), "{r:?}");
-    assert_nothing_written(&ctx).await;
+    ctx.assert_nothing_written().await;
     assert_eq!(
         app.metric(
             "fencehook_webhooks_total",
@@ -251,7 +241,7 @@ async fn stripe_signatures_are_checked_over_http_tampered_wrong_stale_and_malfor
         )
         .await;
     assert_eq!(r.status, 401, "no Stripe-Signature header");
-    assert_nothing_written(&ctx).await;
+    ctx.assert_nothing_written().await;
 
     // Within the tolerance, with several signatures of which one is ours.
     let several = format!(
@@ -370,7 +360,7 @@ async fn an_adyen_batch_with_one_bad_signature_is_401_and_writes_nothing() {
         let r = post_adyen(&app, &body.to_string()).await;
         assert_eq!((r.status, r.result()), (401, "unauthorized"), "{name}");
     }
-    assert_nothing_written(&ctx).await;
+    ctx.assert_nothing_written().await;
     // Rotation: a batch signed with the older configured key is accepted.
     let mut old = good;
     adyen::sign_batch(ADYEN_OLD_KEY, &mut old).unwrap();

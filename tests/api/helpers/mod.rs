@@ -210,6 +210,14 @@ impl TestContext {
         format!("{}:{{generic:{transaction_id}}}:fence", self.prefix)
     }
 
+    /// Bad input wrote nothing: no payment row, no ledger entry, no lease key.
+    pub async fn assert_nothing_written(&self) {
+        assert_eq!(self.payments().await, 0, "no payment row");
+        assert_eq!(self.entries().await, 0, "no ledger entry");
+        let keys = self.redis_keys().await;
+        assert!(keys.is_empty(), "no lease taken: {keys:?}");
+    }
+
     /// Every invariant of SPEC §6 that the database can show.
     pub async fn assert_audit_clean(&self) {
         let checks = fencehook::store::audit::run(&self.database_url)
