@@ -37,18 +37,18 @@ test: test-unit test-integration
 
 test-unit:
 	@echo "== unit tests (no services) =="
-	$(CARGO) test --locked --features failpoints --lib --bins
+	$(CARGO) test --locked --features test-support --lib --bins
 
 test-integration:
 	@echo "== integration tests (real PostgreSQL + Redis) =="
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
-	$(CARGO) test --locked --features failpoints --test api
+	$(CARGO) test --locked --features test-support --test api
 
 # Seeded fault schedule against three real instances; CHAOS_SEED=<n> replays a run.
 CHAOS_DURATION_SECS ?= 60
 chaos:
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
-	CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features failpoints --test chaos -- --ignored --nocapture
+	CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features test-support --test api chaos:: -- --ignored --nocapture
 
 lint:
 	$(CARGO) fmt --check

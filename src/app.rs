@@ -3,10 +3,8 @@
 //! the given future resolves — shutdown is a parameter, not a global, so
 //! several apps in one test process never stop each other.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,16 +13,17 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::downstream::Downstream;
+use crate::health::Health;
+use crate::http::state::State;
 use crate::lease::{Lease, LeaseError};
-use crate::metrics::{self, Metrics};
-use crate::processor::{Hooks, Processor};
-use crate::providers::Provider;
+use crate::metrics::Metrics;
+use crate::processor::Processor;
 use crate::store::migrate::{self, MigrateError};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("cannot bind {addr}: {source}")]
+    #[error("cannot bind {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
@@ -38,89 +37,6 @@ pub enum AppError {
     Lease(#[from] LeaseError),
 }
 
-/// What request handlers share.
-pub struct State {
-    pub providers: HashMap<String, Provider>,
-    pub processor: Processor,
-    pub store: Store,
-    pub lease: Lease,
-    pub metrics: Metrics,
-    pub max_body_bytes: usize,
-    /// `FENCEHOOK_LEASE_MAX_MS`: past it no holder can still be working on a claim.
-    pub max_hold: Duration,
-    /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
-    pub inflight: tokio::sync::Semaphore,
-    draining: AtomicBool,
-}
-
-impl State {
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-
-    /// Pool gauges are sampled when scraped (and periodically).
-    pub fn refresh_gauges(&self) {
-        let s = self.store.pool_status();
-        self.metrics
-            .gauge(metrics::DB_POOL_SIZE, &[])
-            .set(s.size as f64);
-        self.metrics
-            .gauge(metrics::DB_POOL_AVAILABLE, &[])
-            .set(s.available as f64);
-        self.metrics
-            .gauge(metrics::DB_POOL_WAITING, &[])
-            .set(s.waiting as f64);
-    }
-
-    /// Pings PostgreSQL and the lease backend (bounded) and updates
-    /// `fencehook_backend_up`. Returns the two results for `/readyz`.
-    pub async fn probe_backends(&self) -> (Result<(), String>, Result<(), String>) {
-        let probe = Duration::from_secs(2);
-        let (pg, lease) = tokio::join!(
-            tokio::time::timeout(probe, self.store.ping()),
-            tokio::time::timeout(probe, self.lease.ping()),
-        );
-        let pg = match pg {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(crate::error::chain(&e)),
-            Err(_) => Err("timed out".to_owned()),
-        };
-        let lease = match lease {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".to_owned()),
-        };
-        self.set_backend_up(pg.is_ok(), lease.is_ok());
-        (pg, lease)
-    }
-
-    /// Samples `fencehook_payments_stuck_processing`: rows `processing` for
-    /// longer than any holder may keep its lease, so nobody is working on them.
-    pub async fn count_stuck(&self) {
-        let older_than = self.max_hold;
-        if let Ok(Ok(n)) = tokio::time::timeout(
-            Duration::from_secs(2),
-            self.store.stuck_processing(older_than),
-        )
-        .await
-        {
-            self.metrics
-                .gauge(metrics::PAYMENTS_STUCK_PROCESSING, &[])
-                .set(n as f64);
-        }
-    }
-
-    pub fn set_backend_up(&self, postgres: bool, lease: bool) {
-        let b = |up: bool| if up { 1.0 } else { 0.0 };
-        self.metrics
-            .gauge(metrics::BACKEND_UP, &[("backend", "postgres")])
-            .set(b(postgres));
-        self.metrics
-            .gauge(metrics::BACKEND_UP, &[("backend", "redis")])
-            .set(b(lease));
-    }
-}
-
 pub struct App {
     state: Arc<State>,
     listener: TcpListener,
@@ -130,11 +46,22 @@ pub struct App {
 
 impl App {
     pub async fn build(cfg: Config) -> Result<App, AppError> {
-        App::build_with_hooks(cfg, Hooks::default()).await
+        App::assemble(cfg, |p| p).await
     }
 
-    /// As [`App::build`], with fault-injection hooks (tests only).
-    pub async fn build_with_hooks(cfg: Config, hooks: Hooks) -> Result<App, AppError> {
+    /// As [`App::build`], with fault-injection hooks in the processor.
+    #[cfg(feature = "test-support")]
+    pub async fn build_with_hooks(
+        cfg: Config,
+        hooks: crate::processor::hooks::Hooks,
+    ) -> Result<App, AppError> {
+        App::assemble(cfg, |p| p.with_hooks(hooks)).await
+    }
+
+    async fn assemble(
+        cfg: Config,
+        processor_with: impl FnOnce(Processor) -> Processor,
+    ) -> Result<App, AppError> {
         if cfg.migrate_on_start {
             let applied = migrate::run(&cfg.db.url).await?;
             if !applied.is_empty() {
@@ -149,37 +76,29 @@ impl App {
             .downstream_url
             .clone()
             .map(|u| Downstream::new(u, cfg.downstream_timeout, metrics.clone()));
-        let processor = Processor::new(
+        let processor = processor_with(Processor::new(
             store.clone(),
             lease.clone(),
             metrics.clone(),
             cfg.inflight_wait,
             downstream,
-            hooks,
-        );
-        let listener = bind(cfg.listen).await?;
-        let admin = bind(cfg.admin_listen).await?;
-        let state = State {
-            providers: cfg
-                .providers
-                .into_iter()
-                .map(|p| (p.name.clone(), p))
-                .collect(),
-            processor,
+        ));
+        let health = Arc::new(Health::new(
             store,
             lease,
+            metrics.clone(),
+            cfg.lease.max_hold,
+        ));
+        let listener = bind(cfg.listen).await?;
+        let admin = bind(cfg.admin_listen).await?;
+        let state = State::new(
+            cfg.providers,
+            processor,
             metrics,
-            max_body_bytes: cfg.max_body_bytes,
-            max_hold: cfg.lease.max_hold,
-            inflight: tokio::sync::Semaphore::new(cfg.max_inflight),
-            draining: AtomicBool::new(false),
-        };
-        state.set_backend_up(false, false);
-        state
-            .metrics
-            .gauge(metrics::PAYMENTS_STUCK_PROCESSING, &[])
-            .set(0.0);
-        state.refresh_gauges();
+            health,
+            cfg.max_body_bytes,
+            cfg.max_inflight,
+        );
         Ok(App {
             state: Arc::new(state),
             listener,
@@ -202,6 +121,7 @@ impl App {
             .unwrap_or_default()
     }
 
+    /// The handlers' shared state (tests read its metrics).
     pub fn state(&self) -> Arc<State> {
         self.state.clone()
     }
@@ -218,19 +138,7 @@ impl App {
             admin,
             drain,
         } = self;
-        let upkeep = tokio::spawn({
-            let state = state.clone();
-            async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(5));
-                loop {
-                    tick.tick().await;
-                    state.refresh_gauges();
-                    let _ = state.probe_backends().await;
-                    state.count_stuck().await;
-                    state.metrics.upkeep();
-                }
-            }
-        });
+        let upkeep = tokio::spawn(state.health.clone().upkeep());
         let (admin_stop_tx, mut admin_stop_rx) = watch::channel(false);
         let admin_task = tokio::spawn({
             let state = state.clone();
@@ -246,7 +154,7 @@ impl App {
             let state = state.clone();
             async move {
                 shutdown.await;
-                state.draining.store(true, Ordering::Relaxed);
+                state.start_draining();
                 tracing::info!("shutting down: draining in-flight deliveries");
             }
         };

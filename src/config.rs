@@ -18,6 +18,16 @@ pub enum LeaseBackendKind {
     Postgres,
 }
 
+impl LeaseBackendKind {
+    /// The value of `FENCEHOOK_LEASE_BACKEND`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseBackendKind::Redis => "redis",
+            LeaseBackendKind::Postgres => "postgres",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -58,9 +68,11 @@ pub struct ServeArgs {
     /// Prefix of every Redis key (`<prefix>:{<provider>:<transaction_id>}:lock`).
     #[arg(long, env = "FENCEHOOK_REDIS_KEY_PREFIX", default_value = "fencehook")]
     pub redis_key_prefix: String,
-    /// Timeout of one Redis command (acquire, renew, release).
-    #[arg(long, env = "FENCEHOOK_REDIS_TIMEOUT_MS", default_value_t = 1000)]
-    pub redis_timeout_ms: u64,
+    /// Timeout of one lease command (acquire, renew, release), on Redis or,
+    /// with the postgres backend, on the database; below a third of the TTL.
+    /// Default: a quarter of the TTL, at most 1000.
+    #[arg(long, env = "FENCEHOOK_LEASE_TIMEOUT_MS")]
+    pub lease_timeout_ms: Option<u64>,
     /// How long a delivery waits for another holder's outcome before answering 409.
     #[arg(long, env = "FENCEHOOK_INFLIGHT_WAIT_MS", default_value_t = 1000)]
     pub inflight_wait_ms: u64,
@@ -160,7 +172,8 @@ pub struct LeaseConfig {
     pub ttl: Duration,
     pub max_hold: Duration,
     pub fence_key_ttl: Duration,
-    pub redis_timeout: Duration,
+    /// Bound on one lease command, whichever backend answers it.
+    pub lease_timeout: Duration,
 }
 
 impl LeaseConfig {
@@ -324,18 +337,20 @@ impl ServeArgs {
             return Err(bad("FENCEHOOK_LEASE_TTL_MS", "must be at least 150 ms"));
         }
         let ttl = Duration::from_millis(self.lease_ttl_ms);
-        let redis_timeout = Duration::from_millis(self.redis_timeout_ms);
-        if self.redis_timeout_ms == 0 {
-            return Err(bad("FENCEHOOK_REDIS_TIMEOUT_MS", "must be above 0"));
-        }
+        let lease_timeout = match self.lease_timeout_ms {
+            // Derived from the TTL, so a TTL set alone always starts.
+            None => (ttl / 4).min(DEFAULT_LEASE_TIMEOUT),
+            Some(0) => return Err(bad("FENCEHOOK_LEASE_TIMEOUT_MS", "must be above 0")),
+            Some(ms) => Duration::from_millis(ms),
+        };
         // A renewal sent at ttl/3 that times out must still leave time for a
         // second attempt before the lease expires.
-        if redis_timeout >= ttl / 3 {
+        if lease_timeout >= ttl / 3 {
             return Err(bad(
-                "FENCEHOOK_REDIS_TIMEOUT_MS",
+                "FENCEHOOK_LEASE_TIMEOUT_MS",
                 format!(
                     "{} ms must be below a third of FENCEHOOK_LEASE_TTL_MS ({} ms), or one slow renewal loses the lease",
-                    self.redis_timeout_ms,
+                    lease_timeout.as_millis(),
                     self.lease_ttl_ms / 3
                 ),
             ));
@@ -370,10 +385,18 @@ impl ServeArgs {
             ttl,
             max_hold: Duration::from_millis(self.lease_max_ms),
             fence_key_ttl,
-            redis_timeout,
+            lease_timeout,
         })
     }
 }
+
+/// The lease timeout when `FENCEHOOK_LEASE_TIMEOUT_MS` is not set: a quarter
+/// of the TTL, at most this.
+const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// Settings that were renamed: (old name, new name). Warned about at start.
+pub const RENAMED_SETTINGS: &[(&str, &str)] =
+    &[("FENCEHOOK_REDIS_TIMEOUT_MS", "FENCEHOOK_LEASE_TIMEOUT_MS")];
 
 /// `FENCEHOOK_*` variables in `env` that no setting reads: usually a typo
 /// that would otherwise silently leave a default in force.
@@ -444,9 +467,23 @@ mod tests {
     }
 
     #[test]
-    fn redis_timeout_that_cannot_fit_in_a_renew_interval_names_the_setting() {
-        let err = parse(&["--lease-ttl-ms", "900", "--redis-timeout-ms", "300"]).unwrap_err();
-        assert_eq!(err.setting, "FENCEHOOK_REDIS_TIMEOUT_MS");
+    fn a_lease_timeout_that_cannot_fit_in_a_renew_interval_names_the_setting() {
+        let err = parse(&["--lease-ttl-ms", "900", "--lease-timeout-ms", "300"]).unwrap_err();
+        assert_eq!(err.setting, "FENCEHOOK_LEASE_TIMEOUT_MS");
+    }
+
+    #[test]
+    fn a_ttl_set_alone_starts_with_a_lease_timeout_derived_from_it() {
+        for ttl in ["150", "900", "2000", "5000", "60000"] {
+            let cfg = parse(&["--lease-ttl-ms", ttl]).expect(ttl);
+            assert!(cfg.lease.lease_timeout < cfg.lease.ttl / 3, "{ttl}");
+        }
+        let cfg = parse(&["--lease-ttl-ms", "2000"]).unwrap();
+        assert_eq!(cfg.lease.lease_timeout, Duration::from_millis(500));
+        assert_eq!(
+            parse(&[]).unwrap().lease.lease_timeout,
+            Duration::from_millis(1000)
+        );
     }
 
     #[test]

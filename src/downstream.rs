@@ -1,4 +1,4 @@
-//! The business step that leaves the database (SPEC §3): POST the canonical
+//! The business step that leaves the database: POST the canonical
 //! event to `FENCEHOOK_DOWNSTREAM_URL` with `Idempotency-Key` and
 //! `Fencing-Token`. Only a 2xx counts; anything else leaves the payment
 //! `processing` so the next delivery resumes it.
@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
-use crate::metrics::Metrics;
-use crate::providers::CanonicalEvent;
+use crate::http::client::{self, HttpClient};
+
+use crate::domain::CanonicalEvent;
+use crate::metrics::{DownstreamResult, Metrics};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DownstreamError {
@@ -20,13 +19,13 @@ pub enum DownstreamError {
     Status(u16),
     #[error("downstream did not answer within {0:?}")]
     Timeout(Duration),
-    #[error("downstream unreachable: {0}")]
-    Transport(String),
+    #[error("downstream unreachable")]
+    Transport(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 #[derive(Clone)]
 pub struct Downstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
     url: hyper::Uri,
     timeout: Duration,
     metrics: Metrics,
@@ -34,9 +33,8 @@ pub struct Downstream {
 
 impl Downstream {
     pub fn new(url: hyper::Uri, timeout: Duration, metrics: Metrics) -> Downstream {
-        let client = Client::builder(TokioExecutor::new()).build_http();
         Downstream {
-            client,
+            client: client::new(timeout),
             url,
             timeout,
             metrics,
@@ -50,9 +48,9 @@ impl Downstream {
             .downstream_duration()
             .record(started.elapsed().as_secs_f64());
         let label = match &result {
-            Ok(()) => "ok",
-            Err(DownstreamError::Timeout(_)) => "timeout",
-            Err(_) => "error",
+            Ok(()) => DownstreamResult::Ok,
+            Err(DownstreamError::Timeout(_)) => DownstreamResult::Timeout,
+            Err(_) => DownstreamResult::Error,
         };
         self.metrics.downstream(label).increment(1);
         result
@@ -68,13 +66,13 @@ impl Downstream {
             )
             .header("Fencing-Token", token.to_string())
             .body(Full::new(Bytes::from(body)))
-            .map_err(|e| DownstreamError::Transport(e.to_string()))?;
+            .map_err(|e| DownstreamError::Transport(e.into()))?;
         let exchange = async {
             let resp = self
                 .client
                 .request(req)
                 .await
-                .map_err(|e| DownstreamError::Transport(e.to_string()))?;
+                .map_err(|e| DownstreamError::Transport(e.into()))?;
             let status = resp.status();
             // Drain the body so the connection can be reused.
             let _ = resp.into_body().collect().await;

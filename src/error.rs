@@ -1,12 +1,16 @@
-//! The crate's error type. It knows nothing about HTTP: the one mapping to a
-//! status lives in `http::respond`.
+//! The processing error. It knows nothing about HTTP: `http::answer` maps
+//! every variant to 503 (never a 2xx, never a duplicate).
+//!
+//! Error types here and in the other modules print only their own message in
+//! `Display` and return their cause from `source()`; [`chain`] joins the two
+//! for a log line, so no cause is printed twice.
 
 use crate::downstream::DownstreamError;
 use crate::lease::LeaseError;
 use crate::store::StoreError;
 
 /// Why a delivery could not be brought to a durable outcome. Every variant is
-/// retryable from the provider's side and is answered 503, never 2xx.
+/// retryable from the provider's side.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("lease backend unavailable")]
@@ -18,7 +22,7 @@ pub enum Error {
 }
 
 impl Error {
-    /// Short label for logs and metrics.
+    /// Short label for logs.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Lease(_) => "lease_backend",
@@ -29,7 +33,7 @@ impl Error {
 }
 
 /// `error: cause: cause …` — the whole chain on one line, for logs.
-pub fn chain(e: &dyn std::error::Error) -> String {
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

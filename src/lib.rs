@@ -2,30 +2,55 @@
 //!
 //! # Layout
 //!
-//! Data flows one way: HTTP edge → provider adapter → processor → lease + store → answer.
+//! Data flows one way: HTTP edge → provider adapter → processor → lease +
+//! store → answer. Each room below depends only on the rooms after it in this
+//! list (and on [`domain`], [`config`], [`metrics`], [`error`]):
 //!
-//! - [`app`]: `App::build(config)`, `port()`, `run_until_stopped(shutdown)`.
-//! - [`config`]: settings (env + flags), defaults, cross-field validation.
-//! - [`http`]: hyper accept loops, routing, the one outcome/error → status mapping.
-//! - [`providers`]: signature verification and payload mapping to a [`providers::CanonicalEvent`].
-//! - [`processor`]: fast path → lease → fenced transaction → release; returns an [`processor::Outcome`].
-//! - [`lease`]: the Redis lease (Lua scripts), its heartbeat and guard.
-//! - [`store`]: PostgreSQL pool, SQLSTATE classification, fenced writes, migrations, audit.
+//! - [`app`]: `App::build(config)`, `port()`, `run_until_stopped(shutdown)`:
+//!   wires the rooms together; nothing imports it.
+//! - [`http`]: accept loops ([`http::serve`]), the webhook route, the admin
+//!   route, the handlers' [`http::state::State`], and **the** outcome →
+//!   status/body mapping ([`http::answer`]).
+//! - [`providers`]: one file per scheme: signature check and payload mapping
+//!   to a [`domain::CanonicalEvent`]; each provider owns the body its PSP
+//!   expects. The providers file is read in `providers/file.rs`.
+//! - [`processor`]: the state machine of one event (fast path → lease →
+//!   fenced claim → business step → fenced finalize → release), returning an
+//!   [`processor::Outcome`].
+//! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
+//!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
+//!   scripts ([`lease::redis`]) and the PostgreSQL backend.
+//! - [`store`]: fenced writes returning outcome enums, SQLSTATE
+//!   classification, migrations ([`store::migrate`]) and the invariant
+//!   checks of `fencehook audit` ([`store::audit`]).
 //! - [`downstream`]: the optional business call that leaves the database.
-//! - [`metrics`]: metric names and the per-app registry.
-//! - [`cli`]: the `send` and `audit` subcommands.
-//! - [`load`]: the `load` subcommand, a PSP with duplicates driving one or more instances.
+//! - [`health`]: readiness probes and the gauges sampled in the background.
+//! - [`db`]: the PostgreSQL pool builder the store and the lease backend share.
+//! - [`domain`]: the canonical event, its kinds and fingerprint, row statuses.
+//! - [`config`]: settings (env + flags), defaults, cross-field validation.
+//! - [`metrics`]: metric names, label values as enums, the per-app registry.
+//! - [`error`]: the processing error and the one-line cause chain for logs.
+//!
+//! The operator and demo tools (`send`, `load`, `audit`'s printing and its
+//! answers file) are **not** in this library: they live under `src/tools/`,
+//! a module tree of the `fencehook` binary (declared in `main.rs`), so no
+//! service module can import them and their dependencies (`hdrhistogram`,
+//! `rand`, `humantime`) never reach the service.
+//!
+//! Test seams (`Hooks`, `App::build_with_hooks`, `LeaseGuard::abandon`, the
+//! `fail` failpoints) exist only with the `test-support` feature.
 
 #![forbid(unsafe_code)]
 
 pub mod app;
-pub mod cli;
 pub mod config;
+pub mod db;
+pub mod domain;
 pub mod downstream;
 pub mod error;
+pub mod health;
 pub mod http;
 pub mod lease;
-pub mod load;
 pub mod metrics;
 pub mod processor;
 pub mod providers;

@@ -1,12 +1,17 @@
-//! Thin: parse the command line, start telemetry, run until a signal.
+//! Thin: parse the command line, start telemetry, run the command until a
+//! signal. The service is the `fencehook` library; the other commands' code
+//! lives in `tools/`, a module tree of this binary only.
+
+mod tools;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use fencehook::app::App;
-use fencehook::cli::{self, AuditArgs, SendArgs};
 use fencehook::config::{DbArgs, LogFormat, ServeArgs};
-use fencehook::load::{self, LoadArgs};
+use tools::audit::AuditArgs;
+use tools::load::LoadArgs;
+use tools::send::SendArgs;
 use tracing_subscriber::EnvFilter;
 
 /// Payment-webhook receiver that applies every payment exactly once.
@@ -39,7 +44,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return bad_arguments(e),
     };
-    // Arms failpoints from FAILPOINTS; a no-op unless built with `--features failpoints`.
+    // Arms failpoints from FAILPOINTS; a no-op unless built with `--features test-support`.
     let _failpoints = fail::FailScenario::setup();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -116,7 +121,7 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Audit(args) => {
-            match cli::audit(&args.db.database_url, args.answers.as_deref()).await {
+            match tools::audit::run(&args.db.database_url, args.answers.as_deref()).await {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => {
@@ -125,7 +130,7 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Send(args) => match cli::send(&args).await {
+        Command::Send(args) => match tools::send::send(&args).await {
             Ok((status, body)) => {
                 println!("{status} {body}");
                 if (200..300).contains(&status) {
@@ -140,7 +145,7 @@ async fn run(cli: Cli) -> ExitCode {
             }
         },
         // Ctrl-C stops launching; deliveries in flight end and are reported.
-        Command::Load(args) => match load::command(&args, ctrl_c()).await {
+        Command::Load(args) => match tools::load::command(&args, ctrl_c()).await {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -215,7 +220,15 @@ fn warn_unknown_settings() {
         .collect();
     known.extend(["FENCEHOOK_LOG".to_owned(), "FENCEHOOK_URL".to_owned()]);
     for name in fencehook::config::unknown_settings(&known, std::env::vars()) {
-        eprintln!("fencehook: warning: unknown setting {name} is ignored");
+        match fencehook::config::RENAMED_SETTINGS
+            .iter()
+            .find(|(old, _)| *old == name)
+        {
+            Some((_, new)) => {
+                eprintln!("fencehook: warning: {name} is ignored: it was renamed to {new}")
+            }
+            None => eprintln!("fencehook: warning: unknown setting {name} is ignored"),
+        }
     }
 }
 

@@ -1,4 +1,9 @@
-//! Metric names (fixed by SPEC §7) and the per-application registry.
+//! Metric names, their label values, and the per-application registry.
+//!
+//! Names are part of fencehook's contract with the dashboards and alert rules
+//! in `deploy/`. Label values are enums, never loose strings: every value of
+//! a label is listed once (`ALL`), so each series is registered at zero from
+//! start and a new value cannot be forgotten.
 //!
 //! Each [`App`](crate::app::App) owns its own Prometheus recorder instead of
 //! installing a process-global one: two instances built in one test process
@@ -34,20 +39,79 @@ pub const BACKEND_UP: &str = "fencehook_backend_up";
 pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing";
 pub const BUILD_INFO: &str = "fencehook_build_info";
 
-/// Every `result` label value of `fencehook_webhooks_total`.
-pub const WEBHOOK_RESULTS: &[&str] = &[
-    "processed",
-    "duplicate",
-    "in_progress",
-    "lease_lost",
-    "payload_mismatch",
-    "ignored",
-    "unauthorized",
-    "invalid_payload",
-    "too_large",
-    "unsupported_media_type",
-    "unavailable",
-];
+/// Declares a label enum: its variants, their label values, and `ALL`.
+macro_rules! label_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $value:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            /// Every value, for registering each series at zero.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The label value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $value),+
+                }
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// The `result` of an answer to a delivery: the body's `result`, the log
+    /// line's `result`, and the label of `fencehook_webhooks_total`.
+    WebhookResult {
+        Processed => "processed",
+        Duplicate => "duplicate",
+        InProgress => "in_progress",
+        LeaseLost => "lease_lost",
+        PayloadMismatch => "payload_mismatch",
+        Ignored => "ignored",
+        Unauthorized => "unauthorized",
+        InvalidPayload => "invalid_payload",
+        TooLarge => "too_large",
+        UnsupportedMediaType => "unsupported_media_type",
+        Unavailable => "unavailable",
+    }
+}
+
+label_enum! {
+    /// How a delivery that found the lease held ended its wait
+    /// (`fencehook_inflight_wait_total{outcome}`).
+    InflightWait {
+        /// The holder committed meanwhile: answered `duplicate`.
+        Duplicate => "duplicate",
+        /// No wait configured: answered `in_progress` at once.
+        InProgress => "in_progress",
+        /// Still held when the wait ran out: answered `in_progress`.
+        Timeout => "timeout",
+    }
+}
+
+label_enum! {
+    /// `fencehook_downstream_requests_total{result}`.
+    DownstreamResult {
+        Ok => "ok",
+        Error => "error",
+        Timeout => "timeout",
+        /// The lease ended while the call was in flight; its answer was not used.
+        LeaseLost => "lease_lost",
+    }
+}
+
+label_enum! {
+    /// `fencehook_backend_up{backend}`.
+    Backend {
+        Postgres => "postgres",
+        /// The lease backend: Redis, or PostgreSQL with `FENCEHOOK_LEASE_BACKEND=postgres`.
+        Lease => "lease",
+    }
+}
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -71,7 +135,10 @@ struct Inner {
     h: Handles,
     /// `fencehook_webhooks_total` per (provider, result), registered once so
     /// the request path does not build a key and hash it on every delivery.
-    webhooks: HashMap<String, HashMap<&'static str, Counter>>,
+    webhooks: HashMap<String, HashMap<WebhookResult, Counter>>,
+    inflight_wait: HashMap<InflightWait, Counter>,
+    downstream: HashMap<DownstreamResult, Counter>,
+    backend_up: HashMap<Backend, Gauge>,
 }
 
 struct Handles {
@@ -143,28 +210,43 @@ impl Metrics {
             downstream_duration: h(DOWNSTREAM_DURATION_SECONDS),
             webhook_duration: h(WEBHOOK_DURATION_SECONDS),
         };
-        for outcome in ["duplicate", "in_progress", "timeout"] {
-            c(INFLIGHT_WAIT_TOTAL, &[("outcome", outcome)]).increment(0);
-        }
-        for result in ["ok", "error", "timeout", "lease_lost"] {
-            c(DOWNSTREAM_TOTAL, &[("result", result)]).increment(0);
-        }
-        let mut webhooks: HashMap<String, HashMap<&'static str, Counter>> = HashMap::new();
-        for provider in providers {
-            for result in WEBHOOK_RESULTS {
-                let c = webhook_counter(&recorder, provider, result);
-                c.increment(0);
-                webhooks
-                    .entry(provider.clone())
-                    .or_default()
-                    .insert(*result, c);
-            }
-        }
+        let zero = |counter: Counter| {
+            counter.increment(0);
+            counter
+        };
+        let inflight_wait = InflightWait::ALL
+            .iter()
+            .map(|&o| (o, zero(c(INFLIGHT_WAIT_TOTAL, &[("outcome", o.as_str())]))))
+            .collect();
+        let downstream = DownstreamResult::ALL
+            .iter()
+            .map(|&r| (r, zero(c(DOWNSTREAM_TOTAL, &[("result", r.as_str())]))))
+            .collect();
+        let backend_up = Backend::ALL
+            .iter()
+            .map(|&b| {
+                let key = Key::from_parts(BACKEND_UP, vec![Label::new("backend", b.as_str())]);
+                (b, recorder.register_gauge(&key, &META))
+            })
+            .collect();
+        let webhooks = providers
+            .iter()
+            .map(|provider| {
+                let by_result = WebhookResult::ALL
+                    .iter()
+                    .map(|&r| (r, zero(webhook_counter(&recorder, provider, r))))
+                    .collect();
+                (provider.clone(), by_result)
+            })
+            .collect();
         let inner = Inner {
             recorder,
             handle,
             h: handles,
             webhooks,
+            inflight_wait,
+            downstream,
+            backend_up,
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
@@ -186,32 +268,28 @@ impl Metrics {
     }
 
     /// `fencehook_webhooks_total{provider,result}`.
-    pub fn webhook(&self, provider: &str, result: &'static str) -> Counter {
+    pub fn webhook(&self, provider: &str, result: WebhookResult) -> Counter {
         match self
             .inner
             .webhooks
             .get(provider)
-            .and_then(|by_result| by_result.get(result))
+            .and_then(|by_result| by_result.get(&result))
         {
             Some(c) => c.clone(),
             None => webhook_counter(&self.inner.recorder, provider, result),
         }
     }
 
-    pub fn inflight_wait(&self, outcome: &'static str) -> Counter {
-        counter(
-            &self.inner.recorder,
-            INFLIGHT_WAIT_TOTAL,
-            &[("outcome", outcome)],
-        )
+    pub fn inflight_wait(&self, outcome: InflightWait) -> &Counter {
+        &self.inner.inflight_wait[&outcome]
     }
 
-    pub fn downstream(&self, result: &'static str) -> Counter {
-        counter(
-            &self.inner.recorder,
-            DOWNSTREAM_TOTAL,
-            &[("result", result)],
-        )
+    pub fn downstream(&self, result: DownstreamResult) -> &Counter {
+        &self.inner.downstream[&result]
+    }
+
+    pub fn backend_up(&self, backend: Backend) -> &Gauge {
+        &self.inner.backend_up[&backend]
     }
 
     pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
@@ -263,35 +341,6 @@ impl Metrics {
     pub fn webhook_duration(&self) -> &Histogram {
         &self.inner.h.webhook_duration
     }
-
-    /// Sum of every sample of `name` in the current exposition whose labels
-    /// contain all of `labels` (`k="v"` pairs). Used by tests and `/readyz`-style checks.
-    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        sum_samples(&self.render(), name, labels)
-    }
-}
-
-/// Sums the samples named `name` (exactly, no suffix) in a Prometheus text
-/// exposition whose label set contains every `labels` pair.
-pub fn sum_samples(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    exposition
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (metric, label_text) = match series.find('{') {
-                Some(i) => (&series[..i], &series[i..]),
-                None => (series, ""),
-            };
-            if metric != name {
-                return None;
-            }
-            let all = labels
-                .iter()
-                .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
-            all.then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .sum()
 }
 
 fn counter(
@@ -303,10 +352,10 @@ fn counter(
     rec.register_counter(&Key::from_parts(name, labels), &META)
 }
 
-fn webhook_counter(rec: &PrometheusRecorder, provider: &str, result: &'static str) -> Counter {
+fn webhook_counter(rec: &PrometheusRecorder, provider: &str, result: WebhookResult) -> Counter {
     let labels = vec![
         Label::new("provider", provider.to_owned()),
-        Label::new("result", result),
+        Label::new("result", result.as_str()),
     ];
     rec.register_counter(&Key::from_parts(WEBHOOKS_TOTAL, labels), &META)
 }
@@ -418,17 +467,26 @@ mod tests {
                 "{name} missing in\n{text}"
             );
         }
-        assert!(
-            text.contains(r#"fencehook_webhooks_total{provider="generic",result="processed"} 0"#)
-        );
     }
 
     #[test]
-    fn value_sums_matching_series() {
-        let m = Metrics::new(&["a".to_owned(), "b".to_owned()]);
-        m.webhook("a", "processed").increment(2);
-        m.webhook("b", "processed").increment(3);
-        assert_eq!(m.value(WEBHOOKS_TOTAL, &[("result", "processed")]), 5.0);
-        assert_eq!(m.value(WEBHOOKS_TOTAL, &[("provider", "a")]), 2.0);
+    fn every_label_value_is_exported_at_zero_from_start() {
+        let text = Metrics::new(&["generic".to_owned()]).render();
+        for r in WebhookResult::ALL {
+            let series = format!(
+                r#"fencehook_webhooks_total{{provider="generic",result="{}"}} 0"#,
+                r.as_str()
+            );
+            assert!(text.contains(&series), "{series} missing");
+        }
+        for o in InflightWait::ALL {
+            assert!(text.contains(&format!(r#"outcome="{}"}} 0"#, o.as_str())));
+        }
+        for r in DownstreamResult::ALL {
+            assert!(text.contains(&format!(
+                r#"fencehook_downstream_requests_total{{result="{}"}} 0"#,
+                r.as_str()
+            )));
+        }
     }
 }

@@ -10,22 +10,19 @@
 //! 4. release the lease (compare-and-delete) and answer.
 //!
 //! The processor never answers `processed` unless the commit that made the
-//! outcome durable succeeded; every error is an [`Error`] (503), never a
-//! duplicate.
+//! outcome durable succeeded; every error is an [`Error`] (answered 503),
+//! never a duplicate.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::domain::{CanonicalEvent, Status};
 use crate::downstream::Downstream;
 use crate::error::Error;
 use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey};
-use crate::metrics::Metrics;
-use crate::providers::CanonicalEvent;
-use crate::store::{Claim, Finalize, Inline, PaymentRow, Status, Store, StoreError};
+use crate::metrics::{DownstreamResult, InflightWait, Metrics};
+use crate::store::{Claim, ClaimAndFinalize, Finalize, PaymentRow, Store, StoreError};
 
 /// The answer for one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,16 +40,6 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn result(&self) -> &'static str {
-        match self {
-            Outcome::Processed { .. } => "processed",
-            Outcome::Duplicate => "duplicate",
-            Outcome::PayloadMismatch => "payload_mismatch",
-            Outcome::InProgress { .. } => "in_progress",
-            Outcome::LeaseLost { .. } => "lease_lost",
-        }
-    }
-
     pub fn token(&self) -> Option<i64> {
         match self {
             Outcome::Processed { token, .. } | Outcome::LeaseLost { token } => Some(*token),
@@ -61,25 +48,35 @@ impl Outcome {
     }
 }
 
-type HookFn = dyn Fn(&CanonicalEvent) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+/// Fault-injection points for in-process tests (the `test-support` feature).
+#[cfg(feature = "test-support")]
+pub mod hooks {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
 
-/// Fault-injection points for tests. `before_finalize` runs *after* the last
-/// lease check and right before the fenced finalize of the downstream path: it
-/// stands for a stop-the-world pause (GC, swapped-out process) at the worst
-/// moment, which is exactly what the fence must survive.
-#[derive(Clone, Default)]
-pub struct Hooks {
-    pub before_finalize: Option<Arc<HookFn>>,
-}
+    use crate::domain::CanonicalEvent;
 
-impl Hooks {
-    pub fn before_finalize<F, Fut>(f: F) -> Hooks
-    where
-        F: Fn(&CanonicalEvent) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        Hooks {
-            before_finalize: Some(Arc::new(move |ev| Box::pin(f(ev)))),
+    type HookFn = dyn Fn(&CanonicalEvent) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+    /// `before_finalize` runs *after* the last lease check and right before
+    /// the fenced finalize of the downstream path: it stands for a
+    /// stop-the-world pause (GC, swapped-out process) at the worst moment,
+    /// which is exactly what the fence must survive.
+    #[derive(Clone, Default)]
+    pub struct Hooks {
+        pub(crate) before_finalize: Option<Arc<HookFn>>,
+    }
+
+    impl Hooks {
+        pub fn before_finalize<F, Fut>(f: F) -> Hooks
+        where
+            F: Fn(&CanonicalEvent) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = ()> + Send + 'static,
+        {
+            Hooks {
+                before_finalize: Some(Arc::new(move |ev| Box::pin(f(ev)))),
+            }
         }
     }
 }
@@ -91,7 +88,8 @@ pub struct Processor {
     metrics: Metrics,
     inflight_wait: Duration,
     downstream: Option<Downstream>,
-    hooks: Hooks,
+    #[cfg(feature = "test-support")]
+    hooks: hooks::Hooks,
 }
 
 /// First pause of the in-flight wait; doubles up to [`MAX_POLL`]. A holder
@@ -108,7 +106,6 @@ impl Processor {
         metrics: Metrics,
         inflight_wait: Duration,
         downstream: Option<Downstream>,
-        hooks: Hooks,
     ) -> Processor {
         Processor {
             store,
@@ -116,8 +113,15 @@ impl Processor {
             metrics,
             inflight_wait,
             downstream,
-            hooks,
+            #[cfg(feature = "test-support")]
+            hooks: hooks::Hooks::default(),
         }
+    }
+
+    #[cfg(feature = "test-support")]
+    pub fn with_hooks(mut self, hooks: hooks::Hooks) -> Processor {
+        self.hooks = hooks;
+        self
     }
 
     pub async fn process(&self, ev: &CanonicalEvent) -> Result<Outcome, Error> {
@@ -140,9 +144,9 @@ impl Processor {
                     let now = Instant::now();
                     if now >= deadline {
                         let outcome = if self.inflight_wait.is_zero() {
-                            "in_progress"
+                            InflightWait::InProgress
                         } else {
-                            "timeout"
+                            InflightWait::Timeout
                         };
                         self.metrics.inflight_wait(outcome).increment(1);
                         // The holder usually commits within milliseconds; its
@@ -157,7 +161,9 @@ impl Processor {
                     // that finished has released it, and taking it only to
                     // find the row done would cost a token and two writes.
                     if let Some(done) = self.settled(ev, &fp).await? {
-                        self.metrics.inflight_wait("duplicate").increment(1);
+                        self.metrics
+                            .inflight_wait(InflightWait::Duplicate)
+                            .increment(1);
                         return Ok(done);
                     }
                 }
@@ -166,7 +172,7 @@ impl Processor {
         if waited {
             tracing::debug!(transaction_id = %ev.transaction_id, "previous holder let go; took over");
         }
-        let result = self.holding(&mut guard, ev, &fp).await;
+        let result = self.under_lease(&mut guard, ev, &fp).await;
         guard.release().await;
         result
     }
@@ -177,10 +183,11 @@ impl Processor {
             .store
             .lookup(&ev.provider, &ev.transaction_id)
             .await?
-            .and_then(|row| decide(&row, fp)))
+            .and_then(|row| settled_by(&row, fp)))
     }
 
-    async fn holding(
+    /// Claim, business step and finalize while `guard` holds the lease.
+    async fn under_lease(
         &self,
         guard: &mut LeaseGuard,
         ev: &CanonicalEvent,
@@ -195,9 +202,11 @@ impl Processor {
                     .claim_and_finalize(ev, fp, token, || guard.is_held())
                     .await?
                 {
-                    Inline::Committed(status) => return Ok(Outcome::Processed { token, status }),
-                    Inline::LeaseLost => return Ok(Outcome::LeaseLost { token }),
-                    Inline::NotClaimed(claim) => claim,
+                    ClaimAndFinalize::Committed(status) => {
+                        return Ok(Outcome::Processed { token, status })
+                    }
+                    ClaimAndFinalize::LeaseLost => return Ok(Outcome::LeaseLost { token }),
+                    ClaimAndFinalize::NotClaimed(claim) => claim,
                 },
                 Some(downstream) => {
                     if !guard.is_held() {
@@ -248,7 +257,7 @@ impl Processor {
         tokio::select! {
             biased;
             reason = guard.lost() => {
-                self.metrics.downstream("lease_lost").increment(1);
+                self.metrics.downstream(DownstreamResult::LeaseLost).increment(1);
                 tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token,
                     %reason, "lease lost during the downstream call; not finalising");
                 return Ok(Outcome::LeaseLost { token });
@@ -258,6 +267,7 @@ impl Processor {
         if !guard.is_held() {
             return Ok(Outcome::LeaseLost { token });
         }
+        #[cfg(feature = "test-support")]
         if let Some(hook) = &self.hooks.before_finalize {
             hook(ev).await;
         }
@@ -301,7 +311,8 @@ fn failpoint_before_finalize() {
     });
 }
 
-fn decide(row: &PaymentRow, fp: &str) -> Option<Outcome> {
+/// The answer a row gives by itself, when it settles a delivery without the lease.
+fn settled_by(row: &PaymentRow, fp: &str) -> Option<Outcome> {
     if row.fingerprint != fp {
         Some(Outcome::PayloadMismatch)
     } else if row.status.is_terminal() {

@@ -1,7 +1,11 @@
 //! The HTTP edge: hyper accept loops for the public and admin listeners,
-//! routing, and the one place where outcomes and errors become statuses.
+//! routing, and ([`answer`]) the one place where outcomes and errors become
+//! statuses and bodies.
 
 pub mod admin;
+pub mod answer;
+pub mod client;
+pub mod state;
 pub mod webhook;
 
 use std::convert::Infallible;
@@ -30,14 +34,6 @@ pub fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),
     );
-    resp
-}
-
-/// Adds `Retry-After` in whole seconds, at least 1.
-pub fn with_retry_after(mut resp: Response<Body>, after: Duration) -> Response<Body> {
-    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-    resp.headers_mut()
-        .insert(hyper::header::RETRY_AFTER, secs.max(1).into());
     resp
 }
 

@@ -17,6 +17,7 @@
 //!   on the token (see `store`), so a holder that is wrong about its lease
 //!   (stalled process, lost Redis writes) still cannot commit.
 
+mod heartbeat;
 pub mod postgres;
 pub mod redis;
 
@@ -30,7 +31,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{DbConfig, LeaseBackendKind, LeaseConfig};
+use crate::db::PoolBuildError;
 use crate::metrics::Metrics;
+
+use self::heartbeat::Heartbeat;
 
 pub use self::postgres::PgLease;
 pub use self::redis::RedisLease;
@@ -74,27 +78,25 @@ impl Lease {
                 backend,
                 ttl: cfg.ttl,
                 max_hold: cfg.max_hold,
-                timeout: cfg.redis_timeout,
+                timeout: cfg.lease_timeout,
                 metrics,
             }),
         })
     }
 
-    pub fn backend_name(&self) -> &'static str {
-        match self.inner.backend {
-            Backend::Redis(_) => "redis",
-            Backend::Postgres(_) => "postgres",
-        }
-    }
-
-    /// Bounds one backend call by the configured timeout.
+    /// Bounds one backend call. This is the only timeout around a lease
+    /// command: the backends set none of their own (the Redis client has no
+    /// response timeout, the lease pool's wait is this same bound), so a
+    /// caller with less time left (the heartbeat near expiry) can pass a
+    /// shorter `budget` and be sure it is the one that applies.
     async fn bounded<T>(
         &self,
+        budget: Duration,
         fut: impl std::future::Future<Output = Result<T, LeaseError>>,
     ) -> Result<T, LeaseError> {
-        match tokio::time::timeout(self.inner.timeout, fut).await {
+        match tokio::time::timeout(budget, fut).await {
             Ok(r) => r,
-            Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),
+            Err(_) => Err(LeaseError::Timeout(budget)),
         }
     }
 
@@ -104,9 +106,10 @@ impl Lease {
         let owner = Uuid::new_v4();
         let sent = Instant::now();
         let m = &self.inner.metrics;
+        let budget = self.inner.timeout;
         let raw = match &self.inner.backend {
-            Backend::Redis(r) => self.bounded(r.acquire(key, owner)).await,
-            Backend::Postgres(p) => self.bounded(p.acquire(key, owner)).await,
+            Backend::Redis(r) => self.bounded(budget, r.acquire(key, owner)).await,
+            Backend::Postgres(p) => self.bounded(budget, p.acquire(key, owner)).await,
         };
         let token = match raw {
             Err(e) => {
@@ -155,9 +158,21 @@ impl Lease {
 
     /// Extends the lease only if it is still `owner`'s with `token`.
     pub async fn renew(&self, key: &LeaseKey, owner: Uuid, token: i64) -> Result<bool, LeaseError> {
+        self.renew_within(key, owner, token, self.inner.timeout)
+            .await
+    }
+
+    /// [`Lease::renew`] within `budget` (the heartbeat's time left).
+    async fn renew_within(
+        &self,
+        key: &LeaseKey,
+        owner: Uuid,
+        token: i64,
+        budget: Duration,
+    ) -> Result<bool, LeaseError> {
         match &self.inner.backend {
-            Backend::Redis(r) => self.bounded(r.renew(key, owner, token)).await,
-            Backend::Postgres(p) => self.bounded(p.renew(key, owner, token)).await,
+            Backend::Redis(r) => self.bounded(budget, r.renew(key, owner, token)).await,
+            Backend::Postgres(p) => self.bounded(budget, p.renew(key, owner, token)).await,
         }
     }
 
@@ -168,9 +183,10 @@ impl Lease {
         owner: Uuid,
         token: i64,
     ) -> Result<bool, LeaseError> {
+        let budget = self.inner.timeout;
         match &self.inner.backend {
-            Backend::Redis(r) => self.bounded(r.release(key, owner, token)).await,
-            Backend::Postgres(p) => self.bounded(p.release(key, owner, token)).await,
+            Backend::Redis(r) => self.bounded(budget, r.release(key, owner, token)).await,
+            Backend::Postgres(p) => self.bounded(budget, p.release(key, owner, token)).await,
         }
     }
 
@@ -182,17 +198,25 @@ impl Lease {
         token: i64,
         db_fence: i64,
     ) -> Result<Option<i64>, LeaseError> {
+        let budget = self.inner.timeout;
         match &self.inner.backend {
-            Backend::Redis(r) => self.bounded(r.resync(key, owner, token, db_fence)).await,
-            Backend::Postgres(p) => self.bounded(p.resync(key, owner, token, db_fence)).await,
+            Backend::Redis(r) => {
+                self.bounded(budget, r.resync(key, owner, token, db_fence))
+                    .await
+            }
+            Backend::Postgres(p) => {
+                self.bounded(budget, p.resync(key, owner, token, db_fence))
+                    .await
+            }
         }
     }
 
     /// Readiness probe.
     pub async fn ping(&self) -> Result<(), LeaseError> {
+        let budget = self.inner.timeout;
         match &self.inner.backend {
-            Backend::Redis(r) => self.bounded(r.ping()).await,
-            Backend::Postgres(p) => self.bounded(p.ping()).await,
+            Backend::Redis(r) => self.bounded(budget, r.ping()).await,
+            Backend::Postgres(p) => self.bounded(budget, p.ping()).await,
         }
     }
 }
@@ -206,14 +230,21 @@ pub enum Acquire {
     },
 }
 
+/// Why a lease command got no answer. Every variant means "unknown": the
+/// command may or may not have taken effect, so callers treat it as the
+/// backend being unavailable, never as "not acquired" or "not ours".
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
-    #[error("lease backend unreachable: {0}")]
-    Unavailable(String),
+    #[error("redis")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("postgres")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("no lease-backend connection available")]
+    Pool(#[from] deadpool_postgres::PoolError),
     #[error("lease backend timed out after {0:?}")]
     Timeout(Duration),
-    #[error("unexpected reply from the lease backend: {0}")]
-    Protocol(String),
+    #[error("cannot set up the lease backend")]
+    Build(#[from] PoolBuildError),
 }
 
 /// Why a held lease ended before release.
@@ -343,7 +374,8 @@ impl LeaseGuard {
     }
 
     /// Stops renewing and walks away without releasing, as a crashed holder
-    /// would: the lock stays until its TTL runs out. For tests and drills.
+    /// would: the lock stays until its TTL runs out.
+    #[cfg(feature = "test-support")]
     pub fn abandon(mut self) {
         self.released = true;
         self.heartbeat.abort();
@@ -375,92 +407,5 @@ impl Drop for LeaseGuard {
                 let _ = lease.release(&key, owner, token).await;
             });
         }
-    }
-}
-
-/// Parameters of one heartbeat.
-pub(crate) struct Heartbeat {
-    pub lease: Lease,
-    pub key: LeaseKey,
-    pub owner: Uuid,
-    pub token: Arc<Mutex<i64>>,
-    pub state: watch::Sender<LeaseState>,
-    pub ttl: Duration,
-    pub max_hold: Duration,
-    pub acquired_at: Instant,
-    pub timeout: Duration,
-    pub metrics: Metrics,
-}
-
-/// How soon a failed renewal is retried (bounded by the time left).
-const RENEW_RETRY: Duration = Duration::from_millis(50);
-
-impl Heartbeat {
-    /// Renews every ttl/3 until aborted or the lease is lost.
-    pub(crate) async fn run(self) {
-        let interval = self.ttl / 3;
-        let mut expires_at = self.state.borrow().expires_at;
-        let mut next = self.acquired_at + interval;
-        let deadline = self.acquired_at + self.max_hold;
-        loop {
-            tokio::time::sleep_until(next).await;
-            let sent = Instant::now();
-            if sent >= expires_at {
-                return self.lose(LostReason::Unreachable);
-            }
-            if sent + self.ttl > deadline {
-                // Do not extend past the maximum hold; the lease ends at its expiry.
-                tokio::time::sleep_until(expires_at).await;
-                return self.lose(LostReason::MaxHold);
-            }
-            let budget = self.timeout.min(expires_at - sent);
-            let result = {
-                let token = self.token.lock().await;
-                tokio::time::timeout(budget, self.lease.renew(&self.key, self.owner, *token)).await
-            };
-            match result {
-                Ok(Ok(true)) => {
-                    self.metrics.renew_ok().increment(1);
-                    let now = Instant::now();
-                    self.metrics
-                        .renew_margin()
-                        .record(expires_at.saturating_duration_since(now).as_secs_f64());
-                    expires_at = sent + self.ttl;
-                    let _ = self.state.send(LeaseState {
-                        expires_at,
-                        lost: None,
-                    });
-                    next = sent + interval;
-                }
-                Ok(Ok(false)) => {
-                    self.metrics.renew_not_owner().increment(1);
-                    return self.lose(LostReason::NotOwner);
-                }
-                Ok(Err(e)) => {
-                    self.metrics.renew_error().increment(1);
-                    tracing::debug!(error = %e, transaction_id = %self.key.transaction_id, "renewal failed");
-                    next = Instant::now() + RENEW_RETRY;
-                }
-                Err(_) => {
-                    self.metrics.renew_error().increment(1);
-                    next = Instant::now() + RENEW_RETRY.min(Duration::from_millis(10));
-                }
-            }
-            if next > expires_at {
-                next = expires_at;
-            }
-        }
-    }
-
-    fn lose(&self, reason: LostReason) {
-        self.metrics.lease_lost().increment(1);
-        let token = self.token.try_lock().map(|t| *t).unwrap_or_default();
-        tracing::warn!(provider = %self.key.provider, transaction_id = %self.key.transaction_id, token,
-            reason = %reason, "lease lost");
-        let expires_at = self.state.borrow().expires_at;
-        let _ = self.state.send(LeaseState {
-            expires_at,
-            lost: Some(reason),
-        });
     }
 }

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::{LeaseError, LeaseKey, RawAcquire};
 use crate::config::{DbConfig, LeaseConfig};
+use crate::db::{self, PoolSpec};
 
 /// Takes a free or expired lease, raising the token; returns nothing when held.
 const ACQUIRE: &str = "\
@@ -54,21 +55,19 @@ pub struct PgLease {
     ttl: Duration,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> LeaseError {
-    LeaseError::Unavailable(e.to_string())
-}
-
 impl PgLease {
     pub fn new(cfg: &LeaseConfig, db: &DbConfig) -> Result<PgLease, LeaseError> {
-        let size = (db.pool_size / 2).clamp(2, 8);
-        let pool = crate::store::build_pool(
+        // The lease facade bounds each call by the lease timeout; the pool's
+        // wait and the statement timeout are that same bound, not another one.
+        let pool = db::pool(
             db,
-            "fencehook-lease",
-            cfg.redis_timeout,
-            size,
-            cfg.redis_timeout,
-        )
-        .map_err(LeaseError::Unavailable)?;
+            PoolSpec {
+                application_name: "fencehook-lease",
+                statement_timeout: cfg.lease_timeout,
+                size: (db.pool_size / 2).clamp(2, 8),
+                wait: cfg.lease_timeout,
+            },
+        )?;
         Ok(PgLease { pool, ttl: cfg.ttl })
     }
 
@@ -77,24 +76,19 @@ impl PgLease {
     }
 
     pub async fn acquire(&self, key: &LeaseKey, owner: Uuid) -> Result<RawAcquire, LeaseError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        let stmt = client.prepare_cached(ACQUIRE).await.map_err(unavailable)?;
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(ACQUIRE).await?;
         let ttl = self.ttl_ms();
         let row = client
             .query_opt(&stmt, &[&key.provider, &key.transaction_id, &owner, &ttl])
-            .await
-            .map_err(unavailable)?;
+            .await?;
         if let Some(row) = row {
             return Ok(RawAcquire::Acquired { token: row.get(0) });
         }
-        let stmt = client
-            .prepare_cached(REMAINING)
-            .await
-            .map_err(unavailable)?;
+        let stmt = client.prepare_cached(REMAINING).await?;
         let ms: Option<i64> = client
             .query_opt(&stmt, &[&key.provider, &key.transaction_id])
-            .await
-            .map_err(unavailable)?
+            .await?
             .map(|r| r.get(0));
         Ok(RawAcquire::Held {
             remaining: ms
@@ -104,16 +98,15 @@ impl PgLease {
     }
 
     pub async fn renew(&self, key: &LeaseKey, owner: Uuid, token: i64) -> Result<bool, LeaseError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        let stmt = client.prepare_cached(RENEW).await.map_err(unavailable)?;
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(RENEW).await?;
         let ttl = self.ttl_ms();
         let n = client
             .execute(
                 &stmt,
                 &[&key.provider, &key.transaction_id, &owner, &token, &ttl],
             )
-            .await
-            .map_err(unavailable)?;
+            .await?;
         Ok(n == 1)
     }
 
@@ -123,12 +116,11 @@ impl PgLease {
         owner: Uuid,
         token: i64,
     ) -> Result<bool, LeaseError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        let stmt = client.prepare_cached(RELEASE).await.map_err(unavailable)?;
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(RELEASE).await?;
         let n = client
             .execute(&stmt, &[&key.provider, &key.transaction_id, &owner, &token])
-            .await
-            .map_err(unavailable)?;
+            .await?;
         Ok(n == 1)
     }
 
@@ -139,8 +131,8 @@ impl PgLease {
         token: i64,
         db_fence: i64,
     ) -> Result<Option<i64>, LeaseError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        let stmt = client.prepare_cached(RESYNC).await.map_err(unavailable)?;
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(RESYNC).await?;
         let row = client
             .query_opt(
                 &stmt,
@@ -152,14 +144,13 @@ impl PgLease {
                     &db_fence,
                 ],
             )
-            .await
-            .map_err(unavailable)?;
+            .await?;
         Ok(row.map(|r| r.get(0)))
     }
 
     pub async fn ping(&self) -> Result<(), LeaseError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        client.simple_query("SELECT 1").await.map_err(unavailable)?;
+        let client = self.pool.get().await?;
+        client.simple_query("SELECT 1").await?;
         Ok(())
     }
 }

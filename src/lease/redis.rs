@@ -9,6 +9,10 @@
 //!
 //! The scripts are `redis::Script`s: called with EVALSHA, and on NOSCRIPT the
 //! library loads the script and retries, so a restarted Redis is handled.
+//!
+//! No call here has a timeout of its own: the [`Lease`](super::Lease) facade
+//! bounds every command once, and the client is built without a response
+//! timeout so the two never nest.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,7 +93,6 @@ struct Inner {
     prefix: String,
     ttl: Duration,
     fence_key_ttl: Duration,
-    timeout: Duration,
     acquire: Script,
     renew: Script,
     release: Script,
@@ -104,7 +107,6 @@ impl RedisLease {
     /// as a comma-separated list of seed nodes
     /// (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`).
     pub fn new(cfg: &LeaseConfig) -> Result<RedisLease, LeaseError> {
-        let unavailable = |e: redis::RedisError| LeaseError::Unavailable(e.to_string());
         let nodes: Vec<&str> = cfg
             .redis_url
             .split(',')
@@ -113,28 +115,26 @@ impl RedisLease {
             .collect();
         let conn = if nodes.len() > 1 {
             let client = redis::cluster::ClusterClient::builder(nodes)
-                .connection_timeout(cfg.redis_timeout)
-                .response_timeout(cfg.redis_timeout)
+                .connection_timeout(cfg.lease_timeout)
                 .retries(2)
                 .min_retry_wait(10)
                 .max_retry_wait(100)
-                .build()
-                .map_err(unavailable)?;
+                .build()?;
             Conn::Cluster(
                 client
                     .get_pending_async_connection_with_config(redis::cluster::ClusterConfig::new()),
             )
         } else {
-            let client = redis::Client::open(cfg.redis_url.as_str()).map_err(unavailable)?;
+            let client = redis::Client::open(cfg.redis_url.as_str())?;
             let manager_cfg = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(cfg.redis_timeout))
-                .set_response_timeout(Some(cfg.redis_timeout))
+                .set_connection_timeout(Some(cfg.lease_timeout))
+                .set_response_timeout(None)
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(200));
-            Conn::Single(
-                ConnectionManager::new_lazy_with_config(client, manager_cfg)
-                    .map_err(unavailable)?,
-            )
+            Conn::Single(ConnectionManager::new_lazy_with_config(
+                client,
+                manager_cfg,
+            )?)
         };
         Ok(RedisLease {
             inner: Arc::new(Inner {
@@ -142,7 +142,6 @@ impl RedisLease {
                 prefix: cfg.key_prefix.clone(),
                 ttl: cfg.ttl,
                 fence_key_ttl: cfg.fence_key_ttl,
-                timeout: cfg.redis_timeout,
                 acquire: Script::new(ACQUIRE_LUA),
                 renew: Script::new(RENEW_LUA),
                 release: Script::new(RELEASE_LUA),
@@ -169,17 +168,10 @@ impl RedisLease {
         &self,
         inv: redis::ScriptInvocation<'_>,
     ) -> Result<T, LeaseError> {
-        let invoke = async {
-            match self.inner.conn.clone() {
-                Conn::Single(mut c) => inv.invoke_async(&mut c).await,
-                Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
-            }
-        };
-        match tokio::time::timeout(self.inner.timeout, invoke).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(LeaseError::Unavailable(e.to_string())),
-            Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),
-        }
+        Ok(match self.inner.conn.clone() {
+            Conn::Single(mut c) => inv.invoke_async(&mut c).await?,
+            Conn::Cluster(mut c) => inv.invoke_async(&mut c).await?,
+        })
     }
 
     /// One atomic acquisition for `owner`.
@@ -244,17 +236,11 @@ impl RedisLease {
     /// Readiness probe.
     pub async fn ping(&self) -> Result<(), LeaseError> {
         let cmd = redis::cmd("PING");
-        let ping = async {
-            match self.inner.conn.clone() {
-                Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await,
-                // Routed to every primary: ready only when the whole cluster answers.
-                Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await,
-            }
+        match self.inner.conn.clone() {
+            Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await?,
+            // Routed to every primary: ready only when the whole cluster answers.
+            Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await?,
         };
-        match tokio::time::timeout(self.inner.timeout, ping).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(LeaseError::Unavailable(e.to_string())),
-            Err(_) => Err(LeaseError::Timeout(self.inner.timeout)),
-        }
+        Ok(())
     }
 }

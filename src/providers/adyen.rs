@@ -40,9 +40,7 @@
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use hmac::{Hmac, Mac};
 use serde_json::Value;
-use sha2::Sha256;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -50,12 +48,12 @@ use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, opt_str, req_object,
     req_str, Object,
 };
-use super::{CanonicalEvent, EventKind, Item, Reject};
+use super::{hmac, Item, Reject};
+use crate::domain::{CanonicalEvent, EventKind};
 
-type HmacSha256 = Hmac<Sha256>;
-
-/// What Adyen expects as the body of a successful answer.
-pub const ACCEPTED: &str = "[accepted]";
+/// What Adyen expects as the body of a successful answer: Adyen marks a
+/// batch delivered only on exactly this body.
+pub(crate) const ACCEPTED: &str = "[accepted]";
 
 /// Shortest HMAC key accepted (Adyen's are 32 bytes, 64 hex digits).
 const MIN_KEY_BYTES: usize = 16;
@@ -106,16 +104,13 @@ impl Adyen {
         let signature = B64
             .decode(signature)
             .map_err(|_| Reject::Unauthorized(format!("item {i}: hmacSignature is not base64")))?;
-        for key in &self.keys {
-            let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-            mac.update(signed.as_bytes());
-            if mac.verify_slice(&signature).is_ok() {
-                return Ok(());
-            }
+        if hmac::any_key_verifies(&self.keys, &[signed.as_bytes()], &[signature]) {
+            Ok(())
+        } else {
+            Err(Reject::Unauthorized(format!(
+                "item {i}: signature does not match"
+            )))
         }
-        Err(Reject::Unauthorized(format!(
-            "item {i}: signature does not match"
-        )))
     }
 }
 
@@ -201,9 +196,7 @@ pub fn signing_string(item: &Object, path: &str) -> Result<String, Reject> {
 /// Base64 HMAC-SHA256 of `signed` with a hex key, as Adyen computes it.
 pub fn signature(key_hex: &str, signed: &str) -> Result<String, String> {
     let key = decode_key(key_hex)?;
-    let mut mac = HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any length");
-    mac.update(signed.as_bytes());
-    Ok(B64.encode(mac.finalize().into_bytes()))
+    Ok(B64.encode(hmac::sign(&key, &[signed.as_bytes()])))
 }
 
 /// Signs every item of a batch in place (sets `additionalData.hmacSignature`),

@@ -1,8 +1,8 @@
 //! Provider adapters: verify a delivery's signature, then map its payload to
-//! [`CanonicalEvent`]s. Nothing here touches the lease or the database; a
+//! [`CanonicalEvent`]s (the domain's one event shape). Nothing here touches the lease or the database; a
 //! delivery that fails here writes nothing.
 //!
-//! One file per scheme (SPEC §4):
+//! One file per scheme:
 //!
 //! - [`standard`]: Standard Webhooks headers, the generic payload;
 //! - [`stripe`]: `Stripe-Signature`, Stripe events keyed by the PaymentIntent;
@@ -20,81 +20,18 @@
 
 pub mod adyen;
 mod fields;
+mod file;
+mod hmac;
 pub mod standard;
 pub mod stripe;
 
-use std::path::Path;
+use std::str::FromStr;
 
-use serde::Serialize;
-use time::OffsetDateTime;
+use serde_json::json;
 
-/// What the payment did, after mapping a provider's own event names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum EventKind {
-    /// Money in: one credit ledger entry.
-    #[serde(rename = "payment.succeeded")]
-    PaymentSucceeded,
-    /// Recorded as `failed`, no ledger entry.
-    #[serde(rename = "payment.failed")]
-    PaymentFailed,
-    /// Money out, keyed by the refund's own id: one debit entry.
-    #[serde(rename = "refund.succeeded")]
-    RefundSucceeded,
-}
-
-impl EventKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::PaymentSucceeded => "payment.succeeded",
-            EventKind::PaymentFailed => "payment.failed",
-            EventKind::RefundSucceeded => "refund.succeeded",
-        }
-    }
-
-    pub fn from_generic(s: &str) -> Option<EventKind> {
-        match s {
-            "payment.succeeded" => Some(EventKind::PaymentSucceeded),
-            "payment.failed" => Some(EventKind::PaymentFailed),
-            "refund.succeeded" => Some(EventKind::RefundSucceeded),
-            _ => None,
-        }
-    }
-}
-
-/// The one shape every provider's payload is mapped to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CanonicalEvent {
-    pub provider: String,
-    pub transaction_id: String,
-    pub event_type: EventKind,
-    pub amount_minor: i64,
-    pub currency: String,
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub occurred_at: Option<OffsetDateTime>,
-}
-
-impl CanonicalEvent {
-    /// Fingerprint of what the payment *means*: the same transaction delivered
-    /// again maps to the same value; another amount, currency or kind does not.
-    /// Delivery metadata (event id, timestamps) is left out on purpose so that
-    /// a PSP's re-send with a new envelope is still a duplicate.
-    pub fn fingerprint(&self) -> String {
-        use sha2::{Digest, Sha256};
-        let mut h = Sha256::new();
-        for part in [
-            "v1",
-            &self.provider,
-            &self.transaction_id,
-            self.event_type.as_str(),
-            &self.amount_minor.to_string(),
-            &self.currency,
-        ] {
-            h.update(part.as_bytes());
-            h.update([0u8]);
-        }
-        hex::encode(h.finalize())
-    }
-}
+pub use self::fields::{check_currency, check_transaction_id};
+pub use self::file::load_file;
+use crate::domain::CanonicalEvent;
 
 /// A verified item of a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +57,7 @@ pub enum Reject {
 }
 
 /// How a provider signs and shapes its deliveries (`scheme` in the providers file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SchemeKind {
     Standard,
     Stripe,
@@ -128,6 +65,9 @@ pub enum SchemeKind {
 }
 
 impl SchemeKind {
+    pub const ALL: &'static [SchemeKind] =
+        &[SchemeKind::Standard, SchemeKind::Stripe, SchemeKind::Adyen];
+
     pub fn as_str(self) -> &'static str {
         match self {
             SchemeKind::Standard => "standard",
@@ -135,6 +75,36 @@ impl SchemeKind {
             SchemeKind::Adyen => "adyen",
         }
     }
+
+    /// `standard | stripe | adyen`, for messages.
+    pub fn choices() -> String {
+        SchemeKind::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+}
+
+impl FromStr for SchemeKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<SchemeKind, String> {
+        SchemeKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("`{s}` is not one of {}", SchemeKind::choices()))
+    }
+}
+
+/// The body of an answer, in the shape the provider's PSP expects.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AckBody {
+    /// fencehook's own `{"result": …, "reason": …}`.
+    Json(serde_json::Value),
+    /// A fixed text some PSPs require (Adyen's `[accepted]`).
+    Text(&'static str),
 }
 
 /// A configured provider: `POST /webhooks/{name}`.
@@ -222,9 +192,9 @@ impl Provider {
         })
     }
 
-    /// Every provider of a providers file's text (SPEC §5).
+    /// Every provider of a providers file's text.
     pub fn from_toml_str(text: &str) -> Result<Vec<Provider>, String> {
-        parse_file(text)
+        file::parse(text)
     }
 
     pub fn scheme(&self) -> SchemeKind {
@@ -232,6 +202,19 @@ impl Provider {
             Scheme::Standard(_) => SchemeKind::Standard,
             Scheme::Stripe(_) => SchemeKind::Stripe,
             Scheme::Adyen(_) => SchemeKind::Adyen,
+        }
+    }
+
+    /// The body of an answer with this `result` (and `reason`, for a 400):
+    /// `success` is true for a 2xx. Only Adyen differs: it marks a batch
+    /// delivered on exactly `[accepted]`.
+    pub fn ack_body(&self, success: bool, result: &str, reason: Option<&str>) -> AckBody {
+        match (&self.scheme, success) {
+            (Scheme::Adyen(_), true) => AckBody::Text(adyen::ACCEPTED),
+            _ => AckBody::Json(match reason {
+                Some(reason) => json!({ "result": result, "reason": reason }),
+                None => json!({ "result": result }),
+            }),
         }
     }
 
@@ -258,94 +241,6 @@ impl Provider {
             Scheme::Adyen(a) => a.accept(&self.name, body),
         }
     }
-}
-
-/// Reads a providers file (SPEC §5). Errors name the provider and the field.
-pub fn load_file(path: &Path) -> Result<Vec<Provider>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    parse_file(&text).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// The settings a `[providers.<name>]` table may hold.
-const ENTRY_FIELDS: &[&str] = &["scheme", "secrets", "tolerance_secs"];
-
-// Read by hand rather than with a derived `Deserialize`: serde's messages say
-// "invalid type: integer, expected a string" without the field, and every
-// error here must name the provider and the field.
-fn parse_file(text: &str) -> Result<Vec<Provider>, String> {
-    let doc: toml::Table = toml::from_str(text).map_err(|e| e.message().to_owned())?;
-    for key in doc.keys() {
-        if key != "providers" {
-            return Err(format!(
-                "`{key}`: unknown table; providers go in [providers.<name>]"
-            ));
-        }
-    }
-    let providers = match doc.get("providers") {
-        Some(toml::Value::Table(t)) if !t.is_empty() => t,
-        Some(toml::Value::Table(_)) | None => return Err("no [providers.<name>] table".to_owned()),
-        Some(_) => return Err("`providers` must be a table of [providers.<name>]".to_owned()),
-    };
-    let mut out = Vec::new();
-    for (name, entry) in providers {
-        let in_provider = |field: &str, e: &str| format!("provider `{name}`: {field}: {e}");
-        let toml::Value::Table(entry) = entry else {
-            return Err(format!(
-                "provider `{name}`: must be a [providers.{name}] table"
-            ));
-        };
-        if let Some(unknown) = entry.keys().find(|k| !ENTRY_FIELDS.contains(&k.as_str())) {
-            return Err(in_provider(
-                unknown,
-                "unknown setting (expected scheme, secrets, tolerance_secs)",
-            ));
-        }
-        let scheme = match entry.get("scheme") {
-            None => {
-                return Err(in_provider(
-                    "scheme",
-                    "required (standard | stripe | adyen)",
-                ))
-            }
-            Some(toml::Value::String(s)) => match s.as_str() {
-                "standard" => SchemeKind::Standard,
-                "stripe" => SchemeKind::Stripe,
-                "adyen" => SchemeKind::Adyen,
-                other => {
-                    return Err(in_provider(
-                        "scheme",
-                        &format!("`{other}` is not one of standard | stripe | adyen"),
-                    ))
-                }
-            },
-            Some(_) => return Err(in_provider("scheme", "must be a string")),
-        };
-        let secrets = match entry.get("secrets") {
-            None => return Err(in_provider("secrets", "required (a list of strings)")),
-            Some(toml::Value::Array(items)) => items
-                .iter()
-                .map(|v| v.as_str().map(str::to_owned))
-                .collect::<Option<Vec<String>>>()
-                .ok_or_else(|| in_provider("secrets", "every secret must be a string"))?,
-            Some(_) => return Err(in_provider("secrets", "must be a list of strings")),
-        };
-        let tolerance_secs = match entry.get("tolerance_secs") {
-            None => None,
-            Some(toml::Value::Integer(n)) => Some(
-                u64::try_from(*n)
-                    .map_err(|_| in_provider("tolerance_secs", "must not be negative"))?,
-            ),
-            Some(_) => {
-                return Err(in_provider(
-                    "tolerance_secs",
-                    "must be an integer (seconds)",
-                ))
-            }
-        };
-        out.push(Provider::new(name, scheme, &secrets, tolerance_secs)?);
-    }
-    Ok(out)
 }
 
 /// Generators shared by the schemes' property tests.
@@ -406,12 +301,12 @@ mod tests {
     #[test]
     fn providers_file_errors_name_provider_and_field() {
         let err =
-            parse_file("[providers.shop]\nscheme = \"standard\"\nsecrets = []\n").unwrap_err();
+            file::parse("[providers.shop]\nscheme = \"standard\"\nsecrets = []\n").unwrap_err();
         assert!(err.contains("shop") && err.contains("secrets"), "{err}");
-        let err = parse_file("[providers.shop]\nscheme = \"standard\"\nsecrets = [\"nope\"]\n")
+        let err = file::parse("[providers.shop]\nscheme = \"standard\"\nsecrets = [\"nope\"]\n")
             .unwrap_err();
         assert!(err.contains("shop") && err.contains("secrets"), "{err}");
-        let ok = parse_file(
+        let ok = file::parse(
             "[providers.shop]\nscheme = \"standard\"\nsecrets = [\"whsec_c2VjcmV0LWtleS1vbGQ=\", \"whsec_c2VjcmV0LWtleS1uZXc=\"]\ntolerance_secs = 60\n",
         )
         .unwrap();
@@ -470,14 +365,14 @@ secrets = ["{ADYEN_KEY}"]
             (&format!("[providers.s]\nscheme = \"adyen\"\nsecrets = [\"{ADYEN_KEY}\"]\ntolerance_secs = 300"), "tolerance_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5", "tolerance"),
         ] {
-            let err = parse_file(text).unwrap_err();
+            let err = file::parse(text).unwrap_err();
             assert!(
                 err.starts_with(&format!("provider `s`: {field}:")) && !err.contains('\n'),
                 "{text}: {err}"
             );
         }
-        assert!(parse_file("").is_err());
-        assert!(parse_file("[other]\n").is_err());
+        assert!(file::parse("").is_err());
+        assert!(file::parse("[other]\n").is_err());
     }
 
     #[test]
@@ -548,23 +443,5 @@ secrets = ["{ADYEN_KEY}"]
                 let _ = p.accept(&h, &body, now);
             }
         }
-    }
-
-    #[test]
-    fn fingerprint_ignores_delivery_metadata_but_not_money() {
-        let e = CanonicalEvent {
-            provider: "generic".into(),
-            transaction_id: "tx_1".into(),
-            event_type: EventKind::PaymentSucceeded,
-            amount_minor: 1000,
-            currency: "EUR".into(),
-            occurred_at: None,
-        };
-        let mut later = e.clone();
-        later.occurred_at = Some(OffsetDateTime::UNIX_EPOCH);
-        assert_eq!(e.fingerprint(), later.fingerprint());
-        let mut other = e.clone();
-        other.amount_minor = 1001;
-        assert_ne!(e.fingerprint(), other.fingerprint());
     }
 }

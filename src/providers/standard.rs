@@ -7,17 +7,13 @@
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use hmac::{Hmac, Mac};
 use serde_json::Value;
-use sha2::Sha256;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use super::fields::{self, amount_minor};
-pub use super::fields::{check_currency, check_transaction_id};
-use super::{CanonicalEvent, EventKind, Item, Reject};
-
-type HmacSha256 = Hmac<Sha256>;
+use super::fields::{self, amount_minor, check_currency, check_transaction_id};
+use super::{hmac, Item, Reject};
+use crate::domain::{CanonicalEvent, EventKind};
 
 #[derive(Clone)]
 pub struct Standard {
@@ -68,20 +64,12 @@ impl Standard {
                 "no v1 signature in webhook-signature".to_owned(),
             ));
         }
-        for key in &self.keys {
-            let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-            mac.update(id.as_bytes());
-            mac.update(b".");
-            mac.update(ts_text.as_bytes());
-            mac.update(b".");
-            mac.update(body);
-            for sig in &candidates {
-                if mac.clone().verify_slice(sig).is_ok() {
-                    return Ok(());
-                }
-            }
+        let message: [&[u8]; 5] = [id.as_bytes(), b".", ts_text.as_bytes(), b".", body];
+        if hmac::any_key_verifies(&self.keys, &message, &candidates) {
+            Ok(())
+        } else {
+            Err(Reject::Unauthorized("signature does not match".to_owned()))
         }
-        Err(Reject::Unauthorized("signature does not match".to_owned()))
     }
 }
 
@@ -101,13 +89,12 @@ fn decode_secret(secret: &str) -> Result<Vec<u8>, String> {
 /// Signs like a Standard Webhooks sender: the `webhook-signature` value.
 pub fn sign(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
     let key = decode_secret(secret)?;
-    let mut mac = HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any length");
-    mac.update(format!("{id}.{timestamp}.").as_bytes());
-    mac.update(body);
-    Ok(format!("v1,{}", B64.encode(mac.finalize().into_bytes())))
+    let prefix = format!("{id}.{timestamp}.");
+    let mac = hmac::sign(&key, &[prefix.as_bytes(), body]);
+    Ok(format!("v1,{}", B64.encode(mac)))
 }
 
-/// Maps the generic payload (SPEC §4) strictly: no coercion, no trimming, no defaults.
+/// Maps the generic payload strictly: no coercion, no trimming, no defaults.
 pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
     let invalid = |m: &str| Reject::Invalid(m.to_owned());
     let value = fields::parse_json(body)?;

@@ -51,18 +51,15 @@
 //!   the currency's minor unit (JPY has none, KWD has three decimals: Stripe
 //!   already sends the integer it charges).
 
-use hmac::{Hmac, Mac};
 use serde_json::Value;
-use sha2::Sha256;
 use time::OffsetDateTime;
 
 use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, opt_str, req_object,
     req_str, Object,
 };
-use super::{CanonicalEvent, EventKind, Item, Reject};
-
-type HmacSha256 = Hmac<Sha256>;
+use super::{hmac, Item, Reject};
+use crate::domain::{CanonicalEvent, EventKind};
 
 /// The header Stripe signs with (HTTP header names are case-insensitive).
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
@@ -100,19 +97,12 @@ impl Stripe {
                 "Stripe-Signature timestamp outside tolerance".to_owned(),
             ));
         }
-        for secret in &self.secrets {
-            let mut mac =
-                HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
-            mac.update(sig.timestamp_text.as_bytes());
-            mac.update(b".");
-            mac.update(body);
-            for candidate in &sig.v1 {
-                if mac.clone().verify_slice(candidate).is_ok() {
-                    return Ok(());
-                }
-            }
+        let message: [&[u8]; 3] = [sig.timestamp_text.as_bytes(), b".", body];
+        if hmac::any_key_verifies(&self.secrets, &message, &sig.v1) {
+            Ok(())
+        } else {
+            Err(Reject::Unauthorized("signature does not match".to_owned()))
         }
-        Err(Reject::Unauthorized("signature does not match".to_owned()))
     }
 }
 
@@ -195,11 +185,8 @@ pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> Result<String, String>
 
 /// The hex `v1` signature alone (for headers with several signatures).
 pub fn signature_hex(secret: &str, timestamp: i64, body: &[u8]) -> String {
-    let mut mac =
-        HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(format!("{timestamp}.").as_bytes());
-    mac.update(body);
-    hex::encode(mac.finalize().into_bytes())
+    let prefix = format!("{timestamp}.");
+    hex::encode(hmac::sign(secret.as_bytes(), &[prefix.as_bytes(), body]))
 }
 
 /// Maps a Stripe event (see the module docs) strictly: a handled type with a

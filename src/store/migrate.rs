@@ -14,17 +14,17 @@ const MIGRATION_LOCK_KEY: i64 = 0x6665_6e63_6568_6f6f; // "fencehoo"
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
-    #[error("cannot connect to PostgreSQL: {0}")]
+    #[error("cannot connect to PostgreSQL")]
     Connect(#[source] tokio_postgres::Error),
-    #[error("cannot create database `{name}`: {source}")]
+    #[error("cannot create database `{name}`")]
     CreateDatabase {
         name: String,
         #[source]
         source: tokio_postgres::Error,
     },
-    #[error("migration failed: {0}")]
+    #[error("migration failed")]
     Run(#[from] refinery::Error),
-    #[error("database error: {0}")]
+    #[error("database error")]
     Db(#[from] tokio_postgres::Error),
 }
 

@@ -24,50 +24,13 @@ pub mod migrate;
 
 use std::time::Duration;
 
-use deadpool_postgres::{
-    GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
-};
+use deadpool_postgres::{GenericClient, Pool, PoolError};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::NoTls;
 
 use crate::config::DbConfig;
-use crate::providers::{CanonicalEvent, EventKind};
-
-/// Name of the constraint that makes a payment unique.
-pub const PAYMENTS_UNIQUE: &str = "payments_provider_transaction_id_key";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Processing,
-    Succeeded,
-    Failed,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Processing => "processing",
-            Status::Succeeded => "succeeded",
-            Status::Failed => "failed",
-        }
-    }
-
-    fn parse(s: &str) -> Result<Status, StoreError> {
-        match s {
-            "processing" => Ok(Status::Processing),
-            "succeeded" => Ok(Status::Succeeded),
-            "failed" => Ok(Status::Failed),
-            other => Err(StoreError::Corrupt(format!(
-                "unknown payment status `{other}`"
-            ))),
-        }
-    }
-
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, Status::Processing)
-    }
-}
+use crate::db::{self, PoolBuildError, PoolSpec};
+use crate::domain::{CanonicalEvent, EventKind, Status};
 
 /// What the database holds for one (provider, transaction_id).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,9 +62,9 @@ pub enum Finalize {
     FenceRejected,
 }
 
-/// Result of the one-transaction path (no downstream).
+/// Result of [`Store::claim_and_finalize`], the one-statement path (no downstream).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Inline {
+pub enum ClaimAndFinalize {
     Committed(Status),
     NotClaimed(Claim),
     /// The lease was lost before the write started; nothing was written.
@@ -111,10 +74,13 @@ pub enum Inline {
 /// How a database error is classified. Exhaustive on purpose: adding a kind
 /// forces every caller to decide what it means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// There is no "payment exists" kind: claims resolve conflicts with
+/// `ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key`, so a
+/// duplicate never surfaces as an error; a unique violation that does surface
+/// is a bug, not a duplicate.
 pub enum DbErrorKind {
-    /// 23505 on `payments_provider_transaction_id_key` itself.
-    PaymentExists,
-    /// Any other integrity violation: a bug or a corrupt row, never a duplicate.
+    /// An integrity violation: a bug or a corrupt row, never a duplicate.
     Constraint,
     /// Serialization failure or deadlock: safe to retry.
     Conflict,
@@ -127,7 +93,7 @@ pub enum DbErrorKind {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("no database connection available: {0}")]
+    #[error("no database connection available")]
     Pool(#[from] PoolError),
     #[error("database error ({kind:?})")]
     Db {
@@ -137,8 +103,8 @@ pub enum StoreError {
     },
     #[error("unexpected database state: {0}")]
     Corrupt(String),
-    #[error("could not build the pool: {0}")]
-    Build(String),
+    #[error(transparent)]
+    Build(#[from] PoolBuildError),
 }
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -150,18 +116,14 @@ impl From<tokio_postgres::Error> for StoreError {
     }
 }
 
-/// Classifies by SQLSTATE (and, for unique violations, by constraint name).
+/// Classifies by SQLSTATE.
 pub fn classify(e: &tokio_postgres::Error) -> DbErrorKind {
     let Some(db) = e.as_db_error() else {
         return DbErrorKind::Connection;
     };
     let code = db.code();
-    if *code == SqlState::UNIQUE_VIOLATION {
-        if db.constraint() == Some(PAYMENTS_UNIQUE) {
-            DbErrorKind::PaymentExists
-        } else {
-            DbErrorKind::Constraint
-        }
+    if code.code().starts_with("23") {
+        DbErrorKind::Constraint
     } else if *code == SqlState::T_R_SERIALIZATION_FAILURE
         || *code == SqlState::T_R_DEADLOCK_DETECTED
     {
@@ -175,8 +137,6 @@ pub fn classify(e: &tokio_postgres::Error) -> DbErrorKind {
         || *code == SqlState::TOO_MANY_CONNECTIONS
     {
         DbErrorKind::Connection
-    } else if code.code().starts_with("23") {
-        DbErrorKind::Constraint
     } else {
         DbErrorKind::Other
     }
@@ -244,14 +204,15 @@ impl Store {
     /// down at start makes requests answer 503 (and `/readyz` say so) instead
     /// of stopping the process.
     pub fn new(cfg: &DbConfig) -> Result<Store, StoreError> {
-        let pool = build_pool(
+        let pool = db::pool(
             cfg,
-            "fencehook",
-            cfg.statement_timeout,
-            cfg.pool_size,
-            cfg.pool_wait,
-        )
-        .map_err(StoreError::Build)?;
+            PoolSpec {
+                application_name: "fencehook",
+                statement_timeout: cfg.statement_timeout,
+                size: cfg.pool_size,
+                wait: cfg.pool_wait,
+            },
+        )?;
         Ok(Store { pool })
     }
 
@@ -329,10 +290,10 @@ impl Store {
         fingerprint: &str,
         token: i64,
         lease_ok: impl Fn() -> bool,
-    ) -> Result<Inline, StoreError> {
+    ) -> Result<ClaimAndFinalize, StoreError> {
         let client = self.pool.get().await?;
         if !lease_ok() {
-            return Ok(Inline::LeaseLost);
+            return Ok(ClaimAndFinalize::LeaseLost);
         }
         let Booking {
             status,
@@ -349,50 +310,12 @@ impl Store {
         params.extend_from_slice(&[&effect, &sign]);
         let row = client.query_opt(&stmt, &params).await?;
         if row.is_some() {
-            return Ok(Inline::Committed(status));
+            return Ok(ClaimAndFinalize::Committed(status));
         }
-        Ok(Inline::NotClaimed(reread(&client, ev, fingerprint).await?))
+        Ok(ClaimAndFinalize::NotClaimed(
+            reread(&client, ev, fingerprint).await?,
+        ))
     }
-}
-
-/// A lazily connecting pool on `cfg.url` whose connections carry
-/// `application_name` and `statement_timeout`, recycled with a cheap
-/// is-closed check, so connections cut by a failure are replaced by
-/// themselves. Shared by the store and the PostgreSQL lease backend.
-pub(crate) fn build_pool(
-    cfg: &DbConfig,
-    application_name: &str,
-    statement_timeout: Duration,
-    size: usize,
-    wait: Duration,
-) -> Result<Pool, String> {
-    let mut pg: tokio_postgres::Config = cfg
-        .url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| e.to_string())?;
-    pg.application_name(application_name);
-    pg.options(format!(
-        "-c statement_timeout={}",
-        statement_timeout.as_millis().max(1)
-    ));
-    pg.connect_timeout(cfg.connect_timeout);
-    pg.keepalives(true);
-    pg.keepalives_idle(Duration::from_secs(10));
-    let manager = Manager::from_config(
-        pg,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(wait))
-        .create_timeout(Some(cfg.connect_timeout))
-        .recycle_timeout(Some(cfg.connect_timeout))
-        .build()
-        .map_err(|e| e.to_string())
 }
 
 /// The nine parameters of [`fenced_upsert!`], in order.
@@ -525,9 +448,11 @@ async fn finalize_on<C: GenericClient>(
 }
 
 fn to_payment(row: &tokio_postgres::Row) -> Result<PaymentRow, StoreError> {
+    let status: &str = row.get(1);
     Ok(PaymentRow {
         id: row.get(0),
-        status: Status::parse(row.get(1))?,
+        status: Status::parse(status)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown payment status `{status}`")))?,
         fingerprint: row.get(2),
         fence: row.get(3),
     })

@@ -15,7 +15,7 @@ async fn on_a_redis_cluster_a_primary_killed_mid_load_fails_over_and_every_payme
     let mut cfg = ctx.config();
     cfg.lease.redis_url = cluster.url();
     cfg.lease.ttl = Duration::from_millis(1500);
-    cfg.lease.redis_timeout = Duration::from_millis(400);
+    cfg.lease.lease_timeout = Duration::from_millis(400);
     cfg.inflight_wait = Duration::from_millis(300);
     let apps = [
         Arc::new(ctx.spawn(cfg.clone()).await),

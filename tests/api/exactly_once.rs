@@ -124,7 +124,7 @@ async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing(backend: 
     downstream.set_delay(ttl * 3);
     let mut cfg = ctx.config_for(backend);
     cfg.lease.ttl = ttl;
-    cfg.lease.redis_timeout = Duration::from_millis(250);
+    cfg.lease.lease_timeout = Duration::from_millis(250);
     cfg.downstream_url = Some(downstream.url());
     cfg.inflight_wait = Duration::from_millis(200);
     let a = std::sync::Arc::new(ctx.spawn(cfg.clone()).await);
@@ -181,29 +181,7 @@ async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing(backend: 
     ctx.assert_audit_clean().await;
 }
 
-/// The same exactly-once tests run against both lease backends.
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod redis_backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(fencehook::config::LeaseBackendKind::Redis).await
-                }
-            )*
-        }
-        mod postgres_backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(fencehook::config::LeaseBackendKind::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-both_backends!(
+crate::helpers::both_backends!(
     fifty_concurrent_deliveries_over_three_instances_book_one_payment,
     many_transactions_with_duplicates_leave_the_audit_clean,
     a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::metrics::{FENCE_REJECTED_TOTAL, FENCE_RESYNC_TOTAL, LEASE_LOST_TOTAL};
-use fencehook::processor::Hooks;
+use fencehook::processor::hooks::Hooks;
 use tokio::sync::Notify;
 
 use crate::helpers::downstream::MockDownstream;
@@ -151,7 +151,7 @@ async fn a_stale_holder_that_resumes_after_a_takeover_is_fenced_out() {
     let ttl = Duration::from_millis(900);
     let mut cfg = ctx.config();
     cfg.lease.ttl = ttl;
-    cfg.lease.redis_timeout = Duration::from_millis(250);
+    cfg.lease.lease_timeout = Duration::from_millis(250);
     cfg.downstream_url = Some(downstream.url());
     cfg.inflight_wait = Duration::from_millis(300);
 

@@ -17,7 +17,7 @@ fn lease(ctx: &TestContext, backend: LeaseBackendKind, ttl: Duration) -> Lease {
         ttl,
         max_hold: Duration::from_secs(30),
         fence_key_ttl: Duration::from_secs(86_400),
-        redis_timeout: Duration::from_millis(500),
+        lease_timeout: Duration::from_millis(500),
     };
     Lease::new(&cfg, &ctx.config().db, Metrics::new(&[])).unwrap()
 }
@@ -191,28 +191,7 @@ async fn resync_raises_the_token_past_the_database_fence_only_inside_our_lease(
     guard.release().await;
 }
 
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod redis_backend {
-            $(
-                #[tokio::test(flavor = "multi_thread")]
-                async fn $name() {
-                    super::$name(fencehook::config::LeaseBackendKind::Redis).await
-                }
-            )*
-        }
-        mod postgres_backend {
-            $(
-                #[tokio::test(flavor = "multi_thread")]
-                async fn $name() {
-                    super::$name(fencehook::config::LeaseBackendKind::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-both_backends!(
+crate::helpers::both_backends!(
     release_with_a_wrong_owner_or_token_leaves_the_lock,
     renewing_an_expired_lock_fails_and_does_not_recreate_it,
     tokens_strictly_increase_across_acquisitions,

@@ -1,18 +1,35 @@
-//! `fencehook load` against three real instances, and the answers check of
-//! `fencehook audit` that goes with it.
+//! `fencehook load` against three real instances, and `fencehook audit
+//! --answers` that goes with it — both run as the binary, as a user runs them.
 
-use std::time::Duration;
+use std::process::Command;
 
-use clap::Parser;
-use fencehook::load::{self, LoadArgs, Plan, StopReason};
-use fencehook::store::audit;
+use serde_json::Value;
 
 use crate::helpers::{TestContext, SECRET};
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    load: LoadArgs,
+/// Runs the `fencehook` binary with `args`; (exit code, stdout, stderr).
+fn fencehook(args: &[String], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the fencehook binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn count(report: &Value, status: u64, result: &str) -> u64 {
+    report["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["status"] == status && a["result"] == result)
+        .map(|a| a["count"].as_u64().unwrap())
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -25,64 +42,70 @@ async fn a_load_run_with_racing_copies_gets_one_processed_per_transaction_and_ev
     }
     let dir = std::env::temp_dir().join(format!("fencehook-load-{}", ctx.prefix));
     std::fs::create_dir_all(&dir).unwrap();
-    let answers = dir.join("answers.jsonl");
-    let mut argv = vec![
-        "load".to_owned(),
-        "--secret".to_owned(),
-        SECRET.to_owned(),
-        "--transactions".to_owned(),
-        "150".to_owned(),
-        "--duplicates".to_owned(),
-        "3".to_owned(),
-        "--concurrency".to_owned(),
-        "24".to_owned(),
-        "--failed-share".to_owned(),
-        "0.2".to_owned(),
-        "--answers".to_owned(),
-        answers.display().to_string(),
-    ];
+    let answers = dir.join("answers.jsonl").display().to_string();
+    let mut args: Vec<String> = [
+        "load",
+        "--secret",
+        SECRET,
+        "--transactions",
+        "150",
+        "--duplicates",
+        "3",
+        "--concurrency",
+        "24",
+        "--failed-share",
+        "0.2",
+        "--answers",
+        &answers,
+        "--json",
+    ]
+    .map(str::to_owned)
+    .to_vec();
     for app in &apps {
-        argv.push("--target".to_owned());
-        argv.push(app.base.clone());
+        args.extend(["--target".to_owned(), app.base.clone()]);
     }
-    let plan = Plan::from_args(&Cli::try_parse_from(argv).unwrap().load).unwrap();
-
-    // Spawned: a run is Send, so it can live on any worker.
-    let run = tokio::spawn(load::run(plan, std::future::pending(), false));
-    let report = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("a bounded run ends")
-        .expect("the run does not panic")
-        .expect("the run starts");
-
-    assert_eq!(report.stopped_by, StopReason::Transactions);
-    assert_eq!(report.transactions, 150);
-    assert_eq!(report.deliveries, 450);
-    assert_eq!(report.payments, 150, "{}", report.render());
-    assert_eq!(report.processed_twice, 0);
-    assert!(report.problems().is_empty(), "{:?}", report.problems());
-    let processed: u64 = report
-        .answers
-        .iter()
-        .filter(|a| a.status == Some(200) && a.result == "processed")
-        .map(|a| a.count)
-        .sum();
-    assert_eq!(processed, 150, "exactly one copy of each is `processed`");
-    assert!(
-        report.requests_per_target.iter().all(|t| t.requests >= 150),
-        "every instance got its share: {:?}",
-        report.requests_per_target
-    );
-    assert_eq!(ctx.payments().await, 150);
-
-    let read = audit::read_answers(&answers).unwrap();
-    assert_eq!(read.lines, 450);
-    assert_eq!(read.durable.len(), 150);
-    let check = audit::check_answers(&ctx.database_url, &read)
+    // The binary blocks; the instances it drives run on this runtime.
+    let (code, out, err) = tokio::task::spawn_blocking(move || fencehook(&args, &[]))
         .await
         .unwrap();
-    assert_eq!(check.total, 0, "{:?}", check.violations);
+    assert_eq!(code, 0, "a clean run exits 0: {err}\n{out}");
+    let report: Value = serde_json::from_str(&out).expect("--json prints one JSON report");
+
+    assert_eq!(report["stopped_by"], "transactions");
+    assert_eq!(report["transactions"], 150);
+    assert_eq!(report["deliveries"], 450);
+    assert_eq!(report["payments"], 150);
+    assert_eq!(report["processed_twice"], 0);
+    assert_eq!(
+        count(&report, 200, "processed"),
+        150,
+        "exactly one copy of each is `processed`"
+    );
+    for target in report["requests_per_target"].as_array().unwrap() {
+        assert!(
+            target["requests"].as_u64().unwrap() >= 150,
+            "every instance got its share: {target}"
+        );
+    }
+    assert_eq!(ctx.payments().await, 150);
     ctx.assert_audit_clean().await;
+
+    let audit = |answers: String| {
+        let db = ctx.database_url.clone();
+        tokio::task::spawn_blocking(move || {
+            fencehook(
+                &["audit".to_owned(), "--answers".to_owned(), answers],
+                &[("DATABASE_URL", &db)],
+            )
+        })
+    };
+    let (code, out, err) = audit(answers.clone()).await.unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("450 answers read, 150 transactions answered 2xx"),
+        "{out}"
+    );
+    assert!(out.contains("audit: clean"), "{out}");
 
     // The check does catch a 200 without a terminal row: one that never
     // reached the database, and one left `processing`.
@@ -94,15 +117,20 @@ async fn a_load_run_with_racing_copies_gets_one_processed_per_transaction_and_ev
         )
         .await
         .unwrap();
-    let mut forged = read.clone();
-    forged
-        .durable
-        .push(("generic".to_owned(), "never-delivered".to_owned()));
-    let check = audit::check_answers(&ctx.database_url, &forged)
-        .await
-        .unwrap();
-    assert_eq!(check.total, 2, "{:?}", check.violations);
-    assert!(check.violations.iter().any(|v| v.contains("no row")));
-    assert!(check.violations.iter().any(|v| v.contains("is processing")));
+    let forged = dir.join("forged.jsonl");
+    let mut text = std::fs::read_to_string(&answers).unwrap();
+    text.push_str(
+        r#"{"provider":"generic","transaction_id":"never-delivered","status":200,"result":"processed"}"#,
+    );
+    text.push('\n');
+    std::fs::write(&forged, text).unwrap();
+    let (code, out, _) = audit(forged.display().to_string()).await.unwrap();
+    assert_eq!(code, 1, "a violation exits 1: {out}");
+    assert!(out.contains("VIOLATED (2)"), "{out}");
+    assert!(
+        out.contains("generic:never-delivered answered 2xx, but there is no row"),
+        "{out}"
+    );
+    assert!(out.contains("but its row is processing"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

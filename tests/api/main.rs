@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod chaos;
 mod cluster;
 mod exactly_once;
 mod faults;

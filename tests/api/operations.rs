@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::helpers::downstream::MockDownstream;
+use crate::helpers::metrics::exposed;
 use crate::helpers::{payment, TestContext};
 
 /// Metric names (`fencehook_…`) mentioned in a text.
@@ -21,12 +22,6 @@ fn metric_names(text: &str) -> Vec<String> {
     names.sort();
     names.dedup();
     names
-}
-
-fn exposed(exposition: &str, name: &str) -> bool {
-    exposition
-        .lines()
-        .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
 }
 
 fn dashboard_exprs() -> String {
@@ -69,7 +64,7 @@ async fn every_metric_in_the_spec_dashboard_and_alerts_is_emitted_after_traffic(
     downstream.set_delay(Duration::from_millis(500));
     let mut cfg = ctx.config();
     cfg.lease.ttl = Duration::from_millis(600);
-    cfg.lease.redis_timeout = Duration::from_millis(150);
+    cfg.lease.lease_timeout = Duration::from_millis(150);
     cfg.downstream_url = Some(downstream.url());
     let app = ctx.spawn(cfg).await;
     assert_eq!(
@@ -172,9 +167,9 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
         (
             &[
                 ("FENCEHOOK_LEASE_TTL_MS", "1200"),
-                ("FENCEHOOK_REDIS_TIMEOUT_MS", "400"),
+                ("FENCEHOOK_LEASE_TIMEOUT_MS", "400"),
             ],
-            "FENCEHOOK_REDIS_TIMEOUT_MS",
+            "FENCEHOOK_LEASE_TIMEOUT_MS",
         ),
         (
             &[("FENCEHOOK_LEASE_MAX_MS", "1000")],
@@ -261,20 +256,20 @@ async fn a_claim_left_processing_past_the_max_hold_is_counted_as_stuck() {
     downstream.set_status(500);
     let mut cfg = ctx.config();
     cfg.lease.ttl = Duration::from_millis(600);
-    cfg.lease.redis_timeout = Duration::from_millis(150);
+    cfg.lease.lease_timeout = Duration::from_millis(150);
     cfg.lease.max_hold = Duration::from_secs(2);
     cfg.downstream_timeout = Duration::from_millis(100);
     cfg.downstream_url = Some(downstream.url());
     let app = ctx.spawn(cfg).await;
     let stuck = || app.metric("fencehook_payments_stuck_processing", &[]);
     assert_eq!(app.deliver(&payment("tx_stuck", 100)).await.status, 503);
-    app.state.count_stuck().await;
+    app.state.health.count_stuck().await;
     assert_eq!(stuck(), 0.0, "a fresh claim may still have a holder");
     crate::helpers::wait_for(
         "past the max hold nobody works on it",
         Duration::from_secs(10),
         || async {
-            app.state.count_stuck().await;
+            app.state.health.count_stuck().await;
             stuck() == 1.0
         },
     )
@@ -284,6 +279,6 @@ async fn a_claim_left_processing_past_the_max_hold_is_counted_as_stuck() {
         app.deliver(&payment("tx_stuck", 100)).await.result(),
         "processed"
     );
-    app.state.count_stuck().await;
+    app.state.health.count_stuck().await;
     assert_eq!(stuck(), 0.0, "resumed and finalised");
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencehook::config::LeaseBackendKind;
 use fencehook::metrics::{FENCE_REJECTED_TOTAL, FENCE_RESYNC_TOTAL};
 use serde_json::Value;
 
@@ -18,7 +19,7 @@ fn env(ctx: &TestContext, redis_url: &str) -> Vec<(&'static str, String)> {
         ("REDIS_URL", redis_url.to_owned()),
         ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
         ("FENCEHOOK_LEASE_TTL_MS", "1000".to_owned()),
-        ("FENCEHOOK_REDIS_TIMEOUT_MS", "250".to_owned()),
+        ("FENCEHOOK_LEASE_TIMEOUT_MS", "250".to_owned()),
         ("FENCEHOOK_INFLIGHT_WAIT_MS", "300".to_owned()),
         ("FENCEHOOK_DB_POOL_SIZE", "4".to_owned()),
         ("FENCEHOOK_DB_POOL_WAIT_MS", "1000".to_owned()),
@@ -82,7 +83,7 @@ fn is_stopped(pid: u32) -> bool {
 }
 
 async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(
-    backend: &'static str,
+    backend: LeaseBackendKind,
 ) {
     let ctx = TestContext::new().await;
     let downstream = MockDownstream::start().await;
@@ -91,7 +92,7 @@ async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_an
         env(&ctx, &ctx.redis_url),
         &[
             ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
-            ("FENCEHOOK_LEASE_BACKEND", backend.to_owned()),
+            ("FENCEHOOK_LEASE_BACKEND", backend.as_str().to_owned()),
         ],
     );
     let a = ServeProcess::start(&e).await;
@@ -122,15 +123,16 @@ async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_an
     ctx.assert_audit_clean().await;
 }
 
-#[cfg(feature = "failpoints")]
-async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues(backend: &'static str) {
+async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues(
+    backend: LeaseBackendKind,
+) {
     let ctx = TestContext::new().await;
     let downstream = MockDownstream::start().await;
     let e = with(
         env(&ctx, &ctx.redis_url),
         &[
             ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
-            ("FENCEHOOK_LEASE_BACKEND", backend.to_owned()),
+            ("FENCEHOOK_LEASE_BACKEND", backend.as_str().to_owned()),
         ],
     );
     // A stops itself (SIGSTOP) after its last lease check, right before the finalize.
@@ -351,35 +353,8 @@ async fn sigterm_during_a_slow_downstream_call_finishes_releases_and_exits_0() {
     );
 }
 
-/// Holder crashes and stalls, against both lease backends.
-mod redis_backend {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once() {
-        super::an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(
-            "redis",
-        )
-        .await
-    }
-
-    #[cfg(feature = "failpoints")]
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues() {
-        super::an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues("redis").await
-    }
-}
-
-mod postgres_backend {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once() {
-        super::an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(
-            "postgres",
-        )
-        .await
-    }
-
-    #[cfg(feature = "failpoints")]
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues() {
-        super::an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues("postgres").await
-    }
-}
+// Holder crashes and stalls, against both lease backends.
+crate::helpers::both_backends!(
+    an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once,
+    an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues,
+);

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod downstream;
+pub mod metrics;
 pub mod process;
 pub mod proxy;
 
@@ -12,14 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use fencehook::app::{App, State};
+use fencehook::app::App;
 use fencehook::config::{Config, DbConfig, LeaseBackendKind, LeaseConfig};
-use fencehook::processor::Hooks;
+use fencehook::http::client::HttpClient;
+use fencehook::http::state::State;
+use fencehook::processor::hooks::Hooks;
 use fencehook::providers::{standard, Provider};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -99,7 +99,7 @@ impl TestContext {
                 ttl: Duration::from_millis(2000),
                 max_hold: Duration::from_secs(30),
                 fence_key_ttl: Duration::from_secs(3600 * 24 * 7),
-                redis_timeout: Duration::from_millis(500),
+                lease_timeout: Duration::from_millis(500),
             },
             inflight_wait: Duration::from_millis(1000),
             downstream_url: None,
@@ -279,8 +279,8 @@ fn with_dbname(url: &str, name: &str) -> String {
     format!("{base}/{name}")
 }
 
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
+pub fn client() -> HttpClient {
+    fencehook::http::client::new(Duration::from_secs(5))
 }
 
 /// An app running in this process.
@@ -290,7 +290,7 @@ pub struct TestApp {
     pub state: Arc<State>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
 }
 
 /// What an app answered.
@@ -394,7 +394,7 @@ impl TestApp {
 
     /// Sum of a metric's samples with these labels, from this app's registry.
     pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.state.metrics.value(name, labels)
+        metrics::sum(&self.state.metrics.render(), name, labels)
     }
 
     pub async fn stop(mut self) {
@@ -456,3 +456,27 @@ pub async fn closed_port() -> u16 {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     l.local_addr().unwrap().port()
 }
+
+/// Runs each named `async fn(LeaseBackendKind)` as two tests, one per lease
+/// backend: `redis_backend::<name>` and `postgres_backend::<name>`.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod redis_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(fencehook::config::LeaseBackendKind::Redis).await
+                }
+            )*
+        }
+        mod postgres_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(fencehook::config::LeaseBackendKind::Postgres).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use both_backends;

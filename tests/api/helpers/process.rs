@@ -116,7 +116,7 @@ impl ServeProcess {
             .await
             .unwrap()
             .to_bytes();
-        fencehook::metrics::sum_samples(&String::from_utf8_lossy(&body), name, labels)
+        super::metrics::sum(&String::from_utf8_lossy(&body), name, labels)
     }
 }
 

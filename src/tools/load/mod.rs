@@ -1,6 +1,6 @@
 //! `fencehook load`: plays a payment provider that delivers every transaction
 //! several times at once, against one or more fencehook instances, and reports
-//! throughput, latency and the answers (SPEC §7).
+//! throughput, latency and the answers.
 //!
 //! The point is the condition fencehook exists for: `--duplicates k` copies of
 //! one transaction are launched together, each to a different target (round
@@ -26,19 +26,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
+use fencehook::http::client::{self, HttpClient};
+use fencehook::providers::standard;
 use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::providers::standard;
 use report::{Answer, Delivery, Event, Stats};
-pub use report::{AnswerCount, Latency, Report, StopReason};
+pub use report::{Report, StopReason};
 
 /// Most requests in flight: each is a socket, and the default soft limit on
 /// open files is 1024.
@@ -321,30 +319,18 @@ fn check_target(target: &str) -> Result<String, ArgError> {
     Ok(base.to_owned())
 }
 
-/// Parses `500ms`, `30s`, `2m`, `1h`, or a bare number of seconds.
+/// Parses a duration the way `humantime` does (`500ms`, `30s`, `2m`,
+/// `1h 30m`), or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 500ms, 30s, 2m, 1h"))?;
-    let secs = |factor: u64| {
-        n.checked_mul(factor)
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
             .map(Duration::from_secs)
-            .ok_or_else(|| format!("`{text}` is too long"))
-    };
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => secs(1),
-        "m" => secs(60),
-        "h" => secs(3600),
-        _ => Err(format!(
-            "`{text}`: unknown unit `{unit}` (use ms, s, m or h)"
-        )),
+            .map_err(|_| format!("`{text}` is too long"));
     }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration like 500ms, 30s, 2m, 1h ({e})"))
 }
 
 /// The wait a `Retry-After` value asks for (RFC 9110: delay-seconds or an
@@ -356,12 +342,10 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
         let secs = value.parse::<u64>().unwrap_or(u64::MAX);
         return Some(Duration::from_secs(secs).min(MAX_RETRY_WAIT));
     }
-    let date =
-        time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc2822).ok()?;
-    let now = time::OffsetDateTime::from(now);
+    let date = httpdate::parse_http_date(value).ok()?;
     // A date in the past means "now".
-    let wait = (date - now).max(time::Duration::ZERO);
-    Some(Duration::try_from(wait).map_or(MAX_RETRY_WAIT, |w| w.min(MAX_RETRY_WAIT)))
+    let wait = date.duration_since(now).unwrap_or(Duration::ZERO);
+    Some(wait.min(MAX_RETRY_WAIT))
 }
 
 /// Runs the load and prints the report (table or JSON) on stdout; progress
@@ -415,7 +399,7 @@ impl Transaction {
 /// What the delivery tasks share.
 struct Shared {
     plan: Plan,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
     events: mpsc::UnboundedSender<Event>,
 }
 
@@ -437,12 +421,7 @@ pub async fn run(
         }
         None => None,
     };
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(plan.request_timeout));
-    let client = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(plan.concurrency)
-        .build(connector);
+    let client = client::new(plan.request_timeout);
     let (events, rx) = mpsc::unbounded_channel();
     let started = Instant::now();
     let stats = Stats::new(plan.endpoints.len(), plan.provider.clone(), answers);
@@ -595,7 +574,7 @@ async fn send_once(shared: &Shared, tx: &Transaction, target: usize) -> (Answer,
             .client
             .request(request)
             .await
-            .map_err(|e| crate::error::chain(&e))?;
+            .map_err(|e| fencehook::error::chain(&e))?;
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
@@ -606,7 +585,7 @@ async fn send_once(shared: &Shared, tx: &Transaction, target: usize) -> (Answer,
             .into_body()
             .collect()
             .await
-            .map_err(|e| crate::error::chain(&e))?
+            .map_err(|e| fencehook::error::chain(&e))?
             .to_bytes();
         Ok::<_, String>((status, retry_after, body))
     };
@@ -790,7 +769,7 @@ mod tests {
         for n in 0..2000 {
             let tx = Transaction::new(&p, n, &mut rng);
             let item = standard::parse_generic("generic", &tx.body).expect("valid payload");
-            let crate::providers::Item::Event(ev) = item else {
+            let fencehook::providers::Item::Event(ev) = item else {
                 panic!("payment events are acted on")
             };
             assert_eq!(ev.transaction_id, tx.id);
@@ -817,7 +796,8 @@ mod tests {
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "1.5s", "-1s", "10x", "99999999999999999999h"] {
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        for bad in ["", "s", "-1s", "10x", "99999999999999999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }

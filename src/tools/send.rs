@@ -1,33 +1,16 @@
-//! The `send` and `audit` subcommands.
+//! `fencehook send`: sign one delivery the way a provider's scheme does, send
+//! it, print the answer. For demos and for trying a providers file by hand.
 
-use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
+use fencehook::http::client;
+use fencehook::providers::{adyen, standard, stripe, SchemeKind};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use serde_json::json;
 
-use serde_json::{json, Value};
-use time::format_description::well_known::Rfc3339;
-use time::OffsetDateTime;
-
-use crate::config::DbArgs;
-use crate::providers::{adyen, standard, stripe, SchemeKind};
-use crate::store::audit;
-
-/// `fencehook audit`: the database invariants, and optionally the answers a
-/// load run received.
-#[derive(Debug, Clone, Args)]
-pub struct AuditArgs {
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// A `fencehook load --answers` file: every 2xx in it (other than
-    /// `ignored`) must have a committed succeeded/failed payments row.
-    #[arg(long, value_name = "FILE")]
-    pub answers: Option<PathBuf>,
-}
+use super::deliveries::{adyen_batch, stripe_event};
 
 /// `fencehook send`: sign one delivery the way the provider's scheme does and send it.
 #[derive(Debug, Clone, Args)]
@@ -40,7 +23,7 @@ pub struct SendArgs {
     pub provider: String,
     /// Wire format: standard (Standard Webhooks, generic payload), stripe (a
     /// signed Stripe event), adyen (a one-item notification batch).
-    #[arg(long, value_enum, default_value = "standard")]
+    #[arg(long, default_value = "standard", value_parser = parse_scheme)]
     pub scheme: SchemeKind,
     /// Signing secret: whsec_<base64> (standard), the endpoint's whsec_... (stripe),
     /// the HMAC key in hex (adyen).
@@ -69,6 +52,10 @@ pub struct SendArgs {
     pub webhook_id: Option<String>,
 }
 
+fn parse_scheme(s: &str) -> Result<SchemeKind, String> {
+    s.parse()
+}
+
 /// Sends the delivery; returns the HTTP status and body text.
 pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
     let ts = SystemTime::now()
@@ -88,11 +75,10 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
     let req = req
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("bad request for {uri}: {e}"))?;
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = client
+    let resp = client::new(Duration::from_secs(5))
         .request(req)
         .await
-        .map_err(|e| format!("POST {uri}: {e}"))?;
+        .map_err(|e| format!("POST {uri}: {}", fencehook::error::chain(&e)))?;
     let status = resp.status().as_u16();
     let retry_after = resp
         .headers()
@@ -175,133 +161,11 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
     }
 }
 
-/// A Stripe event as Stripe sends it (API 2024-06-20 shapes).
-fn stripe_event(args: &SendArgs, event_id: &str, ts: i64) -> Value {
-    let tx = &args.transaction_id;
-    let currency = args.currency.to_ascii_lowercase();
-    let charge = format!("ch_{}", tx.trim_start_matches("pi_"));
-    let payment_intent = |status: &str, received: i64| {
-        json!({
-            "id": tx, "object": "payment_intent", "amount": args.amount,
-            "amount_capturable": 0, "amount_received": received, "capture_method": "automatic",
-            "created": ts, "currency": currency, "latest_charge": charge, "livemode": false,
-            "metadata": {}, "payment_method": "pm_card_visa", "payment_method_types": ["card"],
-            "status": status
-        })
-    };
-    let (event_type, object) = match args.event_type.as_str() {
-        "payment.succeeded" => (
-            "payment_intent.succeeded",
-            payment_intent("succeeded", args.amount),
-        ),
-        "payment.failed" => {
-            let mut pi = payment_intent("requires_payment_method", 0);
-            pi["last_payment_error"] = json!({
-                "charge": charge, "code": "card_declined", "decline_code": "generic_decline",
-                "message": "Your card was declined.", "type": "card_error"
-            });
-            ("payment_intent.payment_failed", pi)
-        }
-        "refund.succeeded" => (
-            "refund.created",
-            json!({
-                "id": tx, "object": "refund", "amount": args.amount, "charge": charge,
-                "created": ts, "currency": currency, "metadata": {},
-                "payment_intent": format!("pi_{}", tx.trim_start_matches("re_")),
-                "reason": "requested_by_customer", "status": "succeeded"
-            }),
-        ),
-        other => (other, payment_intent("succeeded", args.amount)),
-    };
-    json!({
-        "id": event_id, "object": "event", "api_version": "2024-06-20", "created": ts,
-        "data": {"object": object}, "livemode": false, "pending_webhooks": 1,
-        "request": {"id": null, "idempotency_key": null}, "type": event_type
-    })
-}
-
-/// A one-item Adyen notification batch (unsigned; [`adyen::sign_batch`] signs it).
-fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
-    let (event_code, success) = match args.event_type.as_str() {
-        "payment.succeeded" => ("AUTHORISATION", "true"),
-        "payment.failed" => ("AUTHORISATION", "false"),
-        "refund.succeeded" => ("REFUND", "true"),
-        other => (other, "true"),
-    };
-    let event_date = OffsetDateTime::from_unix_timestamp(ts)
-        .map_err(|e| e.to_string())?
-        .format(&Rfc3339)
-        .map_err(|e| e.to_string())?;
-    Ok(json!({
-        "live": "false",
-        "notificationItems": [{"NotificationRequestItem": {
-            "additionalData": {},
-            "amount": {"currency": args.currency, "value": args.amount},
-            "eventCode": event_code,
-            "eventDate": event_date,
-            "merchantAccountCode": "FencehookDemoECOM",
-            "merchantReference": format!("order-{}", args.transaction_id),
-            "operations": ["CANCEL", "CAPTURE", "REFUND"],
-            "paymentMethod": "visa",
-            "pspReference": args.transaction_id,
-            "reason": "",
-            "success": success
-        }}]
-    }))
-}
-
-/// Runs the audit and prints one line per check; `Ok(true)` when clean.
-/// With `answers`, the answers file is read first, so a bad file stops the
-/// audit before anything is printed as "clean".
-pub async fn audit(database_url: &str, answers: Option<&Path>) -> Result<bool, String> {
-    let answers = answers
-        .map(audit::read_answers)
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let mut checks = audit::run(database_url)
-        .await
-        .map_err(|e| format!("audit could not read the database: {e}"))?;
-    if let Some(answers) = &answers {
-        let check = audit::check_answers(database_url, answers)
-            .await
-            .map_err(|e| format!("audit could not read the database: {e}"))?;
-        checks.push(check);
-    }
-    let (payments, entries) = audit::totals(database_url)
-        .await
-        .map_err(|e| e.to_string())?;
-    println!("audit: {payments} payments, {entries} ledger entries");
-    if let Some(answers) = &answers {
-        println!(
-            "audit: {} answers read, {} transactions answered 2xx to check",
-            answers.lines,
-            answers.durable.len()
-        );
-    }
-    let mut clean = true;
-    for c in &checks {
-        let verdict = if c.total == 0 {
-            "ok".to_owned()
-        } else {
-            format!("VIOLATED ({})", c.total)
-        };
-        println!("  {:<40} {verdict:<14} {}", c.name, c.description);
-        for v in &c.violations {
-            println!("      {v}");
-        }
-        clean &= c.total == 0;
-    }
-    println!(
-        "audit: {}",
-        if clean { "clean" } else { "VIOLATIONS FOUND" }
-    );
-    Ok(clean)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{EventKind, Item, Provider};
+    use fencehook::domain::EventKind;
+    use fencehook::providers::{Item, Provider};
 
     const STANDARD: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=";
     const STRIPE: &str = "whsec_stripe_cli_test";

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::Plan;
-use crate::store::audit::AnswerRecord;
+use crate::tools::answers::AnswerRecord;
 
 /// Highest latency the histogram holds, in µs (the longest request timeout;
 /// longer values are clamped, and they time out anyway).

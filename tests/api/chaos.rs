@@ -8,11 +8,8 @@
 //! (`audit`), every transaction eventually got a 200.
 //!
 //! `CHAOS_SEED` replays a run; `CHAOS_DURATION_SECS` (default 60) bounds it.
-//! Ignored in `cargo test`; run by `make chaos`.
-
-#[path = "../api/helpers/mod.rs"]
-#[allow(dead_code)]
-mod helpers;
+//! Ignored in `cargo test`; run by `make chaos`
+//! (`cargo test --test api chaos:: -- --ignored`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -22,10 +19,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use helpers::downstream::MockDownstream;
-use helpers::process::{deliver_to, PrivateRedis, ServeProcess};
-use helpers::proxy::FaultProxy;
-use helpers::{payment, socket_of, Reply, TestContext};
+use crate::helpers::downstream::MockDownstream;
+use crate::helpers::process::{deliver_to, PrivateRedis, ServeProcess};
+use crate::helpers::proxy::FaultProxy;
+use crate::helpers::{payment, socket_of, Reply, TestContext};
 
 const INSTANCES: usize = 3;
 const DUPLICATES: usize = 4;
@@ -57,7 +54,7 @@ impl Env {
             ("REDIS_URL", format!("redis://{}", self.redis_proxy.addr())),
             ("FENCEHOOK_REDIS_KEY_PREFIX", self.ctx.prefix.clone()),
             ("FENCEHOOK_LEASE_TTL_MS", TTL_MS.to_string()),
-            ("FENCEHOOK_REDIS_TIMEOUT_MS", "250".to_owned()),
+            ("FENCEHOOK_LEASE_TIMEOUT_MS", "250".to_owned()),
             ("FENCEHOOK_INFLIGHT_WAIT_MS", "500".to_owned()),
             ("FENCEHOOK_DB_POOL_SIZE", "6".to_owned()),
             ("FENCEHOOK_DB_POOL_WAIT_MS", "1000".to_owned()),

@@ -1,0 +1,58 @@
+//! PostgreSQL connection pools: one builder for the store's pool and the
+//! PostgreSQL lease backend's, so both connect, time out and recover alike.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use crate::config::DbConfig;
+
+/// What a pool is for: its name in `pg_stat_activity`, its size and its bounds.
+pub struct PoolSpec<'a> {
+    pub application_name: &'a str,
+    pub statement_timeout: Duration,
+    pub size: usize,
+    /// Longest a caller waits for a connection.
+    pub wait: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolBuildError {
+    #[error("DATABASE_URL is not a PostgreSQL URL")]
+    Url(#[source] tokio_postgres::Error),
+    #[error("cannot build the connection pool")]
+    Build(#[source] deadpool_postgres::BuildError),
+}
+
+/// A lazily connecting pool on `cfg.url` whose connections carry
+/// `application_name` and `statement_timeout`, recycled with a cheap
+/// is-closed check, so connections cut by a failure are replaced by
+/// themselves. Nothing connects here: a database that is down at start makes
+/// requests answer 503 (and `/readyz` say so) instead of stopping the process.
+pub fn pool(cfg: &DbConfig, spec: PoolSpec<'_>) -> Result<Pool, PoolBuildError> {
+    let mut pg: tokio_postgres::Config = cfg.url.parse().map_err(PoolBuildError::Url)?;
+    pg.application_name(spec.application_name);
+    pg.options(format!(
+        "-c statement_timeout={}",
+        spec.statement_timeout.as_millis().max(1)
+    ));
+    pg.connect_timeout(cfg.connect_timeout);
+    pg.keepalives(true);
+    pg.keepalives_idle(Duration::from_secs(10));
+    let manager = Manager::from_config(
+        pg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(spec.size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(spec.wait))
+        .create_timeout(Some(cfg.connect_timeout))
+        .recycle_timeout(Some(cfg.connect_timeout))
+        .build()
+        .map_err(PoolBuildError::Build)
+}

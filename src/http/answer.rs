@@ -1,0 +1,281 @@
+//! THE mapping from what happened to a delivery to what the PSP is told:
+//! status, `result`, `Retry-After`, and (through the provider) the body.
+//!
+//! A processing [`Outcome`], a processing [`Error`], an ignored item or a
+//! refused delivery ([`Reject`]) each become one [`Answer`]; a batch's items
+//! are folded into the answer of its most serious item; the provider shapes
+//! the body its PSP expects ([`Provider::ack_body`]). 5xx bodies are opaque:
+//! the cause chain goes to the log, never to the client.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+use super::Body;
+use crate::metrics::WebhookResult;
+use crate::processor::Outcome;
+use crate::providers::{AckBody, Provider, Reject};
+
+/// Retry-After for 503s: the provider should come back soon, not hammer.
+const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Retry-After when our lease ended before commit: the next attempt can start at once.
+const LEASE_LOST_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The status of a result. 2xx only for outcomes that are durable (or, for
+/// `ignored`, need nothing written).
+pub fn status(result: WebhookResult) -> StatusCode {
+    use WebhookResult::*;
+    match result {
+        Processed | Duplicate | Ignored => StatusCode::OK,
+        InProgress | LeaseLost => StatusCode::CONFLICT,
+        PayloadMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+        Unauthorized => StatusCode::UNAUTHORIZED,
+        InvalidPayload => StatusCode::BAD_REQUEST,
+        TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// How a batch is answered: by its highest-ranked item. Any item that is not
+/// durable makes the batch retryable, so the PSP redelivers it (the items
+/// already done then answer `duplicate`). A payload mismatch ranks above the
+/// retryable results: it will not heal by retrying and needs a person, so it
+/// is what the PSP's dashboard and our metric should show. Among durable
+/// items, `processed` says more than `duplicate`, which says more than
+/// `ignored`. Refusals never reach a batch: they refuse the whole delivery.
+fn rank(result: WebhookResult) -> u8 {
+    use WebhookResult::*;
+    match result {
+        Ignored => 0,
+        Duplicate => 1,
+        Processed => 2,
+        InProgress | LeaseLost => 3,
+        Unavailable => 4,
+        PayloadMismatch => 5,
+        Unauthorized | InvalidPayload | TooLarge | UnsupportedMediaType => 6,
+    }
+}
+
+/// One delivery's (or one item's) answer, with what its log line needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub result: WebhookResult,
+    pub retry_after: Option<Duration>,
+    /// Why a delivery was refused as invalid (the body's `reason`).
+    pub reason: Option<String>,
+    /// The transaction(s) answered, comma-separated for a batch (logs only).
+    pub transaction_id: Option<String>,
+    /// The fencing token of the attempt that answered (logs only).
+    pub token: Option<i64>,
+}
+
+impl Answer {
+    pub fn new(result: WebhookResult) -> Answer {
+        Answer {
+            result,
+            retry_after: None,
+            reason: None,
+            transaction_id: None,
+            token: None,
+        }
+    }
+
+    /// What the processor did with one event.
+    pub fn of_outcome(outcome: &Outcome, transaction_id: String) -> Answer {
+        let (result, retry_after) = match outcome {
+            Outcome::Processed { .. } => (WebhookResult::Processed, None),
+            Outcome::Duplicate => (WebhookResult::Duplicate, None),
+            Outcome::PayloadMismatch => (WebhookResult::PayloadMismatch, None),
+            Outcome::InProgress { retry_after } => (WebhookResult::InProgress, Some(*retry_after)),
+            Outcome::LeaseLost { .. } => (WebhookResult::LeaseLost, Some(LEASE_LOST_RETRY_AFTER)),
+        };
+        Answer {
+            result,
+            retry_after,
+            reason: None,
+            transaction_id: Some(transaction_id),
+            token: outcome.token(),
+        }
+    }
+
+    /// 503, retry soon: an event that could not be brought to a durable
+    /// outcome (a processing error, whatever its cause: never a duplicate, never a
+    /// 2xx), or a delivery this instance cannot take now.
+    pub fn unavailable(transaction_id: Option<String>) -> Answer {
+        Answer {
+            retry_after: Some(UNAVAILABLE_RETRY_AFTER),
+            transaction_id,
+            ..Answer::new(WebhookResult::Unavailable)
+        }
+    }
+
+    /// A delivery refused before anything was written.
+    pub fn of_reject(reject: &Reject) -> Answer {
+        match reject {
+            Reject::Unauthorized(_) => Answer::new(WebhookResult::Unauthorized),
+            Reject::Invalid(why) => Answer::invalid(why),
+        }
+    }
+
+    /// 400 with a human-readable reason.
+    pub fn invalid(reason: &str) -> Answer {
+        Answer {
+            reason: Some(reason.to_owned()),
+            ..Answer::new(WebhookResult::InvalidPayload)
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        status(self.result)
+    }
+
+    /// The answer of a whole delivery: its highest-ranked item (the first of
+    /// equals), with the longest Retry-After of the items that want one and
+    /// every item's transaction id for the log. `None` for no items.
+    pub fn of_batch(answers: Vec<Answer>) -> Option<Answer> {
+        let retry_after = answers.iter().filter_map(|a| a.retry_after).max();
+        let ids: Vec<String> = answers
+            .iter()
+            .filter_map(|a| a.transaction_id.clone())
+            .collect();
+        let mut top = answers.into_iter().reduce(|top, a| {
+            if rank(a.result) > rank(top.result) {
+                a
+            } else {
+                top
+            }
+        })?;
+        if top.retry_after.is_some() {
+            top.retry_after = retry_after;
+        }
+        top.transaction_id = (!ids.is_empty()).then(|| ids.join(","));
+        Some(top)
+    }
+
+    /// The response, its body in the shape `provider`'s PSP expects (or
+    /// fencehook's own JSON when no provider is known).
+    pub fn response(&self, provider: Option<&Provider>) -> Response<Body> {
+        let status = self.status();
+        let label = self.result.as_str();
+        let reason = self.reason.as_deref();
+        let body = match provider {
+            Some(p) => p.ack_body(status.is_success(), label, reason),
+            None => AckBody::Json(match reason {
+                Some(reason) => json!({ "result": label, "reason": reason }),
+                None => json!({ "result": label }),
+            }),
+        };
+        let mut response = match body {
+            AckBody::Json(value) => super::json(status, value),
+            AckBody::Text(text) => {
+                let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+                *r.status_mut() = status;
+                r.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                r
+            }
+        };
+        if let Some(after) = self.retry_after {
+            // Whole seconds, at least 1.
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, secs.max(1).into());
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::SchemeKind;
+
+    fn answer(result: WebhookResult, retry_secs: Option<u64>, tx: &str) -> Answer {
+        Answer {
+            retry_after: retry_secs.map(Duration::from_secs),
+            transaction_id: Some(tx.to_owned()),
+            ..Answer::new(result)
+        }
+    }
+
+    fn batch(items: &[(WebhookResult, Option<u64>)]) -> Answer {
+        Answer::of_batch(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, (r, s))| answer(*r, *s, &format!("t{i}")))
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_batch_is_answered_by_its_most_serious_item() {
+        use WebhookResult::*;
+        let v = batch(&[(Processed, None), (Duplicate, None), (Ignored, None)]);
+        assert_eq!(v.result, Processed);
+        assert_eq!(v.transaction_id.as_deref(), Some("t0,t1,t2"));
+        assert_eq!(
+            batch(&[(Ignored, None), (Duplicate, None)]).result,
+            Duplicate
+        );
+        let v = batch(&[
+            (Processed, None),
+            (InProgress, Some(3)),
+            (LeaseLost, Some(1)),
+        ]);
+        assert_eq!(
+            (v.result, v.retry_after),
+            (InProgress, Some(Duration::from_secs(3)))
+        );
+        let v = batch(&[(InProgress, Some(4)), (Unavailable, Some(1))]);
+        assert_eq!(
+            (v.result, v.retry_after),
+            (Unavailable, Some(Duration::from_secs(4)))
+        );
+        let v = batch(&[
+            (Unavailable, Some(1)),
+            (PayloadMismatch, None),
+            (Processed, None),
+        ]);
+        assert_eq!((v.result, v.retry_after), (PayloadMismatch, None));
+        assert!(Answer::of_batch(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn only_durable_results_are_2xx() {
+        for &r in WebhookResult::ALL {
+            let durable = matches!(
+                r,
+                WebhookResult::Processed | WebhookResult::Duplicate | WebhookResult::Ignored
+            );
+            assert_eq!(status(r).is_success(), durable, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn adyen_gets_accepted_as_plain_text_only_on_success() {
+        let adyen = Provider::new(
+            "a",
+            SchemeKind::Adyen,
+            &["44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056".into()],
+            None,
+        )
+        .unwrap();
+        let stripe = Provider::new("s", SchemeKind::Stripe, &["whsec_x".into()], None).unwrap();
+        let ok = answer(WebhookResult::Duplicate, None, "t").response(Some(&adyen));
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(ok.headers()[CONTENT_TYPE], "text/plain");
+        let retry = answer(WebhookResult::InProgress, Some(2), "t").response(Some(&adyen));
+        assert_eq!(retry.status(), StatusCode::CONFLICT);
+        assert_eq!(retry.headers()[RETRY_AFTER], "2");
+        let json = answer(WebhookResult::Processed, None, "t").response(Some(&stripe));
+        assert_eq!(json.headers()[CONTENT_TYPE], "application/json");
+    }
+}

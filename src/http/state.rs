@@ -1,0 +1,55 @@
+//! What the public listener's handlers share. Built by `App::build`; the HTTP
+//! edge reads it and never reaches back into the app.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::processor::Processor;
+use crate::providers::Provider;
+
+pub struct State {
+    pub providers: HashMap<String, Provider>,
+    pub processor: Processor,
+    pub metrics: Metrics,
+    pub health: Arc<Health>,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
+    pub inflight: Semaphore,
+    draining: AtomicBool,
+}
+
+impl State {
+    pub fn new(
+        providers: Vec<Provider>,
+        processor: Processor,
+        metrics: Metrics,
+        health: Arc<Health>,
+        max_body_bytes: usize,
+        max_inflight: usize,
+    ) -> State {
+        State {
+            providers: providers.into_iter().map(|p| (p.name.clone(), p)).collect(),
+            processor,
+            metrics,
+            health,
+            max_body_bytes,
+            inflight: Semaphore::new(max_inflight),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// After shutdown was asked for: readiness fails, new items answer 503.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+}
