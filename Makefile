@@ -2,12 +2,14 @@
 #
 #   make run    build (release), find or start PostgreSQL + Redis, migrate, serve on 127.0.0.1:8080
 #   make test   unit tests, then the integration tests against real PostgreSQL and Redis
-#   make lint   cargo fmt --check + clippy -D warnings
+#   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
+#   make model  the model check of the lease + fence protocol (no services needed)
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
+#   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) if missing
 #
-# Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/dev-services.sh starts
+# Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
-# (`make dev-services-stop` stops them).
+# (`make services-stop` stops them).
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -19,9 +21,9 @@ FENCEHOOK_DB ?= fencehook
 # The documented development secret of the built-in `generic` provider. Never use it in production.
 DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 
-SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/dev-services.sh env)"
+SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/services.sh env)"
 
-.PHONY: build run test test-unit test-integration chaos lint fmt check dev-services-stop clean
+.PHONY: build run test test-unit test-integration chaos lint tools fmt check services-stop clean
 
 build:
 	$(CARGO) build --locked --release
@@ -53,14 +55,28 @@ chaos:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps --all-features --quiet
+	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: make tools"; exit 1; }
+	shellcheck -x scripts/*.sh .ci/run
+	@$(CARGO) machete --version >/dev/null 2>&1 || { echo "cargo-machete is missing: make tools"; exit 1; }
+	$(CARGO) machete
+	@$(CARGO) deny --version >/dev/null 2>&1 || { echo "cargo-deny is missing: make tools"; exit 1; }
+	$(CARGO) deny --locked check --hide-inclusion-graph bans licenses sources
+
+# The lint tools, installed only where missing (shellcheck from Debian's packages, the two
+# cargo subcommands from crates.io at the versions their own lock files pin).
+tools:
+	@command -v shellcheck >/dev/null || apt-get install -y shellcheck
+	@$(CARGO) machete --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-machete
+	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
 
 fmt:
 	$(CARGO) fmt
 
 check: lint test
 
-dev-services-stop:
-	scripts/dev-services.sh stop
+services-stop:
+	scripts/services.sh stop
 
 clean:
 	$(CARGO) clean

@@ -38,7 +38,7 @@ mkdir -p "$OUT" docs
 say "== make bench: building release =="
 "$CARGO" build --locked --release >&2
 
-eval "$(DATABASE_URL="$PG_URL" REDIS_URL="$REDIS_URL" scripts/dev-services.sh env)"
+eval "$(DATABASE_URL="$PG_URL" REDIS_URL="$REDIS_URL" scripts/services.sh env)"
 ADMIN_DB_URL=$DATABASE_URL
 DB_URL="${ADMIN_DB_URL%/*}/$DB"
 
@@ -60,58 +60,33 @@ trap 'exit 143' TERM
 "$BIN" migrate --database-url "$DB_URL" >&2
 
 # ---------------------------------------------------------------- (a) the PostgreSQL ceiling
-# The statements are the ones src/store/mod.rs sends for a new payment (k = 1, inline path).
-cat >"$OUT/delivery.sql" <<'SQL'
-\set tx random(1, 1000000000000)
-\set amount random(1, 100000)
-SELECT id, status, fingerprint, fence FROM payments WHERE provider = 'pgbench' AND transaction_id = 'pg-' || :tx;
-WITH claim AS (
-    INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-    VALUES ('pgbench', 'pg-' || :tx, 'payment.succeeded', :amount, 'EUR', md5('pg-' || :tx), 'succeeded', 1, NULL)
-    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
-       SET fence = EXCLUDED.fence, status = EXCLUDED.status, updated_at = now()
-     WHERE payments.status = 'processing'
-       AND payments.fence < EXCLUDED.fence
-       AND payments.fingerprint = EXCLUDED.fingerprint
-    RETURNING id, amount_minor, currency),
-entry AS (
-    INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
-    SELECT id, 'credit', amount_minor * 1, currency, 1 FROM claim
-    RETURNING payment_id)
-SELECT id FROM claim;
-SQL
+# scripts/bench-delivery.sql is the SQL the store sends for a new payment (k = 1, inline path),
+# with pgbench variables for the parameters; a unit test in src/store keeps it in step.
 say "== (a) pgbench ceiling: ${PGBENCH_SECS}s per client count =="
 : >"$OUT/pgbench.txt"
 for c in 1 2 4 8 16 32; do
-  tps=$(pgbench -n -M prepared -c "$c" -j "$((c < 2 ? c : 2))" -T "$PGBENCH_SECS" -f "$OUT/delivery.sql" "$DB_URL" 2>/dev/null |
+  tps=$(pgbench -n -M prepared -c "$c" -j "$((c < 2 ? c : 2))" -T "$PGBENCH_SECS" -f scripts/bench-delivery.sql "$DB_URL" 2>/dev/null |
     sed -nE 's/^tps = ([0-9.]+) \(without initial connection time\)/\1/p')
   say "   clients $c: $tps tps"
   echo "$c $tps" >>"$OUT/pgbench.txt"
 done
 
 # ---------------------------------------------------------------- (b), (c) fencehook
+# shellcheck source=scripts/instance.sh
+. scripts/instance.sh
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }   # utime + stime, in clock ticks
 hwm_kb() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 
 run_one() {   # backend k
-  local backend=$1 k=$2 log="$OUT/serve-$1-k$2.log" port admin line
+  local backend=$1 k=$2 log="$OUT/serve-$1-k$2.log"
   FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 FENCEHOOK_LOG_FORMAT=json \
     FENCEHOOK_LOG=warn,fencehook=info,fencehook::http::webhook=warn \
     FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_GENERIC_SECRET=$SECRET \
     FENCEHOOK_LEASE_BACKEND=$backend FENCEHOOK_REDIS_KEY_PREFIX="bench-$STAMP-$backend-$k" \
     DATABASE_URL=$DB_URL REDIS_URL=$REDIS_URL "$BIN" serve 2>"$log" &
   SERVER_PID=$!
-  local deadline=$((SECONDS + 30))
-  until line=$(grep -m1 '"fencehook serving"' "$log" 2>/dev/null); do
-    ((SECONDS < deadline)) || die "instance did not start: $(tail -3 "$log")"
-    sleep 0.1
-  done
-  [[ $line =~ \"port\":([0-9]+) ]] && port=${BASH_REMATCH[1]}
-  [[ $line =~ \"admin_port\":([0-9]+) ]] && admin=${BASH_REMATCH[1]}
-  until [[ $(curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$admin/readyz") == 200 ]]; do
-    ((SECONDS < deadline)) || die "instance not ready"
-    sleep 0.1
-  done
+  wait_instance "$SERVER_PID" "$log" $((SECONDS + 30)) || die "the $backend instance did not come up"
+  local port=$INSTANCE_PORT
   local t0 t1
   t0=$(ticks "$SERVER_PID")
   "$BIN" load --target "http://127.0.0.1:$port" --secret "$SECRET" --duration "${DURATION}s" \

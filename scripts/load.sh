@@ -9,7 +9,7 @@
 #   LOAD_CONCURRENCY  HTTP requests in flight (default 32)
 #   LOAD_KEEP_DB=1    keep the load database afterwards, to dig into it
 #   PG_URL, REDIS_URL server-level URLs where PostgreSQL and Redis are looked for (as in the
-#                     Makefile); scripts/dev-services.sh starts private ones when none answer
+#                     Makefile); scripts/services.sh starts private ones when none answer
 #   FENCEHOOK_GENERIC_SECRET  signing secret (default: the documented development secret)
 #   CARGO, CARGO_TARGET_DIR   as for cargo
 #
@@ -155,7 +155,7 @@ say "load: building (release)"
 run_child "$CARGO" build --locked --release
 [[ -x $BIN ]] || die "no binary at $BIN after the build (is CARGO_TARGET_DIR set differently?)"
 
-eval "$(DATABASE_URL=$PG_URL REDIS_URL=$REDIS_URL scripts/dev-services.sh env)"
+eval "$(DATABASE_URL=$PG_URL REDIS_URL=$REDIS_URL scripts/services.sh env)"
 ADMIN_URL=$DATABASE_URL
 LOAD_URL=${DATABASE_URL%/*}/$RUN
 command -v psql >/dev/null 2>&1 || die "psql is needed to drop the load database"
@@ -170,8 +170,8 @@ run_child env DATABASE_URL="$LOAD_URL" "$BIN" migrate >"$LOG_DIR/migrate.log" 2>
 
 # ---------------------------------------------------------------- instances
 
-# Each instance binds port 0 for both listeners and logs the ports the kernel gave it: free
-# ports without the race of probing a port and binding it later.
+# shellcheck source=scripts/instance.sh
+. scripts/instance.sh
 for ((i = 1; i <= INSTANCES; i++)); do
   # The built-in `generic` provider, whatever FENCEHOOK_PROVIDERS says, so the secret matches.
   # Other FENCEHOOK_* settings in the environment (pool size, TTLs, ...) are passed through.
@@ -184,32 +184,12 @@ for ((i = 1; i <= INSTANCES; i++)); do
   PIDS+=("$!")
 done
 
-# The ports an instance logged at start ("fencehook serving"), as "PORT ADMIN_PORT".
-logged_ports() { # LOG
-  local line
-  line=$(grep -m1 '"fencehook serving"' "$1" 2>/dev/null) || return 1
-  [[ $line =~ \"port\":([0-9]+) ]] || return 1
-  local port=${BASH_REMATCH[1]}
-  [[ $line =~ \"admin_port\":([0-9]+) ]] || return 1
-  printf '%s %s\n' "$port" "${BASH_REMATCH[1]}"
-}
-
 deadline=$((SECONDS + START_WAIT_SECS))
 for ((i = 1; i <= INSTANCES; i++)); do
   log=$LOG_DIR/instance-$i.log pid=${PIDS[i - 1]}
-  until ports=$(logged_ports "$log"); do
-    alive "$pid" || die "instance $i exited at start; see $log: $(tail -n 5 "$log")"
-    ((SECONDS < deadline)) || die "instance $i did not start within ${START_WAIT_SECS}s; see $log"
-    sleep 0.1
-  done
-  read -r port admin <<<"$ports"
-  PORTS+=("$port") ADMIN_PORTS+=("$admin")
-  until [[ $(curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$admin/readyz") == 200 ]]; do
-    alive "$pid" || die "instance $i exited before it was ready; see $log: $(tail -n 5 "$log")"
-    ((SECONDS < deadline)) || die "instance $i is not ready after ${START_WAIT_SECS}s: $(curl -s -m 2 "http://127.0.0.1:$admin/readyz")"
-    sleep 0.2
-  done
-  say "load: instance $i ready (pid $pid, http://127.0.0.1:$port, admin :$admin, log $log)"
+  wait_instance "$pid" "$log" "$deadline" || die "instance $i did not come up"
+  PORTS+=("$INSTANCE_PORT") ADMIN_PORTS+=("$INSTANCE_ADMIN_PORT")
+  say "load: instance $i ready (pid $pid, http://127.0.0.1:$INSTANCE_PORT, admin :$INSTANCE_ADMIN_PORT, log $log)"
 done
 
 # ---------------------------------------------------------------- load, then audit

@@ -89,7 +89,7 @@ pub struct ServeArgs {
     /// TOML file of providers; without it a built-in `generic` provider is served.
     #[arg(long, env = "FENCEHOOK_PROVIDERS")]
     pub providers: Option<PathBuf>,
-    /// Secret (whsec_<base64>) of the built-in `generic` provider.
+    /// Secret (`whsec_<base64>`) of the built-in `generic` provider.
     #[arg(long, env = "FENCEHOOK_GENERIC_SECRET", hide_env_values = true)]
     pub generic_secret: Option<String>,
     /// Largest accepted request body.

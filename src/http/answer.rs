@@ -1,7 +1,7 @@
 //! THE mapping from what happened to a delivery to what the PSP is told:
 //! status, `result`, `Retry-After`, and (through the provider) the body.
 //!
-//! A processing [`Outcome`], a processing [`Error`], an ignored item or a
+//! A processing [`Outcome`], a processing error, an ignored item or a
 //! refused delivery ([`Reject`]) each become one [`Answer`]; a batch's items
 //! are folded into the answer of its most serious item; the provider shapes
 //! the body its PSP expects ([`Provider::ack_body`]). 5xx bodies are opaque:

@@ -2,14 +2,17 @@
 //!
 //! # What must stay true
 //!
-//! - A lease is `<owner-uuid>:<token>` under `…:lock` with a TTL; the token
-//!   comes from `INCR` on `…:fence`, so it strictly increases per transaction.
-//!   The owner UUID is new for every acquisition.
+//! - A lease is an owner UUID and a token with a TTL, per (provider,
+//!   transaction_id). The token comes from a per-transaction counter that
+//!   only grows (Redis `INCR`, or the `leases.token` column), so it strictly
+//!   increases; the owner UUID is new for every acquisition. Both backends
+//!   ([`redis`], [`postgres`]) keep these semantics; this module is the facade
+//!   over them, the guard, and the one timeout around each command.
 //! - The holder believes it holds the lease only until a *locally computed*
-//!   expiry: the monotonic instant the acquire (or last successful renew) was
-//!   **sent**, plus the TTL. Redis starts its TTL later than that, so the local
-//!   view always ends first.
-//! - Losing the lease (renewal refused, Redis unreachable past the local
+//!   expiry: the monotonic instant the acquire (or last confirmed renewal)
+//!   was **sent**, plus the TTL. The backend starts its TTL later than that,
+//!   so the local view always ends first (see `heartbeat.rs`).
+//! - Losing the lease (renewal refused, backend unreachable past the local
 //!   expiry, or the maximum hold reached) is published on a `watch` channel;
 //!   the processor selects on it and must not start new writes afterwards.
 //! - The lease is only an optimisation for liveness and for answering
@@ -344,7 +347,7 @@ impl LeaseGuard {
         }
     }
 
-    /// Fence resync (SPEC §2): the database holds a fence `>= db_fence` for
+    /// Fence resync: the database holds a fence `>= db_fence` for
     /// this transaction, at or above our token, so Redis lost its counter.
     /// Inside our lease, fast-forward the counter past `db_fence` and take the
     /// new token. `None` when the lock is no longer ours.

@@ -215,7 +215,7 @@ impl RedisLease {
         Ok(deleted == 1)
     }
 
-    /// See [`LeaseGuard::resync`].
+    /// See [`LeaseGuard::resync`](super::LeaseGuard::resync).
     pub async fn resync(
         &self,
         key: &LeaseKey,

@@ -457,3 +457,48 @@ fn to_payment(row: &tokio_postgres::Row) -> Result<PaymentRow, StoreError> {
         fence: row.get(3),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `make bench` measures the PostgreSQL ceiling with pgbench running the
+    /// same per-delivery SQL as the service: `scripts/bench-delivery.sql` is
+    /// this module's fast-path lookup and one-statement claim with pgbench
+    /// variables for the parameters. It must not drift from the code.
+    #[test]
+    fn the_pgbench_script_runs_the_stores_own_sql() {
+        let params: [(&str, &str); 11] = [
+            ("$11", "1"),
+            ("$10", "'credit'"),
+            ("$9", "NULL"),
+            ("$8", "1"),
+            ("$7", "'succeeded'"),
+            ("$6", "md5('pg-' || :tx)"),
+            ("$5", "'EUR'"),
+            ("$4", ":amount"),
+            ("$3", "'payment.succeeded'"),
+            ("$2", "'pg-' || :tx"),
+            ("$1", "'pgbench'"),
+        ];
+        let render = |sql: &str| {
+            params
+                .iter()
+                .fold(sql.to_owned(), |sql, (p, v)| sql.replace(p, v))
+        };
+        let expected = format!(
+            "\\set tx random(1, 1000000000000)\n\\set amount random(1, 100000)\n{};\n{};\n",
+            render(SELECT_PAYMENT),
+            render(CLAIM_AND_FINALIZE)
+        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench-delivery.sql");
+        if std::env::var_os("BLESS").is_some() {
+            std::fs::write(path, &expected).unwrap();
+        }
+        let script = std::fs::read_to_string(path).unwrap_or_default();
+        assert_eq!(
+            script, expected,
+            "scripts/bench-delivery.sql is out of step with the store's SQL (BLESS=1 rewrites it)"
+        );
+    }
+}

@@ -41,7 +41,7 @@ pub struct Answers {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AnswersError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: String,
         #[source]

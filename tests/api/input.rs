@@ -1,4 +1,4 @@
-//! Bad input gets the SPEC's answer and writes nothing.
+//! Bad input gets its documented answer and writes nothing.
 
 use serde_json::json;
 

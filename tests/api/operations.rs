@@ -98,7 +98,7 @@ async fn every_metric_in_the_spec_dashboard_and_alerts_is_emitted_after_traffic(
     for name in spec {
         assert!(
             exposed(&exposition, name),
-            "SPEC metric {name} missing from /metrics"
+            "documented metric {name} missing from /metrics"
         );
     }
     let used = metric_names(&(dashboard_exprs() + &alert_exprs()));

@@ -218,7 +218,7 @@ impl TestContext {
         assert!(keys.is_empty(), "no lease taken: {keys:?}");
     }
 
-    /// Every invariant of SPEC §6 that the database can show.
+    /// Every invariant `fencehook audit` checks in the database.
     pub async fn assert_audit_clean(&self) {
         let checks = fencehook::store::audit::run(&self.database_url)
             .await

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# dev-services.sh - PostgreSQL and Redis for `make run` / `make test` on a developer machine.
+# services.sh - PostgreSQL and Redis for fencehook: private ones for a developer, the machine's own for CI.
 #
 # Usage:
-#   eval "$(scripts/dev-services.sh env)"   print `export DATABASE_URL=... REDIS_URL=...` lines
-#   . scripts/dev-services.sh               (from bash) the same, exported into the current shell
-#   scripts/dev-services.sh stop            stop the private instances this script started
-#   scripts/dev-services.sh clean           stop them and delete their data directory
+#   eval "$(scripts/services.sh env)"   print `export DATABASE_URL=... REDIS_URL=...` lines
+#   . scripts/services.sh               (from bash) the same, exported into the current shell
+#   scripts/services.sh machine         CI: make sure the machine's own services answer
+#   scripts/services.sh stop            stop the private instances this script started
+#   scripts/services.sh clean           stop them and delete their data directory
 #
 # Environment:
 #   DATABASE_URL       default postgres://postgres@127.0.0.1:5432/postgres
@@ -13,13 +14,21 @@
 #   FENCEHOOK_DEV_DIR  where private instances live (default $PWD/target/dev-services)
 #   PG_BINDIR          directory with initdb/pg_ctl (default: newest /usr/lib/postgresql/*/bin)
 #
+#   FENCEHOOK_SERVICE_TIMEOUT  `machine`: seconds to wait for a service it started (default 30)
+#
 # `env`: a service that answers at its URL is used as is.  For one that does not answer, a
 # private throwaway instance is started from the installed binaries on a free 127.0.0.1 port
 # (PostgreSQL from 55432 up, Redis from 56379 up) under FENCEHOOK_DEV_DIR, or reused if an
 # earlier call already started it; the printed URL then points at it.  Messages go to
 # stderr; only the export lines go to stdout.  On failure stdout carries `false`, so that
-# `eval "$(scripts/dev-services.sh env)"` fails too instead of silently doing nothing.
-# The shared/system services are never started or stopped by this script.
+# `eval "$(scripts/services.sh env)"` fails too instead of silently doing nothing.
+# `env`, `stop` and `clean` never start or stop the machine's own services.
+#
+# `machine`: for each service that does not answer, if its URL is the machine's default local
+# address (127.0.0.1:5432 / 127.0.0.1:6379; localhost and ::1 count too), run the machine's
+# start command for it and wait; a URL that points anywhere else is never "fixed" by starting
+# something. One line per service on stdout ("<service>: ok (already running)" / "<service>:
+# started"), errors on stderr; exit 0 when both answer, 1 if not.
 
 # Sourced: run as a child process and eval its output, so set -e / exit never hit the caller.
 if [[ ${BASH_SOURCE[0]} != "$0" ]]; then
@@ -338,7 +347,7 @@ find_client_tools() {
 cmd_env() {
   local db_url=$DATABASE_URL redis_url=$REDIS_URL pg_rc=0 redis_rc=0 PRIVATE_URL PRIVATE_STATE
   # On failure put `false` on stdout, so that `eval "$(... env)"` fails as well.
-  trap 'if (($? != 0)); then echo "false # fencehook: dev-services.sh env failed"; fi' EXIT
+  trap 'if (($? != 0)); then echo "false # fencehook: services.sh env failed"; fi' EXIT
   find_client_tools
 
   # Check both first, and only then start anything, so a failure leaves nothing half-done.
@@ -396,13 +405,131 @@ cmd_clean() {
   say "fencehook: deleted the private instances' data in $DEV_DIR"
 }
 
+# ---------------------------------------------------------------- machine (CI)
+
+TIMEOUT=${FENCEHOOK_SERVICE_TIMEOUT:-30}
+
+# Indent a multi-line command output for an error message.
+indent() { printf '    %s\n' "${1//$'\n'/$'\n'    }"; }
+
+# url_host_port URL DEFAULT_PORT: sets URL_HOST and URL_PORT.
+url_host_port() {
+  local hostport=${1#*://}
+  hostport=${hostport%%[/?#]*}
+  hostport=${hostport##*@}
+  if [[ $hostport == \[* ]]; then # [ipv6]:port
+    URL_HOST=${hostport%%]*}
+    URL_HOST=${URL_HOST#\[}
+    URL_PORT=${hostport#*]}
+    URL_PORT=${URL_PORT#:}
+  else
+    URL_HOST=${hostport%%:*}
+    URL_PORT=
+    [[ $hostport == *:* ]] && URL_PORT=${hostport#*:}
+  fi
+  URL_PORT=${URL_PORT:-$2}
+}
+
+is_default_local() { # URL DEFAULT_PORT
+  url_host_port "$1" "$2"
+  [[ $URL_HOST == 127.0.0.1 || $URL_HOST == localhost || $URL_HOST == ::1 ]] && [[ $URL_PORT == "$2" ]]
+}
+
+# wait_until CHECK_FUNCTION URL SECONDS: poll until the check says 0 or 2, or time runs out.
+wait_until() {
+  local deadline=$((SECONDS + $3)) rc
+  while :; do
+    rc=0
+    "$1" "$2" || rc=$?
+    ((rc != 1)) && return "$rc"
+    ((SECONDS >= deadline)) && return 1
+    sleep 1
+  done
+}
+
+# The version of the machine's "main" cluster (normally the only entry of /etc/postgresql).
+pg_cluster_version() {
+  local d v port found=()
+  for d in /etc/postgresql/*/main; do
+    [[ -f $d/postgresql.conf ]] && found+=("$(basename "$(dirname "$d")")")
+  done
+  if ((${#found[@]} == 1)); then printf '%s\n' "${found[0]}"; return 0; fi
+  for v in ${found[@]+"${found[@]}"}; do # several: take the one on port 5432
+    port=$(sed -nE 's/^[[:space:]]*port[[:space:]]*=[[:space:]]*([0-9]+).*/\1/p' \
+      "/etc/postgresql/$v/main/postgresql.conf" | tail -n 1)
+    [[ ${port:-5432} == 5432 ]] && { printf '%s\n' "$v"; return 0; }
+  done
+  return 1
+}
+
+# The machine's start commands; each sets START_DESC, START_OUT and START_RC, or returns 1.
+start_machine_postgres() {
+  local version
+  command -v pg_ctlcluster >/dev/null 2>&1 || { say "postgres: ERROR: pg_ctlcluster is not installed, so the machine's PostgreSQL cannot be started."; return 1; }
+  version=$(pg_cluster_version) || { say "postgres: ERROR: /etc/postgresql has no (unambiguous) 'main' cluster to start."; return 1; }
+  START_DESC="pg_ctlcluster --skip-systemctl-redirect $version main start"
+  START_OUT=$(pg_ctlcluster --skip-systemctl-redirect "$version" main start 2>&1 </dev/null) || START_RC=$?
+}
+
+start_machine_redis() {
+  command -v redis-server >/dev/null 2>&1 || { say "redis: ERROR: redis-server is not installed, so the machine's Redis cannot be started."; return 1; }
+  START_DESC='redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log'
+  START_OUT=$(redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log 2>&1 </dev/null) || START_RC=$?
+}
+
+# ensure_machine NAME URL DEFAULT_PORT CHECK_FUNCTION START_FUNCTION
+ensure_machine() {
+  local name=$1 url=$2 default_port=$3 check=$4 start=$5 shown rc=0
+  shown=$(redact "$url")
+  "$check" "$url" || rc=$?
+  case $rc in
+    0) printf '%s: ok (already running)\n' "$name"; return 0 ;;
+    2) say "$name: ERROR: something answers at $shown but it is not usable:"
+       say "$(indent "$CHECK_MSG")"
+       return 1 ;;
+  esac
+  if ! is_default_local "$url" "$default_port"; then
+    say "$name: ERROR: nothing answers at $shown:"
+    say "$(indent "$CHECK_MSG")"
+    say "$name: that is not the machine's default 127.0.0.1:$default_port, so nothing was started."
+    return 1
+  fi
+  local START_DESC='' START_OUT='' START_RC=0
+  "$start" || return 1
+  rc=0
+  if ((START_RC == 0)); then wait_until "$check" "$url" "$TIMEOUT" || rc=$?
+  else wait_until "$check" "$url" 5 || rc=$?
+  fi
+  if ((rc == 0)); then printf '%s: started (%s)\n' "$name" "$START_DESC"; return 0; fi
+  if ((rc == 2)); then
+    say "$name: ERROR: started it, and now something answers at $shown but it is not usable:"
+  elif ((START_RC != 0)); then
+    say "$name: ERROR: not answering at $shown, and starting it failed (exit $START_RC): $START_DESC"
+  else
+    say "$name: ERROR: ran \`$START_DESC\`, but still nothing answers at $shown after ${TIMEOUT} s:"
+  fi
+  say "$(indent "$CHECK_MSG")"
+  [[ -z $START_OUT ]] || { say "$name: output of the start command:"; say "$(indent "$START_OUT")"; }
+  return 1
+}
+
+cmd_machine() {
+  local failed=0
+  find_client_tools
+  ensure_machine postgres "$DATABASE_URL" 5432 check_postgres start_machine_postgres || failed=1
+  ensure_machine redis "$REDIS_URL" 6379 check_redis start_machine_redis || failed=1
+  return "$failed"
+}
+
 usage() {
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
 case ${1:-} in
   env) cmd_env ;;
+  machine) cmd_machine ;;
   stop) cmd_stop ;;
   clean) cmd_clean ;;
   -h | --help | help) usage ;;

@@ -1,0 +1,16 @@
+\set tx random(1, 1000000000000)
+\set amount random(1, 100000)
+SELECT id, status, fingerprint, fence FROM payments WHERE provider = 'pgbench' AND transaction_id = 'pg-' || :tx;
+WITH claim AS (INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
+VALUES ('pgbench', 'pg-' || :tx, 'payment.succeeded', :amount, 'EUR', md5('pg-' || :tx), 'succeeded', 1, NULL)
+ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
+   SET fence = EXCLUDED.fence, status = EXCLUDED.status, updated_at = now()
+ WHERE payments.status = 'processing'
+   AND payments.fence < EXCLUDED.fence
+   AND payments.fingerprint = EXCLUDED.fingerprint
+RETURNING id, amount_minor, currency),
+entry AS (
+    INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+    SELECT id, 'credit', amount_minor * 1, currency, 1 FROM claim WHERE 'credit'::text IS NOT NULL
+    RETURNING payment_id)
+SELECT id FROM claim;
