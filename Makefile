@@ -4,6 +4,7 @@
 #   make test   unit tests, then the integration tests against real PostgreSQL and Redis
 #   make lint   cargo fmt --check + clippy -D warnings
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
+#   make model  exhaustive model check of the lease + fence protocol (stateright; no services)
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/dev-services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -21,7 +22,7 @@ DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 
 SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/dev-services.sh env)"
 
-.PHONY: build run test test-unit test-integration chaos lint fmt check dev-services-stop clean
+.PHONY: build run test test-unit test-integration chaos model lint fmt check dev-services-stop clean
 
 build:
 	$(CARGO) build --locked --release
@@ -49,6 +50,11 @@ CHAOS_DURATION_SECS ?= 60
 chaos:
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
 	CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features failpoints --test chaos -- --ignored --nocapture
+
+# Every interleaving of three deliveries with lock expiry, Redis data loss and failover,
+# then the same with one guard removed at a time (each must be caught). See tests/model/main.rs.
+model:
+	$(CARGO) test --locked --release --test model -- --nocapture
 
 lint:
 	$(CARGO) fmt --check
