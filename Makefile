@@ -3,8 +3,8 @@
 #   make run    build (release), find or start PostgreSQL + Redis, migrate, serve on 127.0.0.1:8080
 #   make test   unit tests, then the integration tests against real PostgreSQL and Redis
 #   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
-#   make model  the model check of the lease + fence protocol (no services needed)
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
+#   make model  exhaustive model check of the lease + fence protocol (stateright; no services)
 #   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) if missing
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
@@ -23,7 +23,7 @@ DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 
 SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/services.sh env)"
 
-.PHONY: build run test test-unit test-integration chaos lint tools fmt check services-stop clean
+.PHONY: build run test test-unit test-integration chaos model lint tools fmt check services-stop clean
 
 build:
 	$(CARGO) build --locked --release
@@ -51,6 +51,11 @@ CHAOS_DURATION_SECS ?= 60
 chaos:
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
 	CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features test-support --test api chaos:: -- --ignored --nocapture
+
+# Every interleaving of three deliveries with lock expiry, Redis data loss and failover,
+# then the same with one guard removed at a time (each must be caught). See tests/model/main.rs.
+model:
+	$(CARGO) test --locked --release --test model -- --nocapture
 
 lint:
 	$(CARGO) fmt --check
