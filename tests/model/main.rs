@@ -37,13 +37,13 @@
 //! | `CallDownstream` / `DownstreamFails` | `downstream::Downstream::call` (a failure answers 503 and leaves the row `processing`) |
 //! | `Finalize` | `store::Store::finalize`: `succeeded` + ledger entry `WHERE fence = token AND status = 'processing'`, one statement |
 //! | `Release` | `lease::LeaseGuard::release` → `lease::redis::RELEASE_LUA` (compare-and-delete), then the answer |
-//! | `LockExpires` | the lock's TTL running out because `lease::heartbeat` (the renew loop, `lease::redis::RENEW_LUA`) got no renewal through or reached the maximum hold; the holder's local view, which always ends first, has ended too |
+//! | `LockExpires` | the lock's TTL running out because the heartbeat (`lease/heartbeat.rs`, `Heartbeat::run`, renewing with `lease::redis::RENEW_LUA`) got no renewal through or reached the maximum hold; the holder's local view, which always ends first, has ended too |
 //! | `RedisLosesData` | Redis restarting without persistence: lock and counter gone; holders' local views go on until their heartbeat notices |
 //! | `Failover` | a replica that missed the last INCR promoted: the counter goes back by one (with or without the lock), so a later ACQUIRE issues a token twice |
 //!
 //! `RENEW_LUA` has no step of its own: without real time a successful
 //! renewal changes nothing, and no step ever recreates a missing lock (RENEW
-//! never does). `lease::heartbeat` noticing a lost lock only makes `is_held()`
+//! never does). The heartbeat noticing a lost lock only makes `is_held()`
 //! false earlier; the holder then writes nothing and answers `lease_lost`,
 //! which the model covers with a holder that takes no further step (its
 //! RELEASE would find the lock not ours).
