@@ -8,7 +8,7 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
  WHERE payments.status = 'processing'
    AND payments.fence < EXCLUDED.fence
    AND payments.fingerprint = EXCLUDED.fingerprint
-RETURNING id, amount_minor, currency),
+RETURNING id, event_type, amount_minor, currency, occurred_at),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
     SELECT id, 'credit', amount_minor * 1, currency, 1 FROM claim WHERE 'credit'::text IS NOT NULL

@@ -88,6 +88,7 @@ impl App {
             lease,
             metrics.clone(),
             cfg.lease.max_hold,
+            cfg.lease.fence_key_ttl,
         ));
         let listener = bind(cfg.listen).await?;
         let admin = bind(cfg.admin_listen).await?;

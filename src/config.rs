@@ -62,8 +62,10 @@ pub struct ServeArgs {
     /// Longest a lease is renewed for one delivery; past it the lease is let go.
     #[arg(long, env = "FENCEHOOK_LEASE_MAX_MS", default_value_t = 60_000)]
     pub lease_max_ms: u64,
-    /// Expiry of the per-transaction fence counter; longer than any PSP retry window.
-    #[arg(long, env = "FENCEHOOK_FENCE_KEY_TTL_SECS", default_value_t = 35 * 24 * 3600)]
+    /// Expiry of an idle per-transaction fence counter (Redis key, or PostgreSQL
+    /// lease row); at least FENCEHOOK_LEASE_MAX_MS. Safety does not depend on
+    /// it: a counter that starts again is fast-forwarded past the database fence.
+    #[arg(long, env = "FENCEHOOK_FENCE_KEY_TTL_SECS", default_value_t = 300)]
     pub fence_key_ttl_secs: u64,
     /// Prefix of every Redis key (`<prefix>:{<provider>:<transaction_id>}:lock`).
     #[arg(long, env = "FENCEHOOK_REDIS_KEY_PREFIX", default_value = "fencehook")]
@@ -182,6 +184,29 @@ impl LeaseConfig {
     pub fn renew_interval(&self) -> Duration {
         self.ttl / 3
     }
+}
+
+impl Config {
+    /// Settings that start but are probably a mistake: said at start (and by
+    /// `check-config`), never refused.
+    pub fn warnings(&self) -> Vec<String> {
+        self.providers
+            .iter()
+            .flat_map(|p| p.warnings().iter().cloned())
+            .collect()
+    }
+}
+
+/// A URL for messages: scheme, host, port and path; never the user,
+/// password or query string.
+pub fn redacted_url(uri: &hyper::Uri) -> String {
+    let mut out = format!("{}://", uri.scheme_str().unwrap_or("http"));
+    out.push_str(uri.host().unwrap_or(""));
+    if let Some(port) = uri.port_u16() {
+        out.push_str(&format!(":{port}"));
+    }
+    out.push_str(uri.path());
+    out
 }
 
 /// Everything `App::build` needs, validated.
@@ -329,7 +354,13 @@ impl ServeArgs {
     fn lease_config(&self) -> Result<LeaseConfig, ConfigError> {
         // One URL, or a comma-separated list of Redis Cluster seed nodes.
         for node in self.redis_url.split(',').map(str::trim) {
-            if !(node.starts_with("redis://") || node.starts_with("rediss://")) {
+            if node.starts_with("rediss://") {
+                return Err(bad(
+                    "REDIS_URL",
+                    "rediss:// (TLS) is not supported by this build; reach Redis over a private network or a TLS tunnel (stunnel, a service mesh) and use redis://",
+                ));
+            }
+            if !node.starts_with("redis://") {
                 return Err(bad("REDIS_URL", format!("`{node}` is not a redis:// URL")));
             }
         }
@@ -361,11 +392,16 @@ impl ServeArgs {
                 "must be at least FENCEHOOK_LEASE_TTL_MS",
             ));
         }
+        // The counter must outlive every lease taken from it: renewed leases
+        // last up to the maximum hold, and each acquire refreshes the counter.
         let fence_key_ttl = Duration::from_secs(self.fence_key_ttl_secs);
-        if fence_key_ttl < Duration::from_secs(24 * 3600) {
+        if fence_key_ttl < Duration::from_millis(self.lease_max_ms) {
             return Err(bad(
                 "FENCEHOOK_FENCE_KEY_TTL_SECS",
-                "must be at least one day (longer than any PSP retry window)",
+                format!(
+                    "{} s is shorter than FENCEHOOK_LEASE_MAX_MS ({} ms): a counter must outlive the leases taken from it",
+                    self.fence_key_ttl_secs, self.lease_max_ms
+                ),
             ));
         }
         let prefix = &self.redis_key_prefix;
@@ -453,6 +489,36 @@ mod tests {
     }
 
     #[test]
+    fn risky_but_allowed_settings_are_warned_about() {
+        let cfg = parse(&["--generic-secret", crate::providers::DEV_SECRET]).unwrap();
+        let warnings = cfg.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("DEVELOPMENT secret"), "{warnings:?}");
+        assert!(parse(&[]).unwrap().warnings().is_empty());
+        let p = crate::providers::Provider::new(
+            "old",
+            crate::providers::SchemeKind::Stripe,
+            &["whsec_x".into()],
+            Some(10 * 365 * 86_400),
+        )
+        .unwrap();
+        assert!(
+            p.warnings()[0].contains("tolerance_secs"),
+            "{:?}",
+            p.warnings()
+        );
+    }
+
+    #[test]
+    fn a_url_shown_in_messages_has_no_password_and_no_query() {
+        let uri: hyper::Uri = "http://user:s3cret@orders.internal:8443/hook?token=abc"
+            .parse()
+            .unwrap();
+        let shown = redacted_url(&uri);
+        assert_eq!(shown, "http://orders.internal:8443/hook");
+    }
+
+    #[test]
     fn a_pool_larger_than_the_inflight_limit_is_refused() {
         let err = parse(&["--db-pool-size", "64", "--max-inflight", "32"]).unwrap_err();
         assert_eq!(err.setting, "FENCEHOOK_DB_POOL_SIZE");
@@ -504,6 +570,11 @@ mod tests {
             (&["--listen", "nope"][..], "FENCEHOOK_LISTEN"),
             (&["--database-url", "mysql:/x y"][..], "DATABASE_URL"),
             (&["--redis-url", "http://x"][..], "REDIS_URL"),
+            (&["--redis-url", "rediss://x:6380"][..], "REDIS_URL"),
+            (
+                &["--fence-key-ttl-secs", "30"][..],
+                "FENCEHOOK_FENCE_KEY_TTL_SECS",
+            ),
             (&["--lease-ttl-ms", "10"][..], "FENCEHOOK_LEASE_TTL_MS"),
             (
                 &["--downstream-url", "ftp://x/"][..],

@@ -13,6 +13,9 @@ use crate::store::Store;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the upkeep samples gauges and probes the backends.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+/// How often (in upkeep ticks) lease rows unused for the counter's idle
+/// expiry are pruned (PostgreSQL lease backend; Redis keys expire by themselves).
+const PRUNE_EVERY_TICKS: u64 = 12;
 
 /// The result of probing both backends: `Err` holds the cause for `/readyz`.
 pub struct Probe {
@@ -32,15 +35,24 @@ pub struct Health {
     metrics: Metrics,
     /// `FENCEHOOK_LEASE_MAX_MS`: past it no holder can still be working on a claim.
     max_hold: Duration,
+    /// `FENCEHOOK_FENCE_KEY_TTL_SECS`: an idle counter older than this is dropped.
+    counter_idle: Duration,
 }
 
 impl Health {
-    pub fn new(store: Store, lease: Lease, metrics: Metrics, max_hold: Duration) -> Health {
+    pub fn new(
+        store: Store,
+        lease: Lease,
+        metrics: Metrics,
+        max_hold: Duration,
+        counter_idle: Duration,
+    ) -> Health {
         let health = Health {
             store,
             lease,
             metrics,
             max_hold,
+            counter_idle,
         };
         health.set_backend_up(false, false);
         health
@@ -101,16 +113,32 @@ impl Health {
         self.metrics.backend_up(Backend::Lease).set(up(lease));
     }
 
-    /// Every few seconds: gauges, probes, the stuck count, histogram upkeep.
-    /// Runs until the task is aborted.
+    /// Drops lease rows (PostgreSQL backend) nobody has used for the
+    /// counter's idle expiry, a batch at a time, so the table stays bounded.
+    pub async fn prune_leases(&self) -> i64 {
+        match tokio::time::timeout(PROBE_TIMEOUT, self.lease.prune(self.counter_idle)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %crate::error::chain(&e), "lease prune failed");
+                0
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Every few seconds: gauges, probes, the stuck count, histogram upkeep;
+    /// now and then, the lease prune. Runs until the task is aborted.
     pub async fn upkeep(self: Arc<Self>) {
         let mut tick = tokio::time::interval(UPKEEP_EVERY);
-        loop {
+        for n in 0u64.. {
             tick.tick().await;
             self.refresh_pool_gauges();
             let _ = self.probe().await;
             self.count_stuck().await;
             self.metrics.upkeep();
+            if n % PRUNE_EVERY_TICKS == PRUNE_EVERY_TICKS - 1 {
+                self.prune_leases().await;
+            }
         }
     }
 }

@@ -65,6 +65,9 @@ async fn run(cli: Cli) -> ExitCode {
             warn_unknown_settings();
             match args.validate() {
                 Ok(cfg) => {
+                    for warning in cfg.warnings() {
+                        eprintln!("fencehook: warning: {warning}");
+                    }
                     let names: Vec<&str> = cfg.providers.iter().map(|p| p.name.as_str()).collect();
                     println!(
                         "configuration ok: providers [{}], lease backend {:?} (ttl {} ms, renew every {} ms), downstream {}",
@@ -72,7 +75,7 @@ async fn run(cli: Cli) -> ExitCode {
                         cfg.lease.backend,
                         cfg.lease.ttl.as_millis(),
                         cfg.lease.renew_interval().as_millis(),
-                        cfg.downstream_url.as_ref().map_or("none".to_owned(), |u| u.to_string()),
+                        cfg.downstream_url.as_ref().map_or("none".to_owned(), fencehook::config::redacted_url),
                     );
                     ExitCode::SUCCESS
                 }
@@ -92,6 +95,9 @@ async fn run(cli: Cli) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            for warning in cfg.warnings() {
+                tracing::warn!("{warning}");
+            }
             let app = match App::build(cfg).await {
                 Ok(app) => app,
                 Err(e) => {

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::domain::{CanonicalEvent, Status};
 use crate::downstream::Downstream;
 use crate::error::Error;
-use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey};
+use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey, LostReason};
 use crate::metrics::{DownstreamResult, InflightWait, Metrics};
 use crate::store::{Claim, ClaimAndFinalize, Finalize, PaymentRow, Store, StoreError};
 
@@ -62,13 +62,27 @@ pub mod hooks {
     /// `before_finalize` runs *after* the last lease check and right before
     /// the fenced finalize of the downstream path: it stands for a
     /// stop-the-world pause (GC, swapped-out process) at the worst moment,
-    /// which is exactly what the fence must survive.
+    /// which is exactly what the fence must survive. `before_write` runs once
+    /// a holder has its connection, *before* it checks its lease and writes:
+    /// a pause there is one the holder must notice by itself.
     #[derive(Clone, Default)]
     pub struct Hooks {
         pub(crate) before_finalize: Option<Arc<HookFn>>,
+        pub(crate) before_write: Option<Arc<HookFn>>,
     }
 
     impl Hooks {
+        pub fn before_write<F, Fut>(f: F) -> Hooks
+        where
+            F: Fn(&CanonicalEvent) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = ()> + Send + 'static,
+        {
+            Hooks {
+                before_write: Some(Arc::new(move |ev| Box::pin(f(ev)))),
+                ..Hooks::default()
+            }
+        }
+
         pub fn before_finalize<F, Fut>(f: F) -> Hooks
         where
             F: Fn(&CanonicalEvent) -> Fut + Send + Sync + 'static,
@@ -76,6 +90,7 @@ pub mod hooks {
         {
             Hooks {
                 before_finalize: Some(Arc::new(move |ev| Box::pin(f(ev)))),
+                ..Hooks::default()
             }
         }
     }
@@ -187,6 +202,11 @@ impl Processor {
     }
 
     /// Claim, business step and finalize while `guard` holds the lease.
+    ///
+    /// Every write first takes a pooled connection, *then* checks the lease:
+    /// waiting for a connection can take up to the pool wait, and a write sent
+    /// after the local expiry could only be fenced out (or, with nobody else
+    /// there, start work the lease no longer covers).
     async fn under_lease(
         &self,
         guard: &mut LeaseGuard,
@@ -196,32 +216,32 @@ impl Processor {
         let mut resynced = false;
         loop {
             let token = guard.token();
+            let conn = self.store.connection().await?;
+            #[cfg(feature = "test-support")]
+            if let Some(hook) = &self.hooks.before_write {
+                hook(ev).await;
+            }
+            if let Some(reason) = guard.loss_reason() {
+                return Ok(self.lease_lost(guard, reason));
+            }
             let claim = match &self.downstream {
-                None => match self
-                    .store
-                    .claim_and_finalize(ev, fp, token, || guard.is_held())
-                    .await?
-                {
+                None => match conn.claim_and_finalize(ev, fp, token).await? {
                     ClaimAndFinalize::Committed(status) => {
                         return Ok(Outcome::Processed { token, status })
                     }
-                    ClaimAndFinalize::LeaseLost => return Ok(Outcome::LeaseLost { token }),
                     ClaimAndFinalize::NotClaimed(claim) => claim,
                 },
-                Some(downstream) => {
-                    if !guard.is_held() {
-                        return Ok(Outcome::LeaseLost { token });
+                Some(downstream) => match conn.claim(ev, fp, token).await? {
+                    Claim::Claimed { payment_id, event } => {
+                        drop(conn);
+                        return self
+                            .call_and_finalize(downstream, guard, &event, payment_id)
+                            .await;
                     }
-                    match self.store.claim(ev, fp, token).await? {
-                        Claim::Claimed { payment_id } => {
-                            return self
-                                .call_and_finalize(downstream, guard, ev, payment_id)
-                                .await;
-                        }
-                        other => other,
-                    }
-                }
+                    other => other,
+                },
             };
+            drop(conn);
             match claim {
                 Claim::AlreadyDone(_) => return Ok(Outcome::Duplicate),
                 Claim::Mismatch => return Ok(Outcome::PayloadMismatch),
@@ -236,21 +256,24 @@ impl Processor {
                             tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
                                 old_token = token, db_fence, new_token = new, "fence resync: lease counter was behind the database");
                         }
-                        None => return Ok(self.fence_rejected(ev, token, Some(db_fence))),
+                        None => return Ok(self.fence_rejected(guard, ev, Some(db_fence))),
                     }
                 }
                 Claim::Stale { db_fence } => {
-                    return Ok(self.fence_rejected(ev, token, Some(db_fence)))
+                    return Ok(self.fence_rejected(guard, ev, Some(db_fence)))
                 }
             }
         }
     }
 
+    /// The downstream call under the heartbeat, then the fenced finalize.
+    /// `event` is the claimed row's, not this delivery's: the downstream gets
+    /// one body per Idempotency-Key.
     async fn call_and_finalize(
         &self,
         downstream: &Downstream,
         guard: &LeaseGuard,
-        ev: &CanonicalEvent,
+        event: &CanonicalEvent,
         payment_id: i64,
     ) -> Result<Outcome, Error> {
         let token = guard.token();
@@ -258,40 +281,52 @@ impl Processor {
             biased;
             reason = guard.lost() => {
                 self.metrics.downstream(DownstreamResult::LeaseLost).increment(1);
-                tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token,
+                tracing::warn!(provider = %event.provider, transaction_id = %event.transaction_id, token,
                     %reason, "lease lost during the downstream call; not finalising");
-                return Ok(Outcome::LeaseLost { token });
+                return Ok(self.lease_lost(guard, reason));
             }
-            result = downstream.call(ev, token) => result?,
+            result = downstream.call(event, token) => result?,
         }
-        if !guard.is_held() {
-            return Ok(Outcome::LeaseLost { token });
+        let conn = self.store.connection().await?;
+        if let Some(reason) = guard.loss_reason() {
+            return Ok(self.lease_lost(guard, reason));
         }
         #[cfg(feature = "test-support")]
         if let Some(hook) = &self.hooks.before_finalize {
-            hook(ev).await;
+            hook(event).await;
         }
         failpoint_before_finalize();
-        match self
-            .store
-            .finalize(payment_id, ev.event_type, token)
-            .await?
-        {
+        match conn.finalize(payment_id, event.event_type, token).await? {
             Finalize::Applied(status) => Ok(Outcome::Processed { token, status }),
-            Finalize::FenceRejected => Ok(self.fence_rejected(ev, token, None)),
+            Finalize::FenceRejected => Ok(self.fence_rejected(guard, event, None)),
         }
     }
 
-    fn fence_rejected(&self, ev: &CanonicalEvent, token: i64, db_fence: Option<i64>) -> Outcome {
+    /// The lease ended before we finished: counted once, answered `lease_lost`.
+    fn lease_lost(&self, guard: &LeaseGuard, reason: LostReason) -> Outcome {
+        guard.report_lost(reason);
+        Outcome::LeaseLost {
+            token: guard.token(),
+        }
+    }
+
+    /// The database refused our token: a newer holder owns the payment, so
+    /// our lease had ended (whether or not the heartbeat noticed).
+    fn fence_rejected(
+        &self,
+        guard: &LeaseGuard,
+        ev: &CanonicalEvent,
+        db_fence: Option<i64>,
+    ) -> Outcome {
         self.metrics.fence_rejected().increment(1);
-        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token, ?db_fence,
+        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token = guard.token(), ?db_fence,
             "fence rejected: a newer token owns this payment; nothing written");
-        Outcome::LeaseLost { token }
+        self.lease_lost(guard, LostReason::Superseded)
     }
 }
 
 /// Failpoint for process-level fault tests (compiled in only with the
-/// `failpoints` feature): `FAILPOINTS=before_finalize=1*return(sigstop)` makes
+/// `test-support` feature): `FAILPOINTS=before_finalize=1*return(sigstop)` makes
 /// the process SIGSTOP itself after the last lease check, right before the
 /// fenced finalize — a stop-the-world pause at the worst moment. The test
 /// SIGCONTs it once another instance has taken over.

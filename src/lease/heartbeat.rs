@@ -15,11 +15,12 @@ use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{Lease, LeaseKey, LeaseState, LostReason};
+use super::{Lease, LeaseKey, LeaseState, LossReport, LostReason};
 use crate::metrics::Metrics;
 
 /// Parameters of one heartbeat.
 pub(super) struct Heartbeat {
+    pub loss: Arc<LossReport>,
     pub lease: Lease,
     pub key: LeaseKey,
     pub owner: Uuid,
@@ -97,10 +98,11 @@ impl Heartbeat {
     }
 
     fn lose(&self, reason: LostReason) {
-        self.metrics.lease_lost().increment(1);
-        let token = self.token.try_lock().map(|t| *t).unwrap_or_default();
-        tracing::warn!(provider = %self.key.provider, transaction_id = %self.key.transaction_id, token,
-            reason = %reason, "lease lost");
+        if self.loss.report(&self.metrics) {
+            let token = self.token.try_lock().map(|t| *t).unwrap_or_default();
+            tracing::warn!(provider = %self.key.provider, transaction_id = %self.key.transaction_id, token,
+                reason = %reason, "lease lost");
+        }
         let expires_at = self.state.borrow().expires_at;
         let _ = self.state.send(LeaseState {
             expires_at,

@@ -25,6 +25,7 @@ pub mod postgres;
 pub mod redis;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,6 +118,10 @@ impl Lease {
         let token = match raw {
             Err(e) => {
                 m.lease_acquire_error().increment(1);
+                // The script may have run and only its answer been lost (our
+                // timeout, a cut connection): a lock taken for this owner
+                // would keep every copy out for a whole TTL. Cancel it.
+                self.cancel_in_background(key, owner);
                 return Err(e);
             }
             Ok(RawAcquire::Held { remaining }) => {
@@ -132,7 +137,9 @@ impl Lease {
             lost: None,
         });
         let token_cell = Arc::new(Mutex::new(token));
+        let loss = Arc::new(LossReport::default());
         let heartbeat = Heartbeat {
+            loss: loss.clone(),
             lease: self.clone(),
             key: key.clone(),
             owner,
@@ -155,8 +162,37 @@ impl Lease {
             heartbeat,
             acquired_at: sent,
             released: false,
+            loss,
             metrics: m.clone(),
         }))
+    }
+
+    /// Releases whatever lock `owner` may hold for `key`, without waiting.
+    fn cancel_in_background(&self, key: &LeaseKey, owner: Uuid) {
+        let lease = self.clone();
+        let key = key.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let budget = lease.inner.timeout;
+                let cancelled = match &lease.inner.backend {
+                    Backend::Redis(r) => lease.bounded(budget, r.cancel(&key, owner)).await,
+                    Backend::Postgres(p) => lease.bounded(budget, p.cancel(&key, owner)).await,
+                };
+                if let Ok(true) = cancelled {
+                    tracing::info!(provider = %key.provider, transaction_id = %key.transaction_id,
+                        "cancelled a lock taken by an acquire whose answer was lost");
+                }
+            });
+        }
+    }
+
+    /// With the PostgreSQL backend: deletes a batch of lease rows unused for
+    /// `idle`, returning how many (0 with Redis, whose keys expire by themselves).
+    pub async fn prune(&self, idle: Duration) -> Result<i64, LeaseError> {
+        match &self.inner.backend {
+            Backend::Redis(_) => Ok(0),
+            Backend::Postgres(p) => p.prune(idle).await,
+        }
     }
 
     /// Extends the lease only if it is still `owner`'s with `token`.
@@ -250,7 +286,7 @@ pub enum LeaseError {
     Build(#[from] PoolBuildError),
 }
 
-/// Why a held lease ended before release.
+/// Why a held lease ended before its holder finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LostReason {
     /// A renewal found another value under the lock (or none).
@@ -259,6 +295,11 @@ pub enum LostReason {
     Unreachable,
     /// Held for `FENCEHOOK_LEASE_MAX_MS`; renewals stopped.
     MaxHold,
+    /// The holder found its local expiry passed before the heartbeat said
+    /// anything (the holder itself was frozen, or its heartbeat starved).
+    Expired,
+    /// The database refused a write: a newer token owns the payment.
+    Superseded,
 }
 
 impl fmt::Display for LostReason {
@@ -267,7 +308,30 @@ impl fmt::Display for LostReason {
             LostReason::NotOwner => "renewal refused: no longer the owner",
             LostReason::Unreachable => "lease backend unreachable until the lease expired",
             LostReason::MaxHold => "maximum hold time reached",
+            LostReason::Expired => "local expiry passed before the holder finished",
+            LostReason::Superseded => "a newer token owns the payment",
         })
+    }
+}
+
+/// One lease's loss, counted once in `fencehook_lease_lost_total` by
+/// whichever part of the code notices it first: the heartbeat (renewal
+/// refused, backend unreachable, maximum hold) or the holder (its clock ran
+/// out, the database fence refused it). SREs alert on this counter; it must
+/// count every loss, and each only once.
+#[derive(Default)]
+pub(crate) struct LossReport {
+    counted: AtomicBool,
+}
+
+impl LossReport {
+    /// Counts the loss unless it was counted already; true for the first report.
+    pub(crate) fn report(&self, metrics: &Metrics) -> bool {
+        let first = !self.counted.swap(true, Ordering::AcqRel);
+        if first {
+            metrics.lease_lost().increment(1);
+        }
+        first
     }
 }
 
@@ -303,6 +367,7 @@ pub struct LeaseGuard {
     heartbeat: JoinHandle<()>,
     acquired_at: Instant,
     released: bool,
+    loss: Arc<LossReport>,
     metrics: Metrics,
 }
 
@@ -318,8 +383,27 @@ impl LeaseGuard {
     /// True while no loss was reported *and* the local expiry has not passed
     /// (checked against the clock, so a starved heartbeat cannot make it lie).
     pub fn is_held(&self) -> bool {
+        self.loss_reason().is_none()
+    }
+
+    /// Why the lease is no longer held, if it is not.
+    pub fn loss_reason(&self) -> Option<LostReason> {
         let st = *self.state.borrow();
-        st.lost.is_none() && Instant::now() < st.expires_at
+        match st.lost {
+            Some(reason) => Some(reason),
+            None if Instant::now() >= st.expires_at => Some(LostReason::Expired),
+            None => None,
+        }
+    }
+
+    /// The holder noticed the loss (its clock, a select on [`LeaseGuard::lost`],
+    /// or a fence rejection): counted in `fencehook_lease_lost_total` unless
+    /// the heartbeat counted it first, and logged once.
+    pub fn report_lost(&self, reason: LostReason) {
+        if self.loss.report(&self.metrics) {
+            tracing::warn!(provider = %self.key.provider, transaction_id = %self.key.transaction_id,
+                token = self.token_now, %reason, "lease lost");
+        }
     }
 
     /// Resolves when the lease is lost (reported by the heartbeat, or the local

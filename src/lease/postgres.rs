@@ -37,10 +37,28 @@ UPDATE leases SET expires_at = clock_timestamp() + $5 * interval '1 millisecond'
  WHERE provider = $1 AND transaction_id = $2 AND owner = $3 AND token = $4
    AND expires_at > clock_timestamp()";
 
-/// Compare-and-release: clears the owner, keeps the token.
+/// Compare-and-release: clears the owner, keeps the token. `expires_at`
+/// keeps the release time, so rows long unused can be pruned.
 const RELEASE: &str = "\
-UPDATE leases SET owner = NULL, expires_at = NULL
+UPDATE leases SET owner = NULL, expires_at = clock_timestamp()
  WHERE provider = $1 AND transaction_id = $2 AND owner = $3 AND token = $4";
+
+/// Cancel an acquire whose answer was lost: release whatever token `owner` holds.
+const CANCEL: &str = "\
+UPDATE leases SET owner = NULL, expires_at = clock_timestamp()
+ WHERE provider = $1 AND transaction_id = $2 AND owner = $3";
+
+/// Rows nobody has held for `$1` ms: their counter is no longer needed
+/// (the payments fence and resync cover a counter that starts again at 1).
+/// One instance at a time (the advisory lock), in bounded batches.
+const PRUNE: &str = "\
+WITH gone AS (
+    DELETE FROM leases WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM leases
+         WHERE expires_at < clock_timestamp() - $1 * interval '1 millisecond'
+         LIMIT 10000))
+    RETURNING 1)
+SELECT count(*) FROM gone";
 
 /// Fence resync inside our lease: raise the token past the payments fence.
 const RESYNC: &str = "\
@@ -122,6 +140,23 @@ impl PgLease {
             .execute(&stmt, &[&key.provider, &key.transaction_id, &owner, &token])
             .await?;
         Ok(n == 1)
+    }
+
+    pub async fn cancel(&self, key: &LeaseKey, owner: Uuid) -> Result<bool, LeaseError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(CANCEL).await?;
+        let n = client
+            .execute(&stmt, &[&key.provider, &key.transaction_id, &owner])
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Deletes up to a batch of lease rows unused for `idle`; returns how many.
+    pub async fn prune(&self, idle: Duration) -> Result<i64, LeaseError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(PRUNE).await?;
+        let ms = idle.as_millis() as f64;
+        Ok(client.query_one(&stmt, &[&ms]).await?.get(0))
     }
 
     pub async fn resync(

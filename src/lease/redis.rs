@@ -25,14 +25,31 @@ use uuid::Uuid;
 use super::{LeaseError, LeaseKey, RawAcquire};
 use crate::config::LeaseConfig;
 
+// Tokens are handled as decimal strings inside the scripts, never as Lua
+// numbers: Lua formats a number with `%.14g` (10^14 becomes `1e+14`, which no
+// `<owner>:<token>` ever matches) and holds it as a double (inexact above
+// 2^53). Redis does the arithmetic (`INCR` on a 64-bit integer) and the
+// scripts read the counter back with `GET`, so a token is exact end to end.
+//
+// ACQUIRE and RESYNC are idempotent for their owner: a re-run by the same
+// owner (the Redis Cluster client retries a command after an I/O error, and
+// its first run may have gone through) answers what the first run did instead
+// of failing or taking a second token.
+
 /// Acquire. KEYS: lock, fence. ARGV: owner, ttl ms, fence-key ttl ms.
-/// Returns `{1, token}` when acquired, `{0, remaining-ms}` when held.
+/// Returns `{1, token}` when acquired (or already ours: a retry), `{0,
+/// remaining-ms}` when another owner holds it.
 pub const ACQUIRE_LUA: &str = r"
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl ~= -2 then
-  return {0, ttl}
+local held = redis.call('GET', KEYS[1])
+if held then
+  local mine = ARGV[1] .. ':'
+  if string.sub(held, 1, #mine) == mine then
+    return {1, string.sub(held, #mine + 1)}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
 end
-local token = redis.call('INCR', KEYS[2])
+redis.call('INCR', KEYS[2])
+local token = redis.call('GET', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return {1, token}
@@ -56,22 +73,48 @@ end
 return 0
 ";
 
-/// Fence resync. KEYS: lock, fence. ARGV: `<owner>:<token>`, owner, database
-/// fence, fence-key ttl ms. Inside our lease only: raise the counter to at
-/// least the database fence, INCR past it, and re-label the lock with the new
-/// token (keeping its TTL). Returns the new token, or 0 when not ours.
+/// Cancel an acquire whose reply was lost. KEYS: lock. ARGV: owner. Deletes
+/// the lock only if this owner holds it (whatever its token): the owner UUID
+/// is new for every acquisition, so it names this attempt alone.
+pub const CANCEL_LUA: &str = r"
+local held = redis.call('GET', KEYS[1])
+local mine = ARGV[1] .. ':'
+if held and string.sub(held, 1, #mine) == mine then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Fence resync. KEYS: lock, fence. ARGV: owner, our token, database fence,
+/// fence-key ttl ms. Inside our lease only: raise the counter to at least the
+/// database fence, INCR past it, and re-label the lock with the new token
+/// (keeping its TTL). Returns the new token, or 0 when the lock is not ours.
+/// A re-run after a resync that went through finds our lock already past the
+/// database fence and answers that token.
 pub const RESYNC_LUA: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local function above(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
+local held = redis.call('GET', KEYS[1])
+local mine = ARGV[1] .. ':'
+if not held or string.sub(held, 1, #mine) ~= mine then
   return 0
 end
-local floor = tonumber(ARGV[3])
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-if current < floor then
-  redis.call('SET', KEYS[2], floor)
+local current = string.sub(held, #mine + 1)
+if current ~= ARGV[2] then
+  if above(current, ARGV[3]) then
+    return current
+  end
+  return 0
 end
-local token = redis.call('INCR', KEYS[2])
+local counter = redis.call('GET', KEYS[2]) or '0'
+if not above(counter, ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[3])
+end
+redis.call('INCR', KEYS[2])
+local token = redis.call('GET', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('SET', KEYS[1], ARGV[2] .. ':' .. token, 'KEEPTTL')
+redis.call('SET', KEYS[1], mine .. token, 'KEEPTTL')
 return token
 ";
 
@@ -96,6 +139,7 @@ struct Inner {
     acquire: Script,
     renew: Script,
     release: Script,
+    cancel: Script,
     resync: Script,
 }
 
@@ -114,6 +158,9 @@ impl RedisLease {
             .filter(|s| !s.is_empty())
             .collect();
         let conn = if nodes.len() > 1 {
+            // The cluster client retries a command after an I/O error or a
+            // redirection; every script is idempotent for its owner (see
+            // above), so a retry of one that went through is harmless.
             let client = redis::cluster::ClusterClient::builder(nodes)
                 .connection_timeout(cfg.lease_timeout)
                 .retries(2)
@@ -145,6 +192,7 @@ impl RedisLease {
                 acquire: Script::new(ACQUIRE_LUA),
                 renew: Script::new(RENEW_LUA),
                 release: Script::new(RELEASE_LUA),
+                cancel: Script::new(CANCEL_LUA),
                 resync: Script::new(RESYNC_LUA),
             }),
         })
@@ -215,6 +263,14 @@ impl RedisLease {
         Ok(deleted == 1)
     }
 
+    /// Deletes the lock only if `owner` holds it, whatever its token.
+    pub async fn cancel(&self, key: &LeaseKey, owner: Uuid) -> Result<bool, LeaseError> {
+        let mut inv = self.inner.cancel.key(self.lock_key(key));
+        inv.arg(owner.to_string());
+        let deleted: i64 = self.call(inv).await?;
+        Ok(deleted == 1)
+    }
+
     /// See [`LeaseGuard::resync`](super::LeaseGuard::resync).
     pub async fn resync(
         &self,
@@ -225,9 +281,9 @@ impl RedisLease {
     ) -> Result<Option<i64>, LeaseError> {
         let mut inv = self.inner.resync.key(self.lock_key(key));
         inv.key(self.fence_key(key))
-            .arg(format!("{owner}:{token}"))
             .arg(owner.to_string())
-            .arg(db_fence)
+            .arg(token.to_string())
+            .arg(db_fence.to_string())
             .arg(self.inner.fence_key_ttl.as_millis() as u64);
         let new: i64 = self.call(inv).await?;
         Ok((new > 0).then_some(new))

@@ -112,6 +112,8 @@ pub enum AckBody {
 pub struct Provider {
     pub name: String,
     scheme: Scheme,
+    /// Settings that are allowed but probably a mistake, said at start.
+    warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for Provider {
@@ -134,16 +136,24 @@ enum Scheme {
 /// Timestamp window of the schemes that sign one (Standard Webhooks, Stripe).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 
+/// Above this, a timestamp window no longer protects against replays in any
+/// useful sense. Allowed (verifying a PSP's test vectors from years ago needs
+/// it), but warned about at start.
+pub const TOLERANCE_WARN_SECS: u64 = 3600;
+
+/// The development secret the README and `make run` use for the built-in
+/// `generic` provider. Anyone can sign with it: serving it is warned about.
+pub const DEV_SECRET: &str = "whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==";
+
 impl Provider {
     /// The built-in provider served when no providers file is given.
     pub fn generic(secret: &str) -> Result<Provider, String> {
-        Ok(Provider {
-            name: "generic".to_owned(),
-            scheme: Scheme::Standard(standard::Standard::new(
-                &[secret.to_owned()],
-                DEFAULT_TOLERANCE_SECS,
-            )?),
-        })
+        Provider::new("generic", SchemeKind::Standard, &[secret.to_owned()], None)
+    }
+
+    /// Settings of this provider that start but are probably a mistake.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// One provider, as a `[providers.<name>]` table describes it. Errors name
@@ -186,9 +196,21 @@ impl Provider {
                 Scheme::Adyen(adyen::Adyen::new(secrets).map_err(|e| field("secrets", e))?)
             }
         };
+        let mut warnings = Vec::new();
+        if tolerance > TOLERANCE_WARN_SECS && !matches!(scheme, Scheme::Adyen(_)) {
+            warnings.push(format!(
+                "provider `{name}`: tolerance_secs = {tolerance}: signed deliveries stay replayable for that long (keep it at most {TOLERANCE_WARN_SECS} in production)"
+            ));
+        }
+        if secrets.iter().any(|s| s == DEV_SECRET) {
+            warnings.push(format!(
+                "provider `{name}`: serves the DEVELOPMENT secret published in the README: anyone can sign deliveries; never use it in production"
+            ));
+        }
         Ok(Provider {
             name: name.to_owned(),
             scheme,
+            warnings,
         })
     }
 

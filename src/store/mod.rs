@@ -44,8 +44,14 @@ pub struct PaymentRow {
 /// Result of a fenced claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// The row is ours at `fence = token`, status `processing`.
-    Claimed { payment_id: i64 },
+    /// The row is ours at `fence = token`, status `processing`. `event` is
+    /// what the row holds (its first delivery's fields): the business step is
+    /// sent this, so one Idempotency-Key always carries one body, whichever
+    /// delivery resumes the payment.
+    Claimed {
+        payment_id: i64,
+        event: CanonicalEvent,
+    },
     /// Already terminal with the same fingerprint: a duplicate.
     AlreadyDone(Status),
     /// Same (provider, transaction_id), different fingerprint.
@@ -67,8 +73,6 @@ pub enum Finalize {
 pub enum ClaimAndFinalize {
     Committed(Status),
     NotClaimed(Claim),
-    /// The lease was lost before the write started; nothing was written.
-    LeaseLost,
 }
 
 /// How a database error is classified. Exhaustive on purpose: adding a kind
@@ -157,7 +161,7 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
  WHERE payments.status = 'processing'
    AND payments.fence < EXCLUDED.fence
    AND payments.fingerprint = EXCLUDED.fingerprint
-RETURNING id, amount_minor, currency"
+RETURNING id, event_type, amount_minor, currency, occurred_at"
     };
 }
 
@@ -255,6 +259,18 @@ impl Store {
         row.map(|r| to_payment(&r)).transpose()
     }
 
+    /// A pooled connection for the fenced writes of one attempt. Waiting
+    /// for it may take up to the pool wait: the caller checks its lease
+    /// *after* this returns and before it writes.
+    pub async fn connection(&self) -> Result<Connection, StoreError> {
+        Ok(Connection(self.pool.get().await?))
+    }
+}
+
+/// A connection taken from the pool for the fenced writes of one attempt.
+pub struct Connection(deadpool_postgres::Object);
+
+impl Connection {
     /// Fenced claim in its own transaction (used when the business step leaves
     /// the database: the claim must be durable before the downstream call).
     pub async fn claim(
@@ -263,8 +279,7 @@ impl Store {
         fingerprint: &str,
         token: i64,
     ) -> Result<Claim, StoreError> {
-        let client = self.pool.get().await?;
-        claim_on(&client, ev, fingerprint, token).await
+        claim_on(&self.0, ev, fingerprint, token).await
     }
 
     /// Fenced finalize: `succeeded` + ledger entry (or `failed`), one statement.
@@ -274,27 +289,21 @@ impl Store {
         kind: EventKind,
         token: i64,
     ) -> Result<Finalize, StoreError> {
-        let client = self.pool.get().await?;
-        finalize_on(&client, payment_id, kind, token).await
+        finalize_on(&self.0, payment_id, kind, token).await
     }
 
     /// Claim, business effect and final status in one statement (one
     /// transaction, one round trip): the fenced upsert writes the final status
-    /// directly and feeds the ledger insert. `lease_ok` is asked right before
-    /// the statement is sent: once the lease is gone no write starts. The
-    /// statement itself is still fenced, so a holder that stalls after the
-    /// check changes nothing if a newer token has claimed the row.
+    /// directly and feeds the ledger insert. The statement is fenced, so a
+    /// holder that stalls after its last lease check changes nothing if a
+    /// newer token has claimed the row.
     pub async fn claim_and_finalize(
         &self,
         ev: &CanonicalEvent,
         fingerprint: &str,
         token: i64,
-        lease_ok: impl Fn() -> bool,
     ) -> Result<ClaimAndFinalize, StoreError> {
-        let client = self.pool.get().await?;
-        if !lease_ok() {
-            return Ok(ClaimAndFinalize::LeaseLost);
-        }
+        let client = &self.0;
         let Booking {
             status,
             effect,
@@ -313,7 +322,7 @@ impl Store {
             return Ok(ClaimAndFinalize::Committed(status));
         }
         Ok(ClaimAndFinalize::NotClaimed(
-            reread(&client, ev, fingerprint).await?,
+            reread(client, ev, fingerprint).await?,
         ))
     }
 }
@@ -360,8 +369,19 @@ async fn claim_on<C: GenericClient>(
         .query_opt(&stmt, &upsert_params(ev, &text, &token))
         .await?;
     if let Some(row) = row {
+        let event_type: &str = row.get(1);
         return Ok(Claim::Claimed {
             payment_id: row.get(0),
+            event: CanonicalEvent {
+                provider: ev.provider.clone(),
+                transaction_id: ev.transaction_id.clone(),
+                event_type: EventKind::from_generic(event_type).ok_or_else(|| {
+                    StoreError::Corrupt(format!("unknown event type `{event_type}`"))
+                })?,
+                amount_minor: row.get(2),
+                currency: row.get(3),
+                occurred_at: row.get(4),
+            },
         });
     }
     reread(client, ev, fingerprint).await

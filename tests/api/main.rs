@@ -7,6 +7,7 @@ mod chaos;
 mod cluster;
 mod exactly_once;
 mod faults;
+mod hardening;
 mod input;
 mod lease;
 mod load;

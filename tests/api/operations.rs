@@ -145,6 +145,33 @@ fn check_config(env: &[(&str, &str)]) -> (i32, String, String) {
 }
 
 #[test]
+fn check_config_hides_the_downstream_password_and_warns_about_risky_settings() {
+    let (code, out, err) = check_config(&[(
+        "FENCEHOOK_DOWNSTREAM_URL",
+        "http://orders:hunter2@127.0.0.1:8081/payments?api_key=k3y",
+    )]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("http://127.0.0.1:8081/payments"), "{out}");
+    assert!(!out.contains("hunter2") && !out.contains("k3y"), "{out}");
+    assert!(err.is_empty(), "nothing to warn about: {err}");
+
+    let (code, _, err) =
+        check_config(&[("FENCEHOOK_GENERIC_SECRET", fencehook::providers::DEV_SECRET)]);
+    assert_eq!(code, 0, "the development secret is allowed, loudly");
+    assert!(
+        err.contains("warning") && err.contains("DEVELOPMENT secret"),
+        "{err}"
+    );
+
+    let (code, _, err) = check_config(&[("FENCEHOOK_REDIS_TIMEOUT_MS", "100")]);
+    assert_eq!(code, 0);
+    assert!(
+        err.contains("renamed to FENCEHOOK_LEASE_TIMEOUT_MS"),
+        "{err}"
+    );
+}
+
+#[test]
 fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
     let (code, out, _) = check_config(&[]);
     assert_eq!(code, 0, "defaults are valid: {out}");
@@ -187,7 +214,7 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
             "FENCEHOOK_DOWNSTREAM_URL",
         ),
         (
-            &[("FENCEHOOK_FENCE_KEY_TTL_SECS", "60")],
+            &[("FENCEHOOK_FENCE_KEY_TTL_SECS", "30")],
             "FENCEHOOK_FENCE_KEY_TTL_SECS",
         ),
         (

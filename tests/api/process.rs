@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::config::LeaseBackendKind;
-use fencehook::metrics::{FENCE_REJECTED_TOTAL, FENCE_RESYNC_TOTAL};
+use fencehook::metrics::{FENCE_REJECTED_TOTAL, FENCE_RESYNC_TOTAL, LEASE_LOST_TOTAL};
 use serde_json::Value;
 
 use crate::helpers::downstream::MockDownstream;
@@ -172,6 +172,11 @@ async fn an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues(
         a.metric(FENCE_REJECTED_TOTAL, &[]).await,
         1.0,
         "A's finalize was refused by the fence"
+    );
+    assert_eq!(
+        a.metric(LEASE_LOST_TOTAL, &[]).await,
+        1.0,
+        "A's lease loss is counted once, whichever part of A noticed it first"
     );
     assert_eq!(ctx.entries().await, 1);
     assert_eq!(

@@ -32,6 +32,9 @@ use tokio::task::{JoinHandle, JoinSet};
 struct State {
     /// No bytes are forwarded while set.
     paused: bool,
+    /// No bytes are forwarded from the upstream back to the client while
+    /// set: requests arrive and run, their replies are held.
+    replies_paused: bool,
     /// New connections are closed right after accept while set.
     cut: bool,
     /// Bumped by every `cut()`; a connection dies once this differs from
@@ -87,9 +90,19 @@ impl FaultProxy {
         self.state.send_modify(|s| s.paused = true);
     }
 
-    /// Ends a [`pause`](Self::pause); held bytes are forwarded promptly.
+    /// Ends a [`pause`](Self::pause) or [`pause_replies`](Self::pause_replies);
+    /// held bytes are forwarded promptly.
     pub fn resume(&self) {
-        self.state.send_modify(|s| s.paused = false);
+        self.state.send_modify(|s| {
+            s.paused = false;
+            s.replies_paused = false;
+        });
+    }
+
+    /// Holds the upstream's replies (requests still reach it and run): a
+    /// reply lost or late after the client's own timeout.
+    pub fn pause_replies(&self) {
+        self.state.send_modify(|s| s.replies_paused = true);
     }
 
     /// Closes every existing connection (both sides) within a few
@@ -180,8 +193,8 @@ async fn handle_conn(
         let (client_r, client_w) = client.into_split();
         let (server_r, server_w) = server.into_split();
         let _ = tokio::try_join!(
-            pipe(client_r, server_w, state.clone()),
-            pipe(server_r, client_w, state),
+            pipe(client_r, server_w, state.clone(), false),
+            pipe(server_r, client_w, state, true),
         );
     };
     // Whichever finishes first drops the other, closing both sockets.
@@ -197,11 +210,12 @@ async fn pipe(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     mut state: watch::Receiver<State>,
+    replies: bool,
 ) -> io::Result<()> {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = from.read(&mut buf).await?;
-        let delay = wait_unpaused(&mut state).await?.delay;
+        let delay = wait_unpaused(&mut state, replies).await?.delay;
         if n == 0 {
             to.shutdown().await?;
             return Ok(());
@@ -209,15 +223,18 @@ async fn pipe(
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
             // A pause that started during the delay must still hold the data.
-            wait_unpaused(&mut state).await?;
+            wait_unpaused(&mut state, replies).await?;
         }
         to.write_all(&buf[..n]).await?;
     }
 }
 
-/// Waits until the proxy is not paused and returns the current state.
-async fn wait_unpaused(state: &mut watch::Receiver<State>) -> io::Result<State> {
-    match state.wait_for(|s| !s.paused).await {
+/// Waits until the proxy is not paused (for this direction) and returns the current state.
+async fn wait_unpaused(state: &mut watch::Receiver<State>, replies: bool) -> io::Result<State> {
+    match state
+        .wait_for(|s| !(s.paused || (replies && s.replies_paused)))
+        .await
+    {
         Ok(s) => Ok(*s),
         Err(_) => Err(io::Error::other("FaultProxy dropped")),
     }
