@@ -29,13 +29,13 @@
 //! | `Acquire` | `lease::Lease::acquire` → `lease::redis::ACQUIRE_LUA` (lock exists: "held"; else INCR → token, SET `owner:token` PX ttl) |
 //! | `Settled` (in-flight wait) | `processor::Processor::settled` in the in-flight wait of `process`, then `acquire` again |
 //! | `GiveUp` | the in-flight deadline in `process`: answer `in_progress` (409) |
-//! | `IsHeld` | `lease::LeaseGuard::is_held` (before the claim or the inline statement, and after the downstream call) |
-//! | `ClaimAndFinalize` (inline route) | `store::Store::claim_and_finalize`: the fenced upsert writes `succeeded` and feeds the ledger insert, one statement |
-//! | `Claim` (downstream route) | `store::Store::claim`: the fenced upsert writes `processing` |
-//! | `Reread` | the conflict re-read inside `store::Store::claim` / `claim_and_finalize` (`Claim::AlreadyDone` or `Claim::Stale`) |
+//! | `IsHeld` | `lease::LeaseGuard::loss_reason` in `processor::Processor::under_lease` and `call_and_finalize`: once the attempt has its pooled connection (`store::Store::connection`), right before the claim or the inline statement, and before the finalize |
+//! | `ClaimAndFinalize` (inline route) | `store::Connection::claim_and_finalize`: the fenced upsert writes `succeeded` and feeds the ledger insert, one statement |
+//! | `Claim` (downstream route) | `store::Connection::claim`: the fenced upsert writes `processing` |
+//! | `Reread` | the conflict re-read inside `store::Connection::claim` / `claim_and_finalize` (`Claim::AlreadyDone` or `Claim::Stale`) |
 //! | `Resync` | `lease::LeaseGuard::resync` → `lease::redis::RESYNC_LUA` (only if the lock is ours: counter = max(counter, db fence), INCR, relabel) |
 //! | `CallDownstream` / `DownstreamFails` | `downstream::Downstream::call` (a failure answers 503 and leaves the row `processing`) |
-//! | `Finalize` | `store::Store::finalize`: `succeeded` + ledger entry `WHERE fence = token AND status = 'processing'`, one statement |
+//! | `Finalize` | `store::Connection::finalize`: `succeeded` + ledger entry `WHERE fence = token AND status = 'processing'`, one statement |
 //! | `Release` | `lease::LeaseGuard::release` → `lease::redis::RELEASE_LUA` (compare-and-delete), then the answer |
 //! | `LockExpires` | the lock's TTL running out because the heartbeat (`lease/heartbeat.rs`, `Heartbeat::run`, renewing with `lease::redis::RENEW_LUA`) got no renewal through or reached the maximum hold; the holder's local view, which always ends first, has ended too |
 //! | `RedisLosesData` | Redis restarting without persistence: lock and counter gone; holders' local views go on until their heartbeat notices |
