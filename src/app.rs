@@ -15,8 +15,9 @@ use crate::config::Config;
 use crate::downstream::Downstream;
 use crate::health::Health;
 use crate::http::state::State;
+use crate::http::Limits;
 use crate::lease::{Lease, LeaseError};
-use crate::metrics::Metrics;
+use crate::metrics::{Listener, Metrics};
 use crate::processor::Processor;
 use crate::store::migrate::{self, MigrateError};
 use crate::store::{Store, StoreError};
@@ -37,11 +38,19 @@ pub enum AppError {
     Lease(#[from] LeaseError),
 }
 
+/// Connections the admin listener takes at once: a fixed few, its own, so
+/// that `/readyz` and `/metrics` answer even while the public listener is full.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// How long the admin listener's connections get to finish at shutdown.
+const ADMIN_DRAIN: Duration = Duration::from_secs(1);
+
 pub struct App {
     state: Arc<State>,
     listener: TcpListener,
     admin: TcpListener,
     drain: Duration,
+    max_connections: usize,
 }
 
 impl App {
@@ -98,6 +107,7 @@ impl App {
             metrics,
             health,
             cfg.max_body_bytes,
+            cfg.body_timeout,
             cfg.max_inflight,
         );
         Ok(App {
@@ -105,6 +115,7 @@ impl App {
             listener,
             admin,
             drain: cfg.shutdown_timeout,
+            max_connections: cfg.max_connections,
         })
     }
 
@@ -129,26 +140,33 @@ impl App {
 
     /// Serves until `shutdown` resolves; then readiness turns 503, the public
     /// listener stops accepting, in-flight deliveries finish (bounded by the
-    /// shutdown timeout; past it they are dropped, which rolls back their
-    /// transactions and releases their leases in the background), and the
-    /// admin listener stops last.
+    /// shutdown timeout; past it their connections are aborted and this
+    /// returns only once they are gone; see [`crate::http::serve`] for what
+    /// that does to their work), and the admin listener stops last.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let App {
             state,
             listener,
             admin,
             drain,
+            max_connections,
         } = self;
         let upkeep = tokio::spawn(state.health.clone().upkeep());
         let (admin_stop_tx, mut admin_stop_rx) = watch::channel(false);
         let admin_task = tokio::spawn({
+            let limits = Limits {
+                listener: Listener::Admin,
+                max_connections: ADMIN_MAX_CONNECTIONS,
+                drain: ADMIN_DRAIN,
+                metrics: state.metrics.clone(),
+            };
             let state = state.clone();
             let handler = Arc::new(move |req| crate::http::admin::handle(state.clone(), req));
             async move {
                 let stop = async move {
                     let _ = admin_stop_rx.wait_for(|stop| *stop).await;
                 };
-                crate::http::serve(admin, handler, stop, Duration::from_secs(1)).await;
+                crate::http::serve(admin, handler, stop, limits).await;
             }
         });
         let public_shutdown = {
@@ -163,7 +181,13 @@ impl App {
             let state = state.clone();
             Arc::new(move |req| crate::http::webhook::handle(state.clone(), req))
         };
-        crate::http::serve(listener, handler, public_shutdown, drain).await;
+        let limits = Limits {
+            listener: Listener::Public,
+            max_connections,
+            drain,
+            metrics: state.metrics.clone(),
+        };
+        crate::http::serve(listener, handler, public_shutdown, limits).await;
         let _ = admin_stop_tx.send(true);
         let _ = admin_task.await;
         upkeep.abort();

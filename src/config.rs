@@ -97,9 +97,15 @@ pub struct ServeArgs {
     /// Largest accepted request body.
     #[arg(long, env = "FENCEHOOK_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
+    /// Longest the whole request body may take to arrive; past it 408 and the connection is closed.
+    #[arg(long, env = "FENCEHOOK_BODY_TIMEOUT_MS", default_value_t = 10_000)]
+    pub body_timeout_ms: u64,
     /// Deliveries processed at once by this instance; beyond it they are answered 503 at once.
     #[arg(long, env = "FENCEHOOK_MAX_INFLIGHT", default_value_t = 512)]
     pub max_inflight: usize,
+    /// Connections open at once on the public listener; beyond it a new one gets 503 and is closed.
+    #[arg(long, env = "FENCEHOOK_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
     /// Bound on finishing in-flight deliveries after SIGTERM/SIGINT.
     #[arg(long, env = "FENCEHOOK_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
@@ -221,7 +227,11 @@ pub struct Config {
     pub downstream_timeout: Duration,
     pub providers: Vec<Provider>,
     pub max_body_bytes: usize,
+    /// Bound on reading one whole request body.
+    pub body_timeout: Duration,
     pub max_inflight: usize,
+    /// Connections open at once on the public listener.
+    pub max_connections: usize,
     pub shutdown_timeout: Duration,
     pub migrate_on_start: bool,
 }
@@ -323,6 +333,20 @@ impl ServeArgs {
         if self.max_body_bytes < 256 {
             return Err(bad("FENCEHOOK_MAX_BODY_BYTES", "must be at least 256"));
         }
+        // A PSP sends a few KiB at once; 30 s is already generous, and a
+        // longer bound would let slow clients keep connections for nothing.
+        if !(1..=MAX_BODY_TIMEOUT_MS).contains(&self.body_timeout_ms) {
+            return Err(bad(
+                "FENCEHOOK_BODY_TIMEOUT_MS",
+                format!(
+                    "{} must be between 1 and {MAX_BODY_TIMEOUT_MS} ms",
+                    self.body_timeout_ms
+                ),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(bad("FENCEHOOK_MAX_CONNECTIONS", "must be at least 1"));
+        }
         let providers = match &self.providers {
             Some(path) => providers::load_file(path).map_err(|e| bad("FENCEHOOK_PROVIDERS", e))?,
             None => {
@@ -345,7 +369,9 @@ impl ServeArgs {
             downstream_timeout,
             providers,
             max_body_bytes: self.max_body_bytes,
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
             max_inflight: self.max_inflight,
+            max_connections: self.max_connections,
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             migrate_on_start: self.migrate_on_start,
         })
@@ -425,6 +451,9 @@ impl ServeArgs {
         })
     }
 }
+
+/// Upper bound of `FENCEHOOK_BODY_TIMEOUT_MS`.
+const MAX_BODY_TIMEOUT_MS: u64 = 30_000;
 
 /// The lease timeout when `FENCEHOOK_LEASE_TIMEOUT_MS` is not set: a quarter
 /// of the TTL, at most this.
@@ -530,6 +559,19 @@ mod tests {
         assert_eq!(cfg.lease.ttl, Duration::from_millis(5000));
         assert_eq!(cfg.inflight_wait, Duration::from_millis(1000));
         assert_eq!(cfg.max_body_bytes, 65536);
+        assert_eq!(cfg.body_timeout, Duration::from_secs(10));
+        assert_eq!(cfg.max_connections, 1024);
+    }
+
+    #[test]
+    fn the_body_timeout_must_be_between_1_ms_and_30_s() {
+        for bad in ["0", "30001"] {
+            let err = parse(&["--body-timeout-ms", bad]).unwrap_err();
+            assert_eq!(err.setting, "FENCEHOOK_BODY_TIMEOUT_MS", "{bad}");
+        }
+        for ok in ["1", "30000"] {
+            parse(&["--body-timeout-ms", ok]).expect(ok);
+        }
     }
 
     #[test]
@@ -581,6 +623,7 @@ mod tests {
                 "FENCEHOOK_DOWNSTREAM_URL",
             ),
             (&["--db-pool-size", "0"][..], "FENCEHOOK_DB_POOL_SIZE"),
+            (&["--max-connections", "0"][..], "FENCEHOOK_MAX_CONNECTIONS"),
             (
                 &["--generic-secret", "not-a-secret"][..],
                 "FENCEHOOK_GENERIC_SECRET",

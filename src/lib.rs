@@ -8,9 +8,11 @@
 //!
 //! - [`app`]: `App::build(config)`, `port()`, `run_until_stopped(shutdown)`:
 //!   wires the rooms together; nothing imports it.
-//! - [`http`]: accept loops ([`http::serve`]), the webhook route, the admin
-//!   route, the handlers' [`http::state::State`], and **the** outcome →
-//!   status/body mapping ([`http::answer`]).
+//! - [`http`]: accept loops ([`http::serve`]: connection caps, head limits,
+//!   the drain bound), the webhook route, the admin route, the handlers'
+//!   [`http::state::State`], the sampling of refusal log lines
+//!   ([`http::log_sample`]), and **the** outcome → status/body mapping
+//!   ([`http::answer`]).
 //! - [`providers`]: one file per scheme: signature check and payload mapping
 //!   to a [`domain::CanonicalEvent`]; each provider owns the body its PSP
 //!   expects. The providers file is read in `providers/file.rs`.

@@ -241,8 +241,12 @@ fn warn_unknown_settings() {
 fn init_tracing(format: LogFormat) {
     let filter =
         EnvFilter::try_from_env("FENCEHOOK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal: in a pipe, a file or a
+    // log shipper they are noise that breaks searching.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),

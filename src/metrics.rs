@@ -38,6 +38,9 @@ pub const DB_POOL_WAITING: &str = "fencehook_db_pool_waiting";
 pub const BACKEND_UP: &str = "fencehook_backend_up";
 pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing";
 pub const BUILD_INFO: &str = "fencehook_build_info";
+pub const REQUESTS_REJECTED_TOTAL: &str = "fencehook_requests_rejected_total";
+pub const CONNECTIONS_OPEN: &str = "fencehook_connections_open";
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "fencehook_connections_refused_total";
 
 /// Declares a label enum: its variants, their label values, and `ALL`.
 macro_rules! label_enum {
@@ -76,7 +79,31 @@ label_enum! {
         InvalidPayload => "invalid_payload",
         TooLarge => "too_large",
         UnsupportedMediaType => "unsupported_media_type",
+        /// The body did not arrive within `FENCEHOOK_BODY_TIMEOUT_MS`.
+        RequestTimeout => "request_timeout",
         Unavailable => "unavailable",
+    }
+}
+
+label_enum! {
+    /// Why a request on the public listener was not a delivery at all
+    /// (`fencehook_requests_rejected_total{reason}`): scans and probes. A
+    /// bounded label: the requested name or path is never one.
+    RejectReason {
+        /// `/webhooks/{name}` with a name no provider has.
+        UnknownProvider => "unknown_provider",
+        /// A path outside `/webhooks/{provider}`.
+        NotFound => "not_found",
+        /// A known provider's path with another method than POST.
+        MethodNotAllowed => "method_not_allowed",
+    }
+}
+
+label_enum! {
+    /// Which listener a connection metric is about (`listener`).
+    Listener {
+        Public => "public",
+        Admin => "admin",
     }
 }
 
@@ -139,6 +166,9 @@ struct Inner {
     inflight_wait: HashMap<InflightWait, Counter>,
     downstream: HashMap<DownstreamResult, Counter>,
     backend_up: HashMap<Backend, Gauge>,
+    requests_rejected: HashMap<RejectReason, Counter>,
+    connections_open: HashMap<Listener, Gauge>,
+    connections_refused: HashMap<Listener, Counter>,
 }
 
 struct Handles {
@@ -229,6 +259,30 @@ impl Metrics {
                 (b, recorder.register_gauge(&key, &META))
             })
             .collect();
+        let requests_rejected = RejectReason::ALL
+            .iter()
+            .map(|&r| {
+                let reason = ("reason", r.as_str());
+                (r, zero(c(REQUESTS_REJECTED_TOTAL, &[reason])))
+            })
+            .collect();
+        let connections_refused = Listener::ALL
+            .iter()
+            .map(|&l| {
+                let listener = ("listener", l.as_str());
+                (l, zero(c(CONNECTIONS_REFUSED_TOTAL, &[listener])))
+            })
+            .collect();
+        let connections_open = Listener::ALL
+            .iter()
+            .map(|&l| {
+                let key =
+                    Key::from_parts(CONNECTIONS_OPEN, vec![Label::new("listener", l.as_str())]);
+                let gauge = recorder.register_gauge(&key, &META);
+                gauge.set(0.0);
+                (l, gauge)
+            })
+            .collect();
         let webhooks = providers
             .iter()
             .map(|provider| {
@@ -247,6 +301,9 @@ impl Metrics {
             inflight_wait,
             downstream,
             backend_up,
+            requests_rejected,
+            connections_open,
+            connections_refused,
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
@@ -290,6 +347,21 @@ impl Metrics {
 
     pub fn backend_up(&self, backend: Backend) -> &Gauge {
         &self.inner.backend_up[&backend]
+    }
+
+    /// `fencehook_requests_rejected_total{reason}`.
+    pub fn request_rejected(&self, reason: RejectReason) -> &Counter {
+        &self.inner.requests_rejected[&reason]
+    }
+
+    /// `fencehook_connections_open{listener}`.
+    pub fn connections_open(&self, listener: Listener) -> &Gauge {
+        &self.inner.connections_open[&listener]
+    }
+
+    /// `fencehook_connections_refused_total{listener}`.
+    pub fn connection_refused(&self, listener: Listener) -> &Counter {
+        &self.inner.connections_refused[&listener]
     }
 
     pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
@@ -451,6 +523,21 @@ fn describe(rec: &PrometheusRecorder) {
         "Payments claimed but left processing for longer than the maximum lease hold (all instances see the same number).",
     );
     d(BUILD_INFO, None, "Build information; always 1.");
+    d(
+        REQUESTS_REJECTED_TOTAL,
+        None,
+        "Requests on the public listener that were no delivery: unknown_provider, not_found, method_not_allowed (scans).",
+    );
+    d(
+        CONNECTIONS_OPEN,
+        None,
+        "Connections open on a listener right now.",
+    );
+    d(
+        CONNECTIONS_REFUSED_TOTAL,
+        None,
+        "Connections answered 503 and closed at once because the listener had its maximum open.",
+    );
 }
 
 #[cfg(test)]
@@ -487,6 +574,19 @@ mod tests {
                 r#"fencehook_downstream_requests_total{{result="{}"}} 0"#,
                 r.as_str()
             )));
+        }
+        for r in RejectReason::ALL {
+            let series = format!(
+                r#"fencehook_requests_rejected_total{{reason="{}"}} 0"#,
+                r.as_str()
+            );
+            assert!(text.contains(&series), "{series} missing");
+        }
+        for l in Listener::ALL {
+            for name in [CONNECTIONS_OPEN, CONNECTIONS_REFUSED_TOTAL] {
+                let series = format!(r#"{name}{{listener="{}"}} 0"#, l.as_str());
+                assert!(text.contains(&series), "{series} missing");
+            }
         }
     }
 }

@@ -6,17 +6,21 @@
 //! are folded into the answer of its most serious item; the provider shapes
 //! the body its PSP expects ([`Provider::ack_body`]). 5xx bodies are opaque:
 //! the cause chain goes to the log, never to the client.
+//!
+//! Requests that are no delivery at all (scans: [`RejectReason`]) and
+//! connections over a listener's cap ([`CONNECTION_REFUSED`]) get their
+//! answers here too.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 use serde_json::json;
 
 use super::Body;
-use crate::metrics::WebhookResult;
+use crate::metrics::{RejectReason, WebhookResult};
 use crate::processor::Outcome;
 use crate::providers::{AckBody, Provider, Reject};
 
@@ -37,6 +41,7 @@ pub fn status(result: WebhookResult) -> StatusCode {
         InvalidPayload => StatusCode::BAD_REQUEST,
         TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
@@ -57,8 +62,32 @@ fn rank(result: WebhookResult) -> u8 {
         InProgress | LeaseLost => 3,
         Unavailable => 4,
         PayloadMismatch => 5,
-        Unauthorized | InvalidPayload | TooLarge | UnsupportedMediaType => 6,
+        Unauthorized | InvalidPayload | TooLarge | UnsupportedMediaType | RequestTimeout => 6,
     }
+}
+
+/// The whole answer to a connection beyond a listener's cap, written raw
+/// before any byte is read: no request was parsed, so none is answered; the
+/// client is told to come back in a second and the connection is closed.
+pub const CONNECTION_REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+Retry-After: 1\r\n\
+Connection: close\r\n\
+Content-Length: 0\r\n\
+\r\n";
+
+/// The answer to a request that is no delivery: fencehook's own JSON (no
+/// provider to shape it), `result` naming the reason.
+pub fn rejected(reason: RejectReason) -> Response<Body> {
+    let status = match reason {
+        RejectReason::UnknownProvider | RejectReason::NotFound => StatusCode::NOT_FOUND,
+        RejectReason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+    };
+    let mut resp = super::json(status, json!({ "result": reason.as_str() }));
+    if reason == RejectReason::MethodNotAllowed {
+        resp.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+    }
+    resp
 }
 
 /// One delivery's (or one item's) answer, with what its log line needs.
@@ -187,6 +216,13 @@ impl Answer {
                 .headers_mut()
                 .insert(RETRY_AFTER, secs.max(1).into());
         }
+        if self.result == WebhookResult::RequestTimeout {
+            // The rest of the body may still be on its way: the connection
+            // cannot carry another request, and a slow client keeps no slot.
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -257,6 +293,39 @@ mod tests {
             );
             assert_eq!(status(r).is_success(), durable, "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_body_that_timed_out_is_408_and_closes_the_connection() {
+        let r = Answer::new(WebhookResult::RequestTimeout).response(None);
+        assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(r.headers()[CONNECTION], "close");
+        let ok = Answer::new(WebhookResult::Processed).response(None);
+        assert!(ok.headers().get(CONNECTION).is_none());
+    }
+
+    #[test]
+    fn requests_that_are_no_delivery_keep_their_404_and_405() {
+        assert_eq!(
+            rejected(RejectReason::UnknownProvider).status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            rejected(RejectReason::NotFound).status(),
+            StatusCode::NOT_FOUND
+        );
+        let r = rejected(RejectReason::MethodNotAllowed);
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(r.headers()[ALLOW], "POST");
+    }
+
+    #[test]
+    fn the_connection_refusal_is_one_complete_response() {
+        let text = std::str::from_utf8(CONNECTION_REFUSED).unwrap();
+        assert!(text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
+        assert!(text.contains("\r\nRetry-After: 1\r\n"));
+        assert!(text.contains("\r\nConnection: close\r\n"));
+        assert!(text.ends_with("\r\nContent-Length: 0\r\n\r\n"));
     }
 
     #[test]

@@ -4,9 +4,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::log_sample::LogSampler;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::processor::Processor;
@@ -19,6 +21,10 @@ pub struct State {
     pub health: Arc<Health>,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// Longest the whole body may take to arrive.
+    pub body_timeout: Duration,
+    /// Budgets of the log lines for refused deliveries.
+    pub log_sample: LogSampler,
     /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
     pub inflight: Semaphore,
     draining: AtomicBool,
@@ -31,6 +37,7 @@ impl State {
         metrics: Metrics,
         health: Arc<Health>,
         max_body_bytes: usize,
+        body_timeout: Duration,
         max_inflight: usize,
     ) -> State {
         State {
@@ -39,6 +46,8 @@ impl State {
             metrics,
             health,
             max_body_bytes,
+            body_timeout,
+            log_sample: LogSampler::new(),
             inflight: Semaphore::new(max_inflight),
             draining: AtomicBool::new(false),
         }

@@ -1,5 +1,8 @@
-//! `POST /webhooks/{provider}`: read the body within its limits, let the
-//! provider verify and map it, process every item, answer (see [`super::answer`]).
+//! `POST /webhooks/{provider}`: read the body within its limits (size and
+//! time), let the provider verify and map it, process every item, answer (see
+//! [`super::answer`]). Requests that are no delivery are counted by reason
+//! (`fencehook_requests_rejected_total`); refused deliveries are logged
+//! sampled ([`super::log_sample`]), processed ones always.
 //!
 //! A delivery may carry several items (an Adyen batch). Each event item is
 //! processed on its own, under its own lease, concurrently; the delivery is
@@ -12,14 +15,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use futures_util::stream::{self, StreamExt};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
-use serde_json::json;
+use hyper::{Method, Request, Response};
 
-use super::answer::Answer;
+use super::answer::{self, Answer};
+use super::log_sample::Kind;
 use super::state::State;
-use super::{json, Body};
-use crate::metrics::WebhookResult;
-use crate::providers::{Item, Provider};
+use super::Body;
+use crate::metrics::{RejectReason, WebhookResult};
+use crate::providers::{Item, Provider, Reject};
 
 /// Items of one delivery processed at once: enough that a batch is not
 /// serialised, few enough that one large batch cannot take the whole database
@@ -28,29 +31,24 @@ const BATCH_CONCURRENCY: usize = 8;
 
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
-    let path = req.uri().path().to_owned();
+    let path = req.uri().path();
     let Some(name) = path
         .strip_prefix("/webhooks/")
         .filter(|n| !n.is_empty() && !n.contains('/'))
     else {
-        return json(StatusCode::NOT_FOUND, json!({"result": "not_found"}));
+        return rejected(&state, RejectReason::NotFound);
     };
     let Some(provider) = state.providers.get(name).cloned() else {
-        return json(StatusCode::NOT_FOUND, json!({"result": "unknown_provider"}));
+        return rejected(&state, RejectReason::UnknownProvider);
     };
     if req.method() != Method::POST {
-        let mut resp = json(
-            StatusCode::METHOD_NOT_ALLOWED,
-            json!({"result": "method_not_allowed"}),
-        );
-        resp.headers_mut().insert(
-            hyper::header::ALLOW,
-            hyper::header::HeaderValue::from_static("POST"),
-        );
-        return resp;
+        return rejected(&state, RejectReason::MethodNotAllowed);
     }
-    let answer = deliver(&state, &provider, req).await;
+    let delivery = deliver(&state, &provider, req).await;
     let elapsed = started.elapsed();
+    let answer = match &delivery {
+        Delivery::Refused { answer, .. } | Delivery::Processed(answer) => answer,
+    };
     state
         .metrics
         .webhook(&provider.name, answer.result)
@@ -60,21 +58,60 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
         .webhook_duration()
         .record(elapsed.as_secs_f64());
     let response = answer.response(Some(&provider));
-    tracing::info!(
-        provider = %provider.name,
-        transaction_id = answer.transaction_id.as_deref().unwrap_or("-"),
-        token = answer.token,
-        result = answer.result.as_str(),
-        status = response.status().as_u16(),
-        latency_ms = elapsed.as_secs_f64() * 1000.0,
-        "delivery"
-    );
+    let status = response.status().as_u16();
+    let latency_ms = elapsed.as_secs_f64() * 1000.0;
+    match &delivery {
+        Delivery::Processed(answer) => tracing::info!(
+            provider = %provider.name,
+            transaction_id = answer.transaction_id.as_deref().unwrap_or("-"),
+            token = answer.token,
+            result = answer.result.as_str(),
+            status,
+            latency_ms,
+            "delivery"
+        ),
+        Delivery::Refused { kind, answer } => {
+            // Anyone can send these, as fast as they like: sampled (see log_sample).
+            let Some(suppressed) = state.log_sample.admit(*kind) else {
+                return response;
+            };
+            let result = answer.result.as_str();
+            if *kind == Kind::Overloaded {
+                tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
+                    "FENCEHOOK_MAX_INFLIGHT reached; answered 503");
+            } else {
+                tracing::info!(provider = %provider.name, result, status, latency_ms, suppressed,
+                    "delivery");
+            }
+        }
+    }
     response
 }
 
-async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> Answer {
+/// A request that is no delivery (a scan): answered as before, counted, not logged.
+fn rejected(state: &State, reason: RejectReason) -> Response<Body> {
+    state.metrics.request_rejected(reason).increment(1);
+    answer::rejected(reason)
+}
+
+/// How far a delivery got, which decides how it is logged.
+enum Delivery {
+    /// Refused before processing: its line is sampled per kind.
+    Refused { kind: Kind, answer: Answer },
+    /// Verified and mapped, every item processed: its line is always written.
+    Processed(Answer),
+}
+
+fn refused(kind: Kind, answer: Answer) -> Delivery {
+    Delivery::Refused { kind, answer }
+}
+
+async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> Delivery {
     if !is_json(req.headers()) {
-        return Answer::new(WebhookResult::UnsupportedMediaType);
+        return refused(
+            Kind::UnsupportedMediaType,
+            Answer::new(WebhookResult::UnsupportedMediaType),
+        );
     }
     let limit = state.max_body_bytes;
     let declared = req
@@ -83,18 +120,32 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
-        return Answer::new(WebhookResult::TooLarge);
+        return refused(Kind::TooLarge, Answer::new(WebhookResult::TooLarge));
     }
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e)
+    // The whole body, not each read: a client that trickles a byte at a time
+    // would otherwise hold a connection (and its slot) for as long as it likes.
+    let read = tokio::time::timeout(state.body_timeout, Limited::new(body, limit).collect());
+    let body = match read.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e))
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some() =>
         {
-            return Answer::new(WebhookResult::TooLarge);
+            return refused(Kind::TooLarge, Answer::new(WebhookResult::TooLarge));
         }
-        Err(_) => return Answer::invalid("could not read the body"),
+        Ok(Err(_)) => {
+            return refused(
+                Kind::InvalidPayload,
+                Answer::invalid("could not read the body"),
+            )
+        }
+        Err(_elapsed) => {
+            return refused(
+                Kind::RequestTimeout,
+                Answer::new(WebhookResult::RequestTimeout),
+            )
+        }
     };
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -104,14 +155,17 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         Ok(items) => items,
         Err(reject) => {
             tracing::debug!(provider = %provider.name, reason = %reject, "delivery refused");
-            return Answer::of_reject(&reject);
+            let kind = match reject {
+                Reject::Unauthorized(_) => Kind::Unauthorized,
+                Reject::Invalid(_) => Kind::InvalidPayload,
+            };
+            return refused(kind, Answer::of_reject(&reject));
         }
     };
     let draining = state.is_draining();
     // FENCEHOOK_MAX_INFLIGHT bounds the deliveries this instance works on at once.
     let Ok(_permit) = state.inflight.try_acquire() else {
-        tracing::warn!(provider = %provider.name, "FENCEHOOK_MAX_INFLIGHT reached; answered 503");
-        return Answer::unavailable(None);
+        return refused(Kind::Overloaded, Answer::unavailable(None));
     };
     // Every item on its own, under its own lease, several at once.
     let answers: Vec<Answer> = stream::iter(items.into_iter().map(|item| async move {
@@ -134,7 +188,9 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     .buffered(BATCH_CONCURRENCY)
     .collect()
     .await;
-    Answer::of_batch(answers).unwrap_or_else(|| Answer::invalid("no event in the delivery"))
+    Delivery::Processed(
+        Answer::of_batch(answers).unwrap_or_else(|| Answer::invalid("no event in the delivery")),
+    )
 }
 
 fn is_json(headers: &hyper::HeaderMap) -> bool {

@@ -2,7 +2,10 @@
 //! defaults. A missing or ill-typed field is a [`Reject::Invalid`] whose
 //! message names the field by its path in the payload (`data.object.amount`).
 
-use serde_json::{Map, Value};
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
 
 use super::Reject;
 
@@ -12,10 +15,99 @@ pub(crate) fn invalid(msg: impl Into<String>) -> Reject {
     Reject::Invalid(msg.into())
 }
 
-/// Parses the body as JSON. serde_json's recursion limit (128) bounds nesting,
-/// so a hostile body is an error here, never a stack overflow.
+/// Parses the body as JSON, refusing any object that repeats a key, at any
+/// depth (also when spelled differently: `"amount"` and `"\u0061mount"`).
+///
+/// serde_json alone keeps the last of two values; other parsers keep the
+/// first. A body whose `amount` is 1000 to the system that signed or shows
+/// it could then be booked here as 9999: such a body means nothing
+/// definite, so it is refused (RFC 8259 §4: names "SHOULD be unique").
+///
+/// Parsed through serde_json's own `Deserializer`, so its recursion limit
+/// (128) still bounds nesting: a hostile body is an error here, never a stack
+/// overflow.
 pub(crate) fn parse_json(body: &[u8]) -> Result<Value, Reject> {
-    serde_json::from_slice(body).map_err(|e| invalid(format!("body is not valid JSON: {e}")))
+    let mut de = serde_json::Deserializer::from_slice(body);
+    UniqueKeys
+        .deserialize(&mut de)
+        .and_then(|value| de.end().map(|()| value))
+        .map_err(|e| invalid(format!("body is not valid JSON: {e}")))
+}
+
+/// Longest part of a repeated key shown in the refusal (it comes from the
+/// sender, and goes back to it and into the log).
+const SHOWN_KEY_CHARS: usize = 64;
+
+/// Builds a [`Value`] exactly as serde_json's own does, but fails on the
+/// first key an object repeats.
+struct UniqueKeys;
+
+impl<'de> DeserializeSeed<'de> for UniqueKeys {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UniqueKeys {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(UniqueKeys)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Object::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                let shown = key
+                    .char_indices()
+                    .nth(SHOWN_KEY_CHARS)
+                    .map_or(key.as_str(), |(end, _)| &key[..end]);
+                return Err(de::Error::custom(format_args!("repeated key {shown:?}")));
+            }
+            let value = map.next_value_seed(UniqueKeys)?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
 }
 
 /// The value at `key`, `None` when absent or `null`.
@@ -89,5 +181,84 @@ pub fn check_currency(c: &str) -> Result<(), Reject> {
         Err(invalid(
             "currency must be an ISO 4217 code: three upper-case letters",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(body: &str) -> String {
+        match parse_json(body.as_bytes()) {
+            Err(Reject::Invalid(why)) => why,
+            other => panic!("{body}: expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_repeated_key_is_refused_and_named_whatever_its_values() {
+        let why = refusal(r#"{"amount":1000,"amount":9999}"#);
+        assert!(why.contains(r#"repeated key "amount""#), "{why}");
+        refusal(r#"{"amount":1000,"amount":1000}"#);
+        refusal(r#"{"a":null,"a":{}}"#);
+    }
+
+    #[test]
+    fn a_repeated_key_is_refused_at_any_depth_and_in_any_spelling() {
+        let why = refusal(r#"{"data":{"object":{"id":"pi_1","amount":5,"id":"pi_2"}}}"#);
+        assert!(why.contains(r#""id""#), "{why}");
+        refusal(r#"{"items":[{"a":1},{"b":2,"b":3}]}"#);
+        refusal(r#"[[{"x":[{"k":1,"k":2}]}]]"#);
+        let why = refusal(r#"{"amount":1,"\u0061mount":2}"#);
+        assert!(
+            why.contains(r#""amount""#),
+            "escapes are compared decoded: {why}"
+        );
+    }
+
+    #[test]
+    fn the_same_key_in_different_objects_is_fine() {
+        let v = parse_json(br#"{"a":{"id":1},"b":{"id":2},"c":[{"id":3},{"id":4}]}"#).unwrap();
+        assert_eq!(v["c"][1]["id"], 4);
+    }
+
+    #[test]
+    fn a_long_repeated_key_is_shown_cut_short() {
+        let key = "k".repeat(10_000);
+        let why = refusal(&format!(r#"{{"{key}":1,"{key}":2}}"#));
+        assert!(why.len() < 200, "{why}");
+    }
+
+    #[test]
+    fn trailing_bytes_and_bad_nesting_are_still_refused() {
+        refusal(r#"{"a":1} x"#);
+        refusal(r#"{"a":1}{"a":1}"#);
+        refusal(&format!("{}{}", "[".repeat(200), "]".repeat(200)));
+        parse_json(format!("{}{}", "[".repeat(100), "]".repeat(100)).as_bytes())
+            .expect("within serde_json's nesting limit");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parse_json_never_panics_on_arbitrary_bytes(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+        ) {
+            let _ = parse_json(&body);
+        }
+
+        #[test]
+        fn parse_json_never_panics_on_json_like_text(body in r#"[\[\]{}":,0-9a-c\\u. -]{0,200}"#) {
+            let _ = parse_json(body.as_bytes());
+        }
+
+        #[test]
+        fn without_repeated_keys_parse_json_reads_what_serde_json_reads(
+            value in crate::providers::testing::arbitrary_json(&["a", "b", "amount", "id", "data"]),
+        ) {
+            let text = value.to_string();
+            let ours = parse_json(text.as_bytes()).expect("no key repeats");
+            let theirs: Value = serde_json::from_str(&text).unwrap();
+            proptest::prop_assert_eq!(ours, theirs);
+        }
     }
 }

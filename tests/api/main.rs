@@ -5,6 +5,7 @@ mod helpers;
 
 mod chaos;
 mod cluster;
+mod edge;
 mod exactly_once;
 mod faults;
 mod hardening;

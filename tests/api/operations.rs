@@ -238,6 +238,18 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
             "FENCEHOOK_MAX_BODY_BYTES",
         ),
         (
+            &[("FENCEHOOK_BODY_TIMEOUT_MS", "0")],
+            "FENCEHOOK_BODY_TIMEOUT_MS",
+        ),
+        (
+            &[("FENCEHOOK_BODY_TIMEOUT_MS", "30001")],
+            "FENCEHOOK_BODY_TIMEOUT_MS",
+        ),
+        (
+            &[("FENCEHOOK_MAX_CONNECTIONS", "0")],
+            "FENCEHOOK_MAX_CONNECTIONS",
+        ),
+        (
             &[("FENCEHOOK_GENERIC_SECRET", "plaintext")],
             "FENCEHOOK_GENERIC_SECRET",
         ),

@@ -106,7 +106,9 @@ impl TestContext {
             downstream_timeout: Duration::from_secs(10),
             providers: vec![Provider::generic(SECRET).unwrap()],
             max_body_bytes: 64 * 1024,
+            body_timeout: Duration::from_secs(10),
             max_inflight: 512,
+            max_connections: 1024,
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
         }

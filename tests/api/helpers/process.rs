@@ -55,14 +55,9 @@ impl ServeProcess {
                 let mut lines = BufReader::new(stderr).lines();
                 let mut ports_tx = Some(ports_tx);
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                        if v["message"] == "fencehook serving" {
-                            if let Some(tx) = ports_tx.take() {
-                                let _ = tx.send((
-                                    v["port"].as_u64().unwrap(),
-                                    v["admin_port"].as_u64().unwrap(),
-                                ));
-                            }
+                    if let Some(ports) = serving_ports(&line) {
+                        if let Some(tx) = ports_tx.take() {
+                            let _ = tx.send(ports);
                         }
                     }
                     logs.lock().unwrap().push(line);
@@ -118,6 +113,61 @@ impl ServeProcess {
             .to_bytes();
         super::metrics::sum(&String::from_utf8_lossy(&body), name, labels)
     }
+}
+
+/// (port, admin port) from the "fencehook serving" line, in either log
+/// format (`FENCEHOOK_LOG_FORMAT=text` too, colour codes or not).
+fn serving_ports(line: &str) -> Option<(u64, u64)> {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+        if v["message"] == "fencehook serving" {
+            return Some((v["port"].as_u64()?, v["admin_port"].as_u64()?));
+        }
+        return None;
+    }
+    let plain = strip_ansi(line);
+    if !plain.contains("fencehook serving") {
+        return None;
+    }
+    let field = |name: &str| -> Option<u64> {
+        let at = plain.find(&format!(" {name}="))? + name.len() + 2;
+        let digits: String = plain[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    Some((field("port")?, field("admin_port")?))
+}
+
+/// `line` without ANSI escape sequences (`ESC [ … final byte`).
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[test]
+fn the_serving_line_gives_its_ports_in_text_with_or_without_colour() {
+    let coloured = "\x1b[2m2025-01-01T00:00:00Z\x1b[0m \x1b[32m INFO\x1b[0m \x1b[2mfencehook\x1b[0m\x1b[2m:\x1b[0m fencehook serving \x1b[3mport\x1b[0m\x1b[2m=\x1b[0m4100 \x1b[3madmin_port\x1b[0m\x1b[2m=\x1b[0m4200";
+    assert_eq!(serving_ports(coloured), Some((4100, 4200)));
+    let plain = "2025-01-01T00:00:00Z  INFO fencehook: fencehook serving port=4100 admin_port=4200";
+    assert_eq!(serving_ports(plain), Some((4100, 4200)));
+    let json = r#"{"message":"fencehook serving","port":4100,"admin_port":4200}"#;
+    assert_eq!(serving_ports(json), Some((4100, 4200)));
+    assert_eq!(serving_ports("something else port=1"), None);
 }
 
 /// Signs and posts a generic payload to an app's base URL. Transport errors

@@ -1,0 +1,387 @@
+//! The HTTP edge under hostile or unlucky clients: a drain bound that is
+//! kept, bodies that stall, more connections than allowed, oversized headers,
+//! ambiguous JSON, floods of refusals in the log, and scans.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::helpers::downstream::MockDownstream;
+use crate::helpers::process::ServeProcess;
+use crate::helpers::{client, now, payment, socket_of, wait_for, TestApp, TestContext, SECRET};
+
+/// What a raw connection received until the peer closed it (or reset it), or
+/// until `limit`: (the bytes as text, whether it was closed).
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = Instant::now() + limit;
+    let closed = loop {
+        match tokio::time::timeout_at(end, stream.read(&mut buf)).await {
+            Err(_) => break false,
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => received.extend_from_slice(&buf[..n]),
+        }
+    };
+    (String::from_utf8_lossy(&received).into_owned(), closed)
+}
+
+fn public_addr(app: &TestApp) -> SocketAddr {
+    socket_of(&app.base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_drain_timeout_a_stuck_delivery_is_cut_off_unanswered_and_books_nothing() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    downstream.gate_token(1);
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    cfg.shutdown_timeout = Duration::from_millis(500);
+    let app = ctx.spawn(cfg.clone()).await;
+    let url = format!("{}/webhooks/generic", app.base);
+    let p = payment("tx_cut", 700);
+    let in_flight = tokio::spawn({
+        let body = p.to_string();
+        async move {
+            let id = "msg_cut";
+            let ts = now();
+            let sig =
+                fencehook::providers::standard::sign(SECRET, id, ts, body.as_bytes()).unwrap();
+            let req = hyper::Request::post(url)
+                .header("content-type", "application/json")
+                .header("webhook-id", id)
+                .header("webhook-timestamp", ts.to_string())
+                .header("webhook-signature", sig)
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            client()
+                .request(req)
+                .await
+                .map(|resp| resp.status().as_u16())
+        }
+    });
+    wait_for("the downstream call", Duration::from_secs(5), || async {
+        !downstream.calls().is_empty()
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(5), app.stop())
+        .await
+        .expect("stop() returns once the drain bound has passed, not when the delivery ends");
+    // Only now may the stuck call go on: nothing of the cut delivery may act on it.
+    downstream.open_gate();
+    let answered = tokio::time::timeout(Duration::from_secs(10), in_flight)
+        .await
+        .expect("the client is not left waiting")
+        .unwrap();
+    let err = answered.expect_err("a cut delivery is never answered, least of all 200");
+    assert!(
+        !err.is_connect(),
+        "the request was sent, then its connection closed: {err:?}"
+    );
+    assert_eq!(ctx.entries().await, 0, "no ledger entry");
+    assert_eq!(
+        ctx.payment("tx_cut").await,
+        Some(("processing".to_owned(), 1)),
+        "claimed, never finalised"
+    );
+    wait_for(
+        "the dropped lease guard releases in the background",
+        Duration::from_secs(5),
+        || async { !ctx.redis_keys().await.contains(&ctx.lock_key("tx_cut")) },
+    )
+    .await;
+    // The PSP's retry resumes the claim under a newer token and books it once.
+    let app = ctx.spawn(cfg).await;
+    assert_eq!(app.deliver(&p).await.result(), "processed");
+    assert_eq!(ctx.entries().await, 1);
+    ctx.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_that_stalls_is_answered_408_after_the_body_timeout_and_the_connection_closed() {
+    let ctx = TestContext::new().await;
+    let mut cfg = ctx.config();
+    cfg.body_timeout = Duration::from_secs(1);
+    let app = ctx.spawn(cfg).await;
+    let mut stream = TcpStream::connect(public_addr(&app)).await.unwrap();
+    stream
+        .write_all(
+            b"POST /webhooks/generic HTTP/1.1\r\nhost: fencehook\r\n\
+              content-type: application/json\r\ncontent-length: 100\r\n\r\n\
+              {\"transaction_id\": \"tx_slow\",",
+        )
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let (reply, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(
+        sent.elapsed() >= Duration::from_millis(900),
+        "not before the timeout: {:?}",
+        sent.elapsed()
+    );
+    assert!(
+        reply.to_ascii_lowercase().contains("connection: close"),
+        "{reply}"
+    );
+    assert!(reply.contains("request_timeout"), "{reply}");
+    assert!(closed, "the connection is closed after the 408");
+    assert_eq!(
+        app.metric("fencehook_webhooks_total", &[("result", "request_timeout")]),
+        1.0
+    );
+    ctx.assert_nothing_written().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_max_connections_a_new_connection_gets_a_quick_503_while_the_admin_port_answers() {
+    let ctx = TestContext::new().await;
+    let mut cfg = ctx.config();
+    cfg.max_connections = 8;
+    let app = ctx.spawn(cfg).await;
+    let addr = public_addr(&app);
+    let open = || app.metric("fencehook_connections_open", &[("listener", "public")]);
+    // The listener accepts in arrival order: by the time the ninth is
+    // accepted, the eight before it hold every slot.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let mut ninth = TcpStream::connect(addr).await.unwrap();
+    let _ = ninth
+        .write_all(
+            b"POST /webhooks/generic HTTP/1.1\r\nhost: fencehook\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await;
+    let (reply, closed) = read_until_closed(&mut ninth, Duration::from_secs(2)).await;
+    assert!(
+        reply.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{reply:?}"
+    );
+    assert!(reply.contains("\r\nRetry-After: 1\r\n"), "{reply:?}");
+    assert!(reply.contains("\r\nConnection: close\r\n"), "{reply:?}");
+    assert!(closed, "closed right after the 503");
+    assert_eq!(open(), 8.0, "the eight idle ones are open");
+    let (status, body) = app.get_admin("/readyz").await;
+    assert_eq!(status, 200, "the admin listener has its own cap: {body}");
+    assert_eq!(
+        app.metric(
+            "fencehook_connections_refused_total",
+            &[("listener", "public")]
+        ),
+        1.0
+    );
+
+    drop(idle);
+    wait_for(
+        "the idle connections are gone",
+        Duration::from_secs(5),
+        || async { open() == 0.0 },
+    )
+    .await;
+    assert_eq!(
+        app.deliver(&payment("tx_after_full", 100)).await.result(),
+        "processed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_200_kb_header_block_is_refused_and_the_next_delivery_is_served() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config()).await;
+    let body = payment("tx_big_head", 100).to_string();
+    let (id, ts) = ("msg_big_head", now());
+    let sig = fencehook::providers::standard::sign(SECRET, id, ts, body.as_bytes()).unwrap();
+    let request = format!(
+        "POST /webhooks/generic HTTP/1.1\r\nhost: fencehook\r\nconnection: close\r\n\
+         content-type: application/json\r\nwebhook-id: {id}\r\nwebhook-timestamp: {ts}\r\n\
+         webhook-signature: {sig}\r\nx-padding: {}\r\ncontent-length: {}\r\n\r\n{body}",
+        "a".repeat(200 * 1024),
+        body.len()
+    );
+    let mut stream = TcpStream::connect(public_addr(&app)).await.unwrap();
+    // The server may stop reading (and close) before all of it is written.
+    let _ = stream.write_all(request.as_bytes()).await;
+    let (reply, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert!(
+        reply.is_empty() || reply.starts_with("HTTP/1.1 431"),
+        "refused with 431 or closed: {:.200}",
+        reply
+    );
+    assert!(closed);
+    assert_eq!(
+        ctx.payments().await,
+        0,
+        "the oversized request was not processed"
+    );
+    assert_eq!(
+        app.deliver(&payment("tx_after_big_head", 100))
+            .await
+            .result(),
+        "processed"
+    );
+    // The cap is on the head: a body larger than it still goes through.
+    let mut large_body = payment("tx_large_body", 100);
+    large_body["padding"] = "x".repeat(60 * 1024).into();
+    assert_eq!(app.deliver(&large_body).await.result(), "processed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signed_payload_that_repeats_a_key_is_400_naming_it_and_writes_nothing() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config()).await;
+    // Last wins for serde_json, first wins elsewhere: which amount was meant?
+    let body = r#"{"transaction_id":"tx_dup_key","amount":1000,"currency":"EUR","event_type":"payment.succeeded","amount":9999}"#;
+    let r = app
+        .post_signed("generic", body.as_bytes(), now(), SECRET)
+        .await;
+    assert_eq!(
+        (r.status, r.result()),
+        (400, "invalid_payload"),
+        "{}",
+        r.text
+    );
+    let reason = r.body["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("\"amount\""),
+        "the reason names the key: {reason}"
+    );
+    ctx.assert_nothing_written().await;
+}
+
+/// Lines mentioning an unauthorized delivery, and the sum of the refusals
+/// they say were left out.
+fn tally_unauthorized(lines: &[String]) -> (u64, u64) {
+    let mut logged = 0;
+    let mut suppressed = 0;
+    for line in lines.iter().filter(|l| l.contains("unauthorized")) {
+        logged += 1;
+        if let Some(at) = line.find("suppressed=") {
+            let digits: String = line[at + "suppressed=".len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            suppressed += digits.parse::<u64>().unwrap_or(0);
+        }
+    }
+    (logged, suppressed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unsigned_flood_is_counted_in_full_but_logged_in_a_few_plain_lines() {
+    let ctx = TestContext::new().await;
+    let server = ServeProcess::start(&[
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_LOG_FORMAT", "text".to_owned()),
+    ])
+    .await;
+    let url = format!("{}/webhooks/generic", server.base);
+    let http = client();
+    let unsigned = |i: u32| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let body = payment(&format!("tx_flood_{i}"), 100).to_string();
+            let req = hyper::Request::post(url)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            http.request(req)
+                .await
+                .map_or(0, |resp| resp.status().as_u16())
+        }
+    };
+    let statuses: Vec<u16> = stream::iter(0..500)
+        .map(&unsigned)
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(statuses.iter().all(|&s| s == 401), "{statuses:?}");
+    let mut sent = 500;
+    // Every refusal is either logged or counted by the next line logged; one
+    // more now and then ends the window the flood filled, so that a line
+    // reports what it left out.
+    let end = Instant::now() + Duration::from_secs(15);
+    let (logged, suppressed) = loop {
+        let (logged, suppressed) = tally_unauthorized(&server.logs.lock().unwrap());
+        if logged + suppressed == sent || Instant::now() >= end {
+            break (logged, suppressed);
+        }
+        assert_eq!(unsigned(sent as u32).await, 401);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let lines = server.logs.lock().unwrap().clone();
+    let bytes: usize = lines
+        .iter()
+        .filter(|l| l.contains("unauthorized"))
+        .map(|l| l.len() + 1)
+        .sum();
+    println!(
+        "{sent} unauthorized deliveries: {logged} log lines ({bytes} bytes), \
+         {suppressed} counted as left out"
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains('\x1b')),
+        "no colour codes in a pipe: {:?}",
+        lines.iter().find(|l| l.contains('\x1b'))
+    );
+    assert!(logged < 20, "{logged} lines for {sent} refusals");
+    assert_eq!(
+        logged + suppressed,
+        sent,
+        "every refusal is logged or counted as left out"
+    );
+    assert_eq!(
+        server
+            .metric("fencehook_webhooks_total", &[("result", "unauthorized")])
+            .await,
+        sent as f64,
+        "the metric counts every one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scans_keep_their_404_and_405_and_are_counted_by_a_bounded_reason() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config()).await;
+    let json = [("content-type", "application/json")];
+    assert_eq!(
+        app.post("/webhooks/nope", &json, b"{}".to_vec())
+            .await
+            .status,
+        404
+    );
+    assert_eq!(app.post("/other", &json, b"{}".to_vec()).await.status, 404);
+    let get = client()
+        .request(
+            hyper::Request::get(format!("{}/webhooks/generic", app.base))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(get.status().as_u16(), 405);
+    assert_eq!(get.headers()["allow"], "POST");
+    for reason in ["unknown_provider", "not_found", "method_not_allowed"] {
+        assert_eq!(
+            app.metric("fencehook_requests_rejected_total", &[("reason", reason)]),
+            1.0,
+            "{reason}"
+        );
+    }
+    let (_, exposition) = app.get_admin("/metrics").await;
+    assert!(
+        !exposition.contains("nope"),
+        "a requested name never becomes a label"
+    );
+    ctx.assert_nothing_written().await;
+}
