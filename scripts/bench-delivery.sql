@@ -1,14 +1,17 @@
 \set tx random(1, 1000000000000)
 \set amount random(1, 100000)
-SELECT id, status, fingerprint, fence FROM payments WHERE provider = 'pgbench' AND transaction_id = 'pg-' || :tx;
-WITH claim AS (INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-VALUES ('pgbench', 'pg-' || :tx, 'payment.succeeded', :amount, 'EUR', md5('pg-' || :tx), 'succeeded', 1, NULL)
+SELECT id, kind, status, fingerprint, fence FROM payments WHERE provider = 'pgbench' AND transaction_id = 'pg-' || :tx;
+WITH claim AS (INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
+VALUES ('pgbench', 'pg-' || :tx, 'payment', NULL, 'payment.succeeded', :amount, 'EUR', md5('pg-' || :tx), 'succeeded', 1, NULL)
 ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
-   SET fence = EXCLUDED.fence, status = EXCLUDED.status, updated_at = now()
- WHERE payments.status = 'processing'
+   SET fence = EXCLUDED.fence,
+       status = COALESCE('succeeded'::text, payments.status),
+       event_type = COALESCE('payment.succeeded'::text, payments.event_type),
+       updated_at = now()
+ WHERE payments.status = ANY('{processing}'::text[])
    AND payments.fence < EXCLUDED.fence
    AND payments.fingerprint = EXCLUDED.fingerprint
-RETURNING id, event_type, amount_minor, currency, occurred_at),
+RETURNING id, amount_minor, currency, occurred_at),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
     SELECT id, 'credit', amount_minor * 1, currency, 1 FROM claim WHERE 'credit'::text IS NOT NULL

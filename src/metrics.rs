@@ -15,6 +15,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder, SharedString, Unit};
+
+use crate::domain::Rejection;
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
@@ -39,6 +41,9 @@ pub const BACKEND_UP: &str = "fencehook_backend_up";
 pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing";
 pub const BUILD_INFO: &str = "fencehook_build_info";
 pub const REQUESTS_REJECTED_TOTAL: &str = "fencehook_requests_rejected_total";
+pub const STALE_EVENTS_TOTAL: &str = "fencehook_stale_events_total";
+pub const REFUND_REJECTED_TOTAL: &str = "fencehook_refund_rejected_total";
+pub const ITEMS_QUARANTINED_TOTAL: &str = "fencehook_items_quarantined_total";
 pub const CONNECTIONS_OPEN: &str = "fencehook_connections_open";
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "fencehook_connections_refused_total";
 
@@ -71,6 +76,15 @@ label_enum! {
     WebhookResult {
         Processed => "processed",
         Duplicate => "duplicate",
+        /// Older than the row's state: nothing changed.
+        Stale => "stale",
+        /// A batch's items that could not be booked were recorded (and the
+        /// rest are durable).
+        Quarantined => "quarantined",
+        /// A refund or dispute waits for its payment.
+        AwaitingPayment => "awaiting_payment",
+        /// A refund or dispute its payment cannot give.
+        RefundRejected => "refund_rejected",
         InProgress => "in_progress",
         LeaseLost => "lease_lost",
         PayloadMismatch => "payload_mismatch",
@@ -104,6 +118,16 @@ label_enum! {
     Listener {
         Public => "public",
         Admin => "admin",
+    }
+}
+
+label_enum! {
+    /// Why a batch item was quarantined (`fencehook_items_quarantined_total{reason}`).
+    QuarantineReason {
+        /// Well signed, but its fields could not be mapped.
+        Unmappable => "unmappable",
+        /// A refund or dispute its payment cannot give.
+        RefundRejected => "refund_rejected",
     }
 }
 
@@ -167,6 +191,8 @@ struct Inner {
     downstream: HashMap<DownstreamResult, Counter>,
     backend_up: HashMap<Backend, Gauge>,
     requests_rejected: HashMap<RejectReason, Counter>,
+    refund_rejected: HashMap<Rejection, Counter>,
+    quarantined: HashMap<QuarantineReason, Counter>,
     connections_open: HashMap<Listener, Gauge>,
     connections_refused: HashMap<Listener, Counter>,
 }
@@ -184,6 +210,7 @@ struct Handles {
     leases_held: Gauge,
     fence_rejected: Counter,
     fence_resync: Counter,
+    stale_events: Counter,
     downstream_duration: Histogram,
     webhook_duration: Histogram,
 }
@@ -237,6 +264,7 @@ impl Metrics {
             leases_held: recorder.register_gauge(&Key::from_static_name(LEASES_HELD), &META),
             fence_rejected: c(FENCE_REJECTED_TOTAL, &[]),
             fence_resync: c(FENCE_RESYNC_TOTAL, &[]),
+            stale_events: c(STALE_EVENTS_TOTAL, &[]),
             downstream_duration: h(DOWNSTREAM_DURATION_SECONDS),
             webhook_duration: h(WEBHOOK_DURATION_SECONDS),
         };
@@ -264,6 +292,19 @@ impl Metrics {
             .map(|&r| {
                 let reason = ("reason", r.as_str());
                 (r, zero(c(REQUESTS_REJECTED_TOTAL, &[reason])))
+            })
+            .collect();
+        let refund_rejected = Rejection::ALL
+            .iter()
+            .map(|&r| (r, zero(c(REFUND_REJECTED_TOTAL, &[("reason", r.as_str())]))))
+            .collect();
+        let quarantined = QuarantineReason::ALL
+            .iter()
+            .map(|&r| {
+                (
+                    r,
+                    zero(c(ITEMS_QUARANTINED_TOTAL, &[("reason", r.as_str())])),
+                )
             })
             .collect();
         let connections_refused = Listener::ALL
@@ -302,6 +343,8 @@ impl Metrics {
             downstream,
             backend_up,
             requests_rejected,
+            refund_rejected,
+            quarantined,
             connections_open,
             connections_refused,
         };
@@ -406,6 +449,15 @@ impl Metrics {
     }
     pub fn fence_resync(&self) -> &Counter {
         &self.inner.h.fence_resync
+    }
+    pub fn stale_events(&self) -> &Counter {
+        &self.inner.h.stale_events
+    }
+    pub fn refund_rejected(&self, reason: Rejection) -> &Counter {
+        &self.inner.refund_rejected[&reason]
+    }
+    pub fn quarantined(&self, reason: QuarantineReason) -> &Counter {
+        &self.inner.quarantined[&reason]
     }
     pub fn downstream_duration(&self) -> &Histogram {
         &self.inner.h.downstream_duration
@@ -523,6 +575,21 @@ fn describe(rec: &PrometheusRecorder) {
         "Payments claimed but left processing for longer than the maximum lease hold (all instances see the same number).",
     );
     d(BUILD_INFO, None, "Build information; always 1.");
+    d(
+        STALE_EVENTS_TOTAL,
+        None,
+        "Events older than their row's state (a payment's failure after its success): answered stale, nothing changed.",
+    );
+    d(
+        REFUND_REJECTED_TOTAL,
+        None,
+        "Refunds and disputes their payment cannot give (failed payment, other currency, more than came in): nothing booked.",
+    );
+    d(
+        ITEMS_QUARANTINED_TOTAL,
+        None,
+        "Batch items recorded in quarantined_items instead of booked, by reason.",
+    );
     d(
         REQUESTS_REJECTED_TOTAL,
         None,

@@ -1,12 +1,15 @@
-//! The state machine of one payment delivery:
+//! The state machine of one event:
 //!
-//! 1. fast path: a terminal row answers `duplicate` / `payload_mismatch`
-//!    without touching the lease;
+//! 1. fast path: the row (if any) and the lifecycle rule
+//!    ([`domain::decide`](crate::domain::decide)) answer `duplicate`,
+//!    `stale` or `payload_mismatch` without touching the lease;
 //! 2. acquire the lease; if another holder has it, wait (bounded by
 //!    `FENCEHOOK_INFLIGHT_WAIT_MS`) for its outcome, else answer `in_progress`;
 //! 3. fenced claim → business step → fenced finalize, in one transaction, or —
 //!    with a downstream service — claim committed first, downstream call under
-//!    the heartbeat, then the fenced finalize;
+//!    the heartbeat, then the fenced finalize; a refund or dispute takes its
+//!    money from its payment in the same transaction as its entry, or waits
+//!    (`awaiting_payment`), or is refused (`refund_rejected`);
 //! 4. release the lease (compare-and-delete) and answer.
 //!
 //! The processor never answers `processed` unless the commit that made the
@@ -17,24 +20,32 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::domain::{CanonicalEvent, Status};
+use crate::domain::{decide, CanonicalEvent, Decision, Rejection, Status, Transition};
 use crate::downstream::Downstream;
 use crate::error::Error;
 use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey, LostReason};
 use crate::metrics::{DownstreamResult, InflightWait, Metrics};
-use crate::store::{Claim, ClaimAndFinalize, Finalize, PaymentRow, Store, StoreError};
+use crate::store::{Applied, Claimed, Finalized, ParentRefusal, PaymentRow, Store, StoreError};
 
 /// The answer for one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Processed now; the outcome is committed.
     Processed { token: i64, status: Status },
-    /// Already processed with the same fingerprint.
+    /// The row already says what this event says.
     Duplicate,
+    /// The event is older than the row's state (a payment's failure after its
+    /// success): nothing changed.
+    Stale,
     /// Same (provider, transaction_id), different payload.
     PayloadMismatch,
     /// Another holder is processing it; retry after this long.
     InProgress { retry_after: Duration },
+    /// A refund or dispute whose payment is not `succeeded` here yet (or a
+    /// reinstatement before its withdrawal): retry later.
+    AwaitingPayment,
+    /// A refund or dispute its payment cannot give: nothing booked.
+    RefundRejected(Rejection),
     /// Our lease ended (or a newer token owns the row) before we could commit.
     LeaseLost { token: i64 },
 }
@@ -113,6 +124,8 @@ const FIRST_POLL: Duration = Duration::from_millis(2);
 /// `Retry-After` of an `in_progress` answer, at most.
 const IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
 const MAX_POLL: Duration = Duration::from_millis(100);
+/// Rounds of write → re-read → decide under one lease before giving up.
+const MAX_ROUNDS: usize = 4;
 
 impl Processor {
     pub fn new(
@@ -141,7 +154,8 @@ impl Processor {
 
     pub async fn process(&self, ev: &CanonicalEvent) -> Result<Outcome, Error> {
         let fp = ev.fingerprint();
-        if let Some(done) = self.settled(ev, &fp).await? {
+        let mut row = self.lookup(ev).await?;
+        if let Some(done) = self.settled(ev, &fp, row.as_ref()) {
             return Ok(done);
         }
         let key = LeaseKey {
@@ -175,7 +189,8 @@ impl Processor {
                     // Look at the row before trying the lease again: a holder
                     // that finished has released it, and taking it only to
                     // find the row done would cost a token and two writes.
-                    if let Some(done) = self.settled(ev, &fp).await? {
+                    row = self.lookup(ev).await?;
+                    if let Some(done) = self.settled(ev, &fp, row.as_ref()) {
                         self.metrics
                             .inflight_wait(InflightWait::Duplicate)
                             .increment(1);
@@ -187,21 +202,77 @@ impl Processor {
         if waited {
             tracing::debug!(transaction_id = %ev.transaction_id, "previous holder let go; took over");
         }
-        let result = self.under_lease(&mut guard, ev, &fp).await;
+        let current = row.map(|r| r.status);
+        let result = self.under_lease(&mut guard, ev, &fp, current).await;
         guard.release().await;
         result
     }
 
-    /// The row's answer when it already settles this delivery.
-    async fn settled(&self, ev: &CanonicalEvent, fp: &str) -> Result<Option<Outcome>, StoreError> {
-        Ok(self
-            .store
-            .lookup(&ev.provider, &ev.transaction_id)
-            .await?
-            .and_then(|row| settled_by(&row, fp)))
+    /// Records a batch item that cannot be booked (see `quarantined_items`).
+    pub async fn quarantine(
+        &self,
+        provider: &str,
+        transaction_id: Option<&str>,
+        reason: &str,
+        item: &str,
+    ) -> Result<(), Error> {
+        self.store
+            .quarantine(provider, transaction_id, reason, item)
+            .await?;
+        Ok(())
+    }
+
+    async fn lookup(&self, ev: &CanonicalEvent) -> Result<Option<PaymentRow>, StoreError> {
+        self.store.lookup(&ev.provider, &ev.transaction_id).await
+    }
+
+    /// The answer when the row (or its absence) settles this event without
+    /// the lease: nothing to write.
+    fn settled(&self, ev: &CanonicalEvent, fp: &str, row: Option<&PaymentRow>) -> Option<Outcome> {
+        if row.is_some_and(|r| r.fingerprint != fp) {
+            return Some(Outcome::PayloadMismatch);
+        }
+        let status = row.map(|r| r.status);
+        match decide(ev.event_type, status) {
+            Decision::Apply(_) => None,
+            // A claim in progress may be the very event awaited: ask under the lease.
+            Decision::Await if status == Some(Status::Processing) => None,
+            other => Some(self.answer_without_write(ev, other)),
+        }
+    }
+
+    /// `duplicate`, `stale` (counted) or `awaiting_payment`.
+    fn answer_without_write(&self, ev: &CanonicalEvent, decision: Decision) -> Outcome {
+        match decision {
+            Decision::Duplicate | Decision::Apply(_) => Outcome::Duplicate,
+            Decision::Stale => {
+                self.metrics.stale_events().increment(1);
+                tracing::info!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                    event_type = ev.event_type.as_str(), "stale event: the row is past it; nothing changed");
+                Outcome::Stale
+            }
+            Decision::Await => Outcome::AwaitingPayment,
+        }
+    }
+
+    /// A refund or dispute its payment did not give money for.
+    fn parent_refused(&self, ev: &CanonicalEvent, refusal: ParentRefusal) -> Outcome {
+        match refusal {
+            ParentRefusal::NotYet => Outcome::AwaitingPayment,
+            ParentRefusal::Rejected(reason) => {
+                self.metrics.refund_rejected(reason).increment(1);
+                tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                    payment = ev.parent_transaction_id.as_deref().unwrap_or("-"),
+                    event_type = ev.event_type.as_str(), amount_minor = ev.amount_minor,
+                    currency = %ev.currency, reason = reason.as_str(),
+                    "refund rejected: nothing booked");
+                Outcome::RefundRejected(reason)
+            }
+        }
     }
 
     /// Claim, business step and finalize while `guard` holds the lease.
+    /// `current` is the row's status as last read.
     ///
     /// Every write first takes a pooled connection, *then* checks the lease:
     /// waiting for a connection can take up to the pool wait, and a write sent
@@ -212,11 +283,19 @@ impl Processor {
         guard: &mut LeaseGuard,
         ev: &CanonicalEvent,
         fp: &str,
+        mut current: Option<Status>,
     ) -> Result<Outcome, Error> {
         let mut resynced = false;
-        loop {
+        // A conditioned write that did not apply re-reads the row and decides
+        // again; the row can move a few times (another holder settled it,
+        // a counter was behind), never forever: each round needs a newer token.
+        for _ in 0..MAX_ROUNDS {
             let token = guard.token();
-            let conn = self.store.connection().await?;
+            let t = match decide(ev.event_type, current) {
+                Decision::Apply(t) => t,
+                other => return Ok(self.answer_without_write(ev, other)),
+            };
+            let mut conn = self.store.connection().await?;
             #[cfg(feature = "test-support")]
             if let Some(hook) = &self.hooks.before_write {
                 hook(ev).await;
@@ -224,57 +303,60 @@ impl Processor {
             if let Some(reason) = guard.loss_reason() {
                 return Ok(self.lease_lost(guard, reason));
             }
-            let claim = match &self.downstream {
-                None => match conn.claim_and_finalize(ev, fp, token).await? {
-                    ClaimAndFinalize::Committed(status) => {
-                        return Ok(Outcome::Processed { token, status })
-                    }
-                    ClaimAndFinalize::NotClaimed(claim) => claim,
+            let row = match &self.downstream {
+                None => match conn.apply(ev, fp, token, t).await? {
+                    Applied::Committed(status) => return Ok(Outcome::Processed { token, status }),
+                    Applied::Parent(refusal) => return Ok(self.parent_refused(ev, refusal)),
+                    Applied::NotWritten(row) => row,
                 },
-                Some(downstream) => match conn.claim(ev, fp, token).await? {
-                    Claim::Claimed { payment_id, event } => {
+                Some(downstream) => match conn.claim(ev, fp, token, t).await? {
+                    Claimed::Claimed { payment_id, event } => {
                         drop(conn);
                         return self
-                            .call_and_finalize(downstream, guard, &event, payment_id)
+                            .call_and_finalize(downstream, guard, &event, payment_id, t)
                             .await;
                     }
-                    other => other,
+                    Claimed::Parent(refusal) => return Ok(self.parent_refused(ev, refusal)),
+                    Claimed::NotWritten(row) => row,
                 },
             };
             drop(conn);
-            match claim {
-                Claim::AlreadyDone(_) => return Ok(Outcome::Duplicate),
-                Claim::Mismatch => return Ok(Outcome::PayloadMismatch),
-                Claim::Claimed { .. } => unreachable!("handled above"),
-                Claim::Stale { db_fence } if !resynced => {
-                    // The database is at or past our token while we hold the
-                    // lease: Redis lost its counter. Fast-forward inside the lease.
-                    resynced = true;
-                    match guard.resync(db_fence).await? {
-                        Some(new) => {
-                            self.metrics.fence_resync().increment(1);
-                            tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
-                                old_token = token, db_fence, new_token = new, "fence resync: lease counter was behind the database");
-                        }
-                        None => return Ok(self.fence_rejected(guard, ev, Some(db_fence))),
-                    }
+            if row.fingerprint != fp {
+                return Ok(Outcome::PayloadMismatch);
+            }
+            if decide(ev.event_type, Some(row.status)) == Decision::Apply(t) {
+                // The row still needs our transition, so its fence is at or
+                // past our token while we hold the lease: the lease store lost
+                // its counter. Fast-forward it inside the lease, once.
+                if resynced {
+                    return Ok(self.fence_rejected(guard, ev, Some(row.fence)));
                 }
-                Claim::Stale { db_fence } => {
-                    return Ok(self.fence_rejected(guard, ev, Some(db_fence)))
+                resynced = true;
+                match guard.resync(row.fence).await? {
+                    Some(new) => {
+                        self.metrics.fence_resync().increment(1);
+                        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                            old_token = token, db_fence = row.fence, new_token = new,
+                            "fence resync: lease counter was behind the database");
+                    }
+                    None => return Ok(self.fence_rejected(guard, ev, Some(row.fence))),
                 }
             }
+            current = Some(row.status);
         }
+        Ok(self.fence_rejected(guard, ev, None))
     }
 
     /// The downstream call under the heartbeat, then the fenced finalize.
-    /// `event` is the claimed row's, not this delivery's: the downstream gets
-    /// one body per Idempotency-Key.
+    /// `event` is the claimed row's facts and the event being applied: every
+    /// retry of one event sends one body.
     async fn call_and_finalize(
         &self,
         downstream: &Downstream,
         guard: &LeaseGuard,
         event: &CanonicalEvent,
         payment_id: i64,
+        t: Transition,
     ) -> Result<Outcome, Error> {
         let token = guard.token();
         tokio::select! {
@@ -287,7 +369,7 @@ impl Processor {
             }
             result = downstream.call(event, token) => result?,
         }
-        let conn = self.store.connection().await?;
+        let mut conn = self.store.connection().await?;
         if let Some(reason) = guard.loss_reason() {
             return Ok(self.lease_lost(guard, reason));
         }
@@ -296,9 +378,10 @@ impl Processor {
             hook(event).await;
         }
         failpoint_before_finalize();
-        match conn.finalize(payment_id, event.event_type, token).await? {
-            Finalize::Applied(status) => Ok(Outcome::Processed { token, status }),
-            Finalize::FenceRejected => Ok(self.fence_rejected(guard, event, None)),
+        match conn.finalize(payment_id, event, token, t).await? {
+            Finalized::Applied(status) => Ok(Outcome::Processed { token, status }),
+            Finalized::FenceRejected => Ok(self.fence_rejected(guard, event, None)),
+            Finalized::Parent(refusal) => Ok(self.parent_refused(event, refusal)),
         }
     }
 
@@ -344,15 +427,4 @@ fn failpoint_before_finalize() {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
     });
-}
-
-/// The answer a row gives by itself, when it settles a delivery without the lease.
-fn settled_by(row: &PaymentRow, fp: &str) -> Option<Outcome> {
-    if row.fingerprint != fp {
-        Some(Outcome::PayloadMismatch)
-    } else if row.status.is_terminal() {
-        Some(Outcome::Duplicate)
-    } else {
-        None
-    }
 }

@@ -28,15 +28,18 @@ use crate::providers::{AckBody, Provider, Reject};
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Retry-After when our lease ended before commit: the next attempt can start at once.
 const LEASE_LOST_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Retry-After when a refund waits for its payment: the payment's own
+/// delivery is usually a retry or two behind.
+const AWAITING_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The status of a result. 2xx only for outcomes that are durable (or, for
 /// `ignored`, need nothing written).
 pub fn status(result: WebhookResult) -> StatusCode {
     use WebhookResult::*;
     match result {
-        Processed | Duplicate | Ignored => StatusCode::OK,
-        InProgress | LeaseLost => StatusCode::CONFLICT,
-        PayloadMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+        Processed | Duplicate | Ignored | Stale | Quarantined => StatusCode::OK,
+        InProgress | LeaseLost | AwaitingPayment => StatusCode::CONFLICT,
+        PayloadMismatch | RefundRejected => StatusCode::UNPROCESSABLE_ENTITY,
         Unauthorized => StatusCode::UNAUTHORIZED,
         InvalidPayload => StatusCode::BAD_REQUEST,
         TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -52,17 +55,21 @@ pub fn status(result: WebhookResult) -> StatusCode {
 /// retryable results: it will not heal by retrying and needs a person, so it
 /// is what the PSP's dashboard and our metric should show. Among durable
 /// items, `processed` says more than `duplicate`, which says more than
-/// `ignored`. Refusals never reach a batch: they refuse the whole delivery.
+/// `stale` and `ignored`; an item the batch could not book but recorded
+/// (`quarantined`) is durable too, and says more than any of them. Refusals
+/// never reach a batch: they refuse the whole delivery.
 fn rank(result: WebhookResult) -> u8 {
     use WebhookResult::*;
     match result {
         Ignored => 0,
-        Duplicate => 1,
-        Processed => 2,
-        InProgress | LeaseLost => 3,
-        Unavailable => 4,
-        PayloadMismatch => 5,
-        Unauthorized | InvalidPayload | TooLarge | UnsupportedMediaType | RequestTimeout => 6,
+        Stale => 1,
+        Duplicate => 2,
+        Processed => 3,
+        Quarantined => 4,
+        InProgress | LeaseLost | AwaitingPayment => 5,
+        Unavailable => 6,
+        PayloadMismatch | RefundRejected => 7,
+        Unauthorized | InvalidPayload | TooLarge | UnsupportedMediaType | RequestTimeout => 8,
     }
 }
 
@@ -95,7 +102,7 @@ pub fn rejected(reason: RejectReason) -> Response<Body> {
 pub struct Answer {
     pub result: WebhookResult,
     pub retry_after: Option<Duration>,
-    /// Why a delivery was refused as invalid (the body's `reason`).
+    /// Why a delivery was refused as invalid, or a refund rejected (the body's `reason`).
     pub reason: Option<String>,
     /// The transaction(s) answered, comma-separated for a batch (logs only).
     pub transaction_id: Option<String>,
@@ -119,14 +126,23 @@ impl Answer {
         let (result, retry_after) = match outcome {
             Outcome::Processed { .. } => (WebhookResult::Processed, None),
             Outcome::Duplicate => (WebhookResult::Duplicate, None),
+            Outcome::Stale => (WebhookResult::Stale, None),
             Outcome::PayloadMismatch => (WebhookResult::PayloadMismatch, None),
+            Outcome::RefundRejected(_) => (WebhookResult::RefundRejected, None),
+            Outcome::AwaitingPayment => {
+                (WebhookResult::AwaitingPayment, Some(AWAITING_RETRY_AFTER))
+            }
             Outcome::InProgress { retry_after } => (WebhookResult::InProgress, Some(*retry_after)),
             Outcome::LeaseLost { .. } => (WebhookResult::LeaseLost, Some(LEASE_LOST_RETRY_AFTER)),
+        };
+        let reason = match outcome {
+            Outcome::RefundRejected(why) => Some(why.as_str().to_owned()),
+            _ => None,
         };
         Answer {
             result,
             retry_after,
-            reason: None,
+            reason,
             transaction_id: Some(transaction_id),
             token: outcome.token(),
         }
@@ -289,7 +305,11 @@ mod tests {
         for &r in WebhookResult::ALL {
             let durable = matches!(
                 r,
-                WebhookResult::Processed | WebhookResult::Duplicate | WebhookResult::Ignored
+                WebhookResult::Processed
+                    | WebhookResult::Duplicate
+                    | WebhookResult::Ignored
+                    | WebhookResult::Stale
+                    | WebhookResult::Quarantined
             );
             assert_eq!(status(r).is_success(), durable, "{r:?}");
         }

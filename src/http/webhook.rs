@@ -21,7 +21,8 @@ use super::answer::{self, Answer};
 use super::log_sample::Kind;
 use super::state::State;
 use super::Body;
-use crate::metrics::{RejectReason, WebhookResult};
+use crate::metrics::{QuarantineReason, RejectReason, WebhookResult};
+use crate::processor::Outcome;
 use crate::providers::{Item, Provider, Reject};
 
 /// Items of one delivery processed at once: enough that a batch is not
@@ -174,8 +175,23 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                 tracing::debug!(provider = %provider.name, %event_type, "event type not acted on");
                 Answer::new(WebhookResult::Ignored)
             }
+            Item::Unmappable {
+                reason,
+                transaction_id,
+                raw,
+            } => {
+                let why = format!("unmappable: {reason}");
+                quarantine(state, provider, transaction_id, &why, &raw, QuarantineReason::Unmappable).await
+            }
             Item::Event(ev) if draining => Answer::unavailable(Some(ev.transaction_id)),
             Item::Event(ev) => match state.processor.process(&ev).await {
+                // In a batch, a refund its payment cannot give must not hold
+                // up the other items: it is recorded, and the batch goes on.
+                Ok(Outcome::RefundRejected(why)) if provider.is_batch() => {
+                    let item = serde_json::to_string(&ev).unwrap_or_default();
+                    let reason = format!("refund_rejected: {}", why.as_str());
+                    quarantine(state, provider, Some(ev.transaction_id), &reason, &item, QuarantineReason::RefundRejected).await
+                }
                 Ok(outcome) => Answer::of_outcome(&outcome, ev.transaction_id),
                 Err(e) => {
                     tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
@@ -191,6 +207,38 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     Delivery::Processed(
         Answer::of_batch(answers).unwrap_or_else(|| Answer::invalid("no event in the delivery")),
     )
+}
+
+/// Records a batch item that cannot be booked; durable once written (the
+/// batch may be acknowledged), 503 when the write fails.
+async fn quarantine(
+    state: &State,
+    provider: &Provider,
+    transaction_id: Option<String>,
+    reason: &str,
+    item: &str,
+    kind: QuarantineReason,
+) -> Answer {
+    match state
+        .processor
+        .quarantine(&provider.name, transaction_id.as_deref(), reason, item)
+        .await
+    {
+        Ok(()) => {
+            state.metrics.quarantined(kind).increment(1);
+            tracing::warn!(provider = %provider.name, transaction_id = transaction_id.as_deref().unwrap_or("-"),
+                %reason, "batch item quarantined: recorded, not booked");
+            Answer {
+                transaction_id,
+                ..Answer::new(WebhookResult::Quarantined)
+            }
+        }
+        Err(e) => {
+            tracing::error!(provider = %provider.name, error = %crate::error::chain(&e),
+                "could not quarantine a batch item; answered 503");
+            Answer::unavailable(transaction_id)
+        }
+    }
 }
 
 fn is_json(headers: &hyper::HeaderMap) -> bool {

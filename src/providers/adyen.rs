@@ -273,6 +273,7 @@ fn map_item(provider: &str, i: usize, item: &Object) -> Result<Item, Reject> {
         event_type: kind,
         amount_minor,
         currency: currency.to_owned(),
+        parent_transaction_id: None,
         occurred_at,
     }))
 }

@@ -37,6 +37,18 @@ use crate::domain::CanonicalEvent;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {
     Event(CanonicalEvent),
+    /// A well-signed item of a batch that cannot be mapped (a lower-case
+    /// currency, a missing field): never booked, recorded with its reason,
+    /// and it does not hold up the other items of its delivery. Only batch
+    /// schemes produce it; a single-item delivery that cannot be mapped is
+    /// refused whole ([`Reject::Invalid`]).
+    Unmappable {
+        reason: String,
+        /// The item's id, when it could be read.
+        transaction_id: Option<String>,
+        /// The item as received (JSON), for the operator.
+        raw: String,
+    },
     /// A well-signed event fencehook does not act on: a type it does not
     /// book, or a state that moves no money (a pending refund, an uncaptured
     /// charge, a zero-value authorisation). Answered 200, nothing written.
@@ -225,6 +237,13 @@ impl Provider {
             Scheme::Stripe(_) => SchemeKind::Stripe,
             Scheme::Adyen(_) => SchemeKind::Adyen,
         }
+    }
+
+    /// Whether one delivery carries several independent items (Adyen's
+    /// notification batches): an item that cannot be booked is then recorded
+    /// and the batch acknowledged, rather than the whole delivery refused.
+    pub fn is_batch(&self) -> bool {
+        matches!(self.scheme, Scheme::Adyen(_))
     }
 
     /// The body of an answer with this `result` (and `reason`, for a 400):

@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 
 use super::fields::{self, amount_minor, check_currency, check_transaction_id};
 use super::{hmac, Item, Reject};
-use crate::domain::{CanonicalEvent, EventKind};
+use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
 #[derive(Clone)]
 pub struct Standard {
@@ -124,6 +124,22 @@ pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         None => return Err(invalid("currency is required")),
     };
     check_currency(&currency)?;
+    // Refunds and disputes name the payment they take money from.
+    let parent_transaction_id = match (kind.object(), obj.get("payment_transaction_id")) {
+        (ObjectKind::Payment, _) => None,
+        (_, Some(Value::String(s))) => {
+            check_transaction_id(s).map_err(|_| {
+                invalid("payment_transaction_id must be 1 to 255 printable ASCII characters, without leading or trailing whitespace")
+            })?;
+            Some(s.clone())
+        }
+        (_, Some(_)) => return Err(invalid("payment_transaction_id must be a string")),
+        (_, None) => {
+            return Err(invalid(
+                "payment_transaction_id is required for refund and dispute events",
+            ))
+        }
+    };
     let occurred_at = match obj.get("occurred_at") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(
@@ -138,6 +154,7 @@ pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         event_type: kind,
         amount_minor,
         currency,
+        parent_transaction_id,
         occurred_at,
     }))
 }

@@ -293,6 +293,7 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         event_type: m.kind,
         amount_minor: m.amount,
         currency: normalise_currency(m.currency)?,
+        parent_transaction_id: None,
         occurred_at,
     }))
 }

@@ -23,51 +23,129 @@ pub struct Check {
 /// Offending rows printed per check: enough to start digging, not a flood.
 pub const SHOWN_VIOLATIONS: usize = 20;
 
-const CHECKS: &[(&str, &str, &str)] = &[
-    (
-        "one_row_per_transaction",
-        "at most one payments row per (provider, transaction_id)",
-        "SELECT provider || ':' || transaction_id FROM payments GROUP BY provider, transaction_id HAVING count(*) > 1",
-    ),
-    (
-        "one_entry_per_effect",
-        "at most one ledger entry per payment and effect",
-        "SELECT payment_id::text || ':' || effect FROM ledger_entries GROUP BY payment_id, effect HAVING count(*) > 1",
-    ),
-    (
-        "succeeded_has_exactly_its_entry",
-        "a succeeded payment has exactly one entry: +amount credit, or -amount debit for a refund",
-        "SELECT p.provider || ':' || p.transaction_id FROM payments p
-          WHERE p.status = 'succeeded'
-            AND (SELECT count(*) FROM ledger_entries l WHERE l.payment_id = p.id) <> 1
-             OR p.status = 'succeeded' AND NOT EXISTS (
-                SELECT 1 FROM ledger_entries l
-                 WHERE l.payment_id = p.id AND l.currency = p.currency
-                   AND ((p.event_type = 'payment.succeeded' AND l.effect = 'credit' AND l.amount_minor = p.amount_minor)
-                     OR (p.event_type = 'refund.succeeded' AND l.effect = 'debit' AND l.amount_minor = -p.amount_minor)))",
-    ),
-    (
-        "unfinished_or_failed_have_no_entries",
-        "processing and failed payments have no ledger entries",
-        "SELECT p.provider || ':' || p.transaction_id FROM payments p
-          WHERE p.status IN ('processing', 'failed')
-            AND EXISTS (SELECT 1 FROM ledger_entries l WHERE l.payment_id = p.id)",
-    ),
-    (
-        "status_fits_event_type",
-        "payment.failed ends failed, the others end succeeded",
-        "SELECT provider || ':' || transaction_id FROM payments
-          WHERE (status = 'failed' AND event_type <> 'payment.failed')
-             OR (status = 'succeeded' AND event_type = 'payment.failed')",
-    ),
-    (
-        "entries_written_by_the_current_holder",
-        "every ledger entry carries the payment's fence: no stale holder's write took effect",
-        "SELECT p.provider || ':' || p.transaction_id || ' entry fence ' || l.fence || ' row fence ' || p.fence
-           FROM ledger_entries l JOIN payments p ON p.id = l.payment_id
-          WHERE l.fence <> p.fence",
-    ),
-];
+/// The ledger entries each (kind, status) must have, as a sorted list of
+/// effects (a failed refund: none, or its debit and its reversal).
+const EXPECTED_ENTRIES: &str = "
+    (VALUES ('payment', 'succeeded', ARRAY['credit']),
+            ('payment', 'failed', ARRAY[]::text[]),
+            ('refund', 'succeeded', ARRAY['debit']),
+            ('refund', 'failed', ARRAY[]::text[]),
+            ('refund', 'failed', ARRAY['debit', 'refund_reversal']),
+            ('dispute', 'succeeded', ARRAY['dispute']),
+            ('dispute', 'failed', ARRAY['dispute', 'dispute_reversal']),
+            ('payment', 'processing', ARRAY[]::text[]),
+            ('refund', 'processing', ARRAY[]::text[]),
+            ('dispute', 'processing', ARRAY[]::text[]))
+    AS expected(kind, status, effects)";
+
+/// Every check: (name, description, query returning one line per offender).
+fn checks() -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        (
+            "one_row_per_transaction",
+            "at most one payments row per (provider, transaction_id)",
+            "SELECT provider || ':' || transaction_id FROM payments
+              GROUP BY provider, transaction_id HAVING count(*) > 1"
+                .to_owned(),
+        ),
+        (
+            "one_entry_per_effect",
+            "at most one ledger entry per row and effect",
+            "SELECT payment_id::text || ':' || effect FROM ledger_entries
+              GROUP BY payment_id, effect HAVING count(*) > 1"
+                .to_owned(),
+        ),
+        (
+            "entries_fit_kind_and_status",
+            "each row has exactly the entries of its kind and status (a failed refund: none, or debit + reversal), each for the row's amount and currency, signed by effect",
+            format!(
+                "WITH entries AS (
+                    SELECT p.id, p.provider, p.transaction_id, p.kind, p.status,
+                           coalesce(array_agg(l.effect ORDER BY l.effect) FILTER (WHERE l.id IS NOT NULL), ARRAY[]::text[]) AS effects,
+                           bool_and(l.id IS NULL OR (l.currency = p.currency AND l.amount_minor = p.amount_minor *
+                               CASE WHEN l.effect IN ('credit', 'refund_reversal', 'dispute_reversal') THEN 1 ELSE -1 END)) AS amounts_ok
+                      FROM payments p LEFT JOIN ledger_entries l ON l.payment_id = p.id
+                     GROUP BY p.id)
+                 SELECT e.provider || ':' || e.transaction_id || ' (' || e.kind || ' ' || e.status || ': ' || array_to_string(e.effects, '+') || ')'
+                   FROM entries e
+                  WHERE NOT e.amounts_ok
+                     OR NOT EXISTS (SELECT 1 FROM {EXPECTED_ENTRIES}
+                                     WHERE expected.kind = e.kind AND expected.status = e.status
+                                       AND expected.effects = e.effects)"
+            ),
+        ),
+        (
+            "status_fits_event_type",
+            "the event type that set a row's status is of its kind and says that status",
+            "SELECT provider || ':' || transaction_id || ' (' || kind || ' ' || status || ' by ' || event_type || ')'
+               FROM payments
+              WHERE split_part(event_type, '.', 1) <> kind
+                 OR (status = 'succeeded' AND event_type NOT IN ('payment.succeeded', 'refund.succeeded', 'dispute.funds_withdrawn'))
+                 OR (status = 'failed' AND event_type NOT IN ('payment.failed', 'refund.failed', 'dispute.funds_reinstated'))"
+                .to_owned(),
+        ),
+        (
+            "entries_written_by_the_current_holder",
+            "no entry carries a token above its row's fence; a payment's credit and a reversal carry the fence of the row they settled (no stale holder's write took effect)",
+            "SELECT p.provider || ':' || p.transaction_id || ' ' || l.effect || ' fence ' || l.fence || ' row fence ' || p.fence
+               FROM ledger_entries l JOIN payments p ON p.id = l.payment_id
+              WHERE l.fence > p.fence
+                 OR (l.effect IN ('credit', 'refund_reversal', 'dispute_reversal') AND l.fence <> p.fence)"
+                .to_owned(),
+        ),
+        (
+            "money_out_within_money_in",
+            "per payment, refunds and disputes booked (net of reversals) are at most its amount, in its currency, and equal the payment's amount_out_minor",
+            "WITH children AS (
+                SELECT c.provider, c.parent_transaction_id AS parent,
+                       -sum(l.amount_minor) AS out_minor,
+                       bool_and(l.currency = par.currency) AS same_currency
+                  FROM payments c
+                  JOIN ledger_entries l ON l.payment_id = c.id
+                  JOIN payments par ON par.provider = c.provider AND par.transaction_id = c.parent_transaction_id
+                 WHERE c.kind IN ('refund', 'dispute')
+                 GROUP BY c.provider, c.parent_transaction_id)
+             SELECT par.provider || ':' || par.transaction_id || ' amount ' || par.amount_minor
+                    || ', out ' || coalesce(ch.out_minor, 0) || ', recorded out ' || par.amount_out_minor
+                    || CASE WHEN ch.same_currency IS FALSE THEN ', in another currency' ELSE '' END
+               FROM payments par LEFT JOIN children ch ON ch.provider = par.provider AND ch.parent = par.transaction_id
+              WHERE par.kind = 'payment'
+                AND (coalesce(ch.out_minor, 0) > par.amount_minor
+                     OR coalesce(ch.out_minor, 0) < 0
+                     OR coalesce(ch.out_minor, 0) <> par.amount_out_minor
+                     OR ch.same_currency IS FALSE)"
+                .to_owned(),
+        ),
+        (
+            "refunds_and_disputes_under_a_succeeded_payment",
+            "every refund or dispute entry belongs to a row whose parent is a succeeded payment (refunds from before refunds named their payment are listed below, not counted)",
+            "SELECT c.provider || ':' || c.transaction_id || ' ' || l.effect || ' under '
+                    || c.parent_transaction_id || ' (' || coalesce(par.kind || ' ' || par.status, 'no such row') || ')'
+               FROM payments c
+               JOIN ledger_entries l ON l.payment_id = c.id
+               LEFT JOIN payments par ON par.provider = c.provider AND par.transaction_id = c.parent_transaction_id
+              WHERE c.kind IN ('refund', 'dispute') AND c.parent_transaction_id IS NOT NULL
+                AND (par.id IS NULL OR par.kind <> 'payment' OR par.status <> 'succeeded')"
+                .to_owned(),
+        ),
+        (
+            "reversals_after_what_they_reverse",
+            "a refund_reversal only on a row with its debit, a dispute_reversal only with its dispute",
+            "SELECT p.provider || ':' || p.transaction_id || ' ' || r.effect || ' without ' || CASE r.effect WHEN 'refund_reversal' THEN 'debit' ELSE 'dispute' END
+               FROM ledger_entries r JOIN payments p ON p.id = r.payment_id
+              WHERE r.effect IN ('refund_reversal', 'dispute_reversal')
+                AND NOT EXISTS (SELECT 1 FROM ledger_entries o WHERE o.payment_id = r.payment_id
+                                   AND o.effect = CASE r.effect WHEN 'refund_reversal' THEN 'debit' ELSE 'dispute' END
+                                   AND o.fence < r.fence)"
+                .to_owned(),
+        ),
+    ]
+}
+
+/// Refunds booked before refunds named their payment (migration V4): they
+/// cannot be checked against a payment, and are listed as such.
+const LEGACY_REFUNDS: &str = "SELECT provider || ':' || transaction_id FROM payments
+  WHERE kind = 'refund' AND parent_transaction_id IS NULL";
 
 /// Runs every check. A connection or query failure is an error, not "clean".
 pub async fn run(url: &str) -> Result<Vec<Check>, tokio_postgres::Error> {
@@ -77,7 +155,7 @@ pub async fn run(url: &str) -> Result<Vec<Check>, tokio_postgres::Error> {
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await?;
     let mut out = Vec::new();
-    for (name, description, sql) in CHECKS {
+    for (name, description, sql) in checks() {
         let rows = client
             .query(&format!("{sql} LIMIT {SHOWN_VIOLATIONS}"), &[])
             .await?;
@@ -91,6 +169,27 @@ pub async fn run(url: &str) -> Result<Vec<Check>, tokio_postgres::Error> {
     }
     client.batch_execute("COMMIT").await?;
     Ok(out)
+}
+
+/// Refunds from before refunds named their payment (not violations: they
+/// cannot be checked against one); at most [`SHOWN_VIOLATIONS`] of them, and
+/// how many there are.
+pub async fn legacy_refunds(url: &str) -> Result<(Vec<String>, i64), tokio_postgres::Error> {
+    let client = connect(url).await?;
+    let shown = client
+        .query(&format!("{LEGACY_REFUNDS} LIMIT {SHOWN_VIOLATIONS}"), &[])
+        .await?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    let count: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM ({LEGACY_REFUNDS}) AS l"),
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok((shown, count))
 }
 
 /// Payments and entries counted, for the audit summary.

@@ -50,6 +50,10 @@ pub struct SendArgs {
     /// webhook-id header (standard) or event id (stripe); default: a new one per call.
     #[arg(long)]
     pub webhook_id: Option<String>,
+    /// Refunds and disputes: the transaction id of the payment they take
+    /// money from (a PaymentIntent id for stripe, a pspReference for adyen).
+    #[arg(long)]
+    pub payment_transaction_id: Option<String>,
 }
 
 fn parse_scheme(s: &str) -> Result<SchemeKind, String> {
@@ -115,13 +119,16 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
     match args.scheme {
         SchemeKind::Standard => {
             let body = args.body.clone().unwrap_or_else(|| {
-                json!({
+                let mut body = json!({
                     "transaction_id": args.transaction_id,
                     "amount": args.amount,
                     "currency": args.currency,
                     "event_type": args.event_type,
-                })
-                .to_string()
+                });
+                if let Some(parent) = &args.payment_transaction_id {
+                    body["payment_transaction_id"] = json!(parent);
+                }
+                body.to_string()
             });
             let id = delivery_id("msg_");
             let signature = standard::sign(&args.secret, &id, ts, body.as_bytes())?;
@@ -183,6 +190,9 @@ mod tests {
             event_type: event_type.into(),
             body: None,
             webhook_id: None,
+            payment_transaction_id: event_type
+                .starts_with("refund.")
+                .then(|| "pi_cli_0".to_owned()),
         }
     }
 

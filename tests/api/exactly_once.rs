@@ -70,7 +70,11 @@ async fn many_transactions_with_duplicates_leave_the_audit_clean(backend: LeaseB
             if t % 5 == 0 {
                 p["event_type"] = "payment.failed".into();
             } else if t % 7 == 0 {
+                // Refunds of tx_many_1 (101): 5 of 10 fit, racing each other
+                // and, maybe, the payment (a refund first waits for it).
                 p["event_type"] = "refund.succeeded".into();
+                p["amount"] = 10.into();
+                p["payment_transaction_id"] = "tx_many_1".into();
             }
             tasks.push(tokio::spawn(async move {
                 let answers = app.deliver_until_settled(&p, Duration::from_secs(30)).await;

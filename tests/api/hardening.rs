@@ -105,6 +105,7 @@ fn fingerprint_of(p: &serde_json::Value) -> String {
         event_type: fencehook::domain::EventKind::PaymentSucceeded,
         amount_minor: p["amount"].as_i64().unwrap(),
         currency: p["currency"].as_str().unwrap().into(),
+        parent_transaction_id: None,
         occurred_at: None,
     };
     ev.fingerprint()
