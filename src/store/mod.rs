@@ -335,8 +335,6 @@ impl Store {
 }
 
 /// A connection taken from the pool for the fenced writes of one attempt.
-
-/// A connection taken from the pool for the fenced writes of one attempt.
 pub struct Connection(deadpool_postgres::Object);
 
 impl Connection {
