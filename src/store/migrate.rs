@@ -31,11 +31,25 @@ pub enum MigrateError {
 /// Applies every pending migration; creates the database first when it does
 /// not exist. Returns the versions applied by this call.
 pub async fn run(url: &str) -> Result<Vec<String>, MigrateError> {
+    run_until(url, refinery::Target::Latest).await
+}
+
+/// Applies the migrations up to `version` only: a test's database as an
+/// older release left it, to check what a later migration does to its rows.
+#[cfg(feature = "test-support")]
+pub async fn run_to(url: &str, version: i32) -> Result<Vec<String>, MigrateError> {
+    run_until(url, refinery::Target::Version(version)).await
+}
+
+async fn run_until(url: &str, target: refinery::Target) -> Result<Vec<String>, MigrateError> {
     let mut client = connect_or_create(url).await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
-    let result = embedded::migrations::runner().run_async(&mut client).await;
+    let result = embedded::migrations::runner()
+        .set_target(target)
+        .run_async(&mut client)
+        .await;
     client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;

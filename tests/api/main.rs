@@ -11,6 +11,7 @@ mod faults;
 mod hardening;
 mod input;
 mod lease;
+mod lifecycle;
 mod load;
 mod operations;
 mod process;

@@ -58,13 +58,27 @@ pub struct TestContext {
 
 impl TestContext {
     pub async fn new() -> TestContext {
+        let ctx = TestContext::unmigrated();
+        fencehook::store::migrate::run(&ctx.database_url)
+            .await
+            .expect("test database created and migrated");
+        ctx
+    }
+
+    /// A test's database as the release with migrations up to `version` left it.
+    pub async fn at_version(version: i32) -> TestContext {
+        let ctx = TestContext::unmigrated();
+        fencehook::store::migrate::run_to(&ctx.database_url, version)
+            .await
+            .expect("test database created and migrated");
+        ctx
+    }
+
+    fn unmigrated() -> TestContext {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("fh_test_{}", &id[..16]);
         let admin = database_admin_url();
         let database_url = with_dbname(&admin, &db_name);
-        fencehook::store::migrate::run(&database_url)
-            .await
-            .expect("test database created and migrated");
         TestContext {
             client: tokio::sync::OnceCell::new(),
             db_name,
