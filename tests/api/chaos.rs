@@ -1,11 +1,16 @@
 //! `make chaos`: a seeded, bounded run. Three `fencehook serve` processes take
-//! a duplicate-heavy load (each transaction delivered k times at once, every
-//! delivery retried like a PSP until it gets a 200) while a random schedule of
+//! a duplicate-heavy load (each event delivered k times at once, every
+//! delivery retried like a PSP until it gets a 200) of payments' whole lives —
+//! failures then successes, partial refunds, refund failures, disputes and
+//! their reinstatements, each life's events launched in a random order —
+//! while a random schedule of
 //! faults fires: instances SIGKILLed and restarted, SIGSTOPped past their TTL,
 //! Redis killed and restarted empty or stalled, PostgreSQL cut or its backends
 //! terminated. Afterwards it checks the history against the database:
-//! every 200 has a committed terminal row, no transaction has two entries
-//! (`audit`), every transaction eventually got a 200.
+//! every 200 has a committed terminal row, every event eventually got a 200,
+//! each object's ledger comes to what its set of events says (whatever the
+//! order), and the audit (one entry per effect, money out within money in)
+//! is clean.
 //!
 //! `CHAOS_SEED` replays a run; `CHAOS_DURATION_SECS` (default 60) bounds it.
 //! Ignored in `cargo test`; run by `make chaos`
@@ -16,6 +21,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
@@ -30,8 +36,10 @@ const TTL_MS: u64 = 1000;
 
 #[derive(Default)]
 struct History {
-    /// Every answer, per transaction.
-    answers: HashMap<String, Vec<Reply>>,
+    /// Every answer, per (transaction, event type).
+    answers: HashMap<(String, String), Vec<Reply>>,
+    /// What each object's ledger must come to, from its set of events.
+    expected_net: HashMap<String, i64>,
     faults: BTreeMap<&'static str, usize>,
     log: Vec<String>,
 }
@@ -117,7 +125,8 @@ async fn chaos() {
     // Deliveries keep retrying (like a PSP) for a while after the faults stop.
     let settle_end = load_end + Duration::from_secs(45);
 
-    // The load: a new transaction every 25 ms, each delivered k times at once.
+    // The load: a new payment life every 25 ms, its events launched in a
+    // random order, each event delivered k times at once (children twice).
     let load = {
         let (bases, history) = (bases.clone(), history.clone());
         let mut load_rng = StdRng::seed_from_u64(seed ^ 0x5eed);
@@ -125,36 +134,45 @@ async fn chaos() {
             let mut deliveries = Vec::new();
             let mut t = 0usize;
             while Instant::now() < load_end {
-                let tx = format!("tx_chaos_{t}");
-                let amount = load_rng.gen_range(1..100_000);
-                let failed = load_rng.gen_bool(0.05);
-                for _ in 0..DUPLICATES {
-                    let first = load_rng.gen_range(0..INSTANCES);
-                    let (bases, history, tx) = (bases.clone(), history.clone(), tx.clone());
-                    let mut p = payment(&tx, amount);
-                    if failed {
-                        p["event_type"] = "payment.failed".into();
+                let events = life(t, &mut load_rng);
+                {
+                    let mut h = history.lock().unwrap();
+                    for (tx, net) in expected_net(&events) {
+                        h.expected_net.insert(tx, net);
                     }
-                    deliveries.push(tokio::spawn(async move {
-                        let mut i = first;
-                        loop {
-                            let base = bases.read().unwrap()[i % INSTANCES].clone();
-                            let r = deliver_to(&base, &p).await;
-                            let done = r.status == 200;
-                            history
-                                .lock()
-                                .unwrap()
-                                .answers
-                                .entry(tx.clone())
-                                .or_default()
-                                .push(r);
-                            if done || Instant::now() >= settle_end {
-                                return;
+                }
+                for (n, e) in events.into_iter().enumerate() {
+                    let copies = if n == 0 { DUPLICATES } else { 2 };
+                    let delay = Duration::from_millis(load_rng.gen_range(0..300));
+                    for _ in 0..copies {
+                        let first = load_rng.gen_range(0..INSTANCES);
+                        let (bases, history, e) = (bases.clone(), history.clone(), e.clone());
+                        let key = (
+                            e["transaction_id"].as_str().unwrap().to_owned(),
+                            e["event_type"].as_str().unwrap().to_owned(),
+                        );
+                        deliveries.push(tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            let mut i = first;
+                            loop {
+                                let base = bases.read().unwrap()[i % INSTANCES].clone();
+                                let r = deliver_to(&base, &e).await;
+                                let done = r.status == 200;
+                                history
+                                    .lock()
+                                    .unwrap()
+                                    .answers
+                                    .entry(key.clone())
+                                    .or_default()
+                                    .push(r);
+                                if done || Instant::now() >= settle_end {
+                                    return;
+                                }
+                                i += 1; // a PSP retry may land on another instance
+                                tokio::time::sleep(Duration::from_millis(200)).await;
                             }
-                            i += 1; // a PSP retry may land on another instance
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                    }));
+                        }));
+                    }
                 }
                 t += 1;
                 tokio::time::sleep(Duration::from_millis(25)).await;
@@ -236,7 +254,7 @@ async fn chaos() {
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     let mut violations = Vec::new();
     let mut deliveries = 0;
-    for (tx, answers) in &h.answers {
+    for ((tx, event_type), answers) in &h.answers {
         for a in answers {
             deliveries += 1;
             let label = if a.status == 0 {
@@ -248,13 +266,38 @@ async fn chaos() {
         }
         let got_200 = answers.iter().any(|a| a.status == 200);
         if !got_200 {
-            violations.push(format!("{tx}: never answered 200"));
+            violations.push(format!("{tx} {event_type}: never answered 200"));
             continue;
         }
         let row: Option<(String, i64)> = env.ctx.payment(tx).await;
         match row.as_ref().map(|r| r.0.as_str()) {
             Some("succeeded" | "failed") => {}
-            other => violations.push(format!("{tx}: answered 200 but the row is {other:?}")),
+            other => violations.push(format!(
+                "{tx} {event_type}: answered 200 but the row is {other:?}"
+            )),
+        }
+    }
+    let nets: HashMap<String, i64> = env
+        .ctx
+        .db()
+        .await
+        .query(
+            "SELECT p.transaction_id, coalesce(sum(l.amount_minor), 0)::bigint
+               FROM payments p LEFT JOIN ledger_entries l ON l.payment_id = p.id
+              GROUP BY p.transaction_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for (tx, want) in &h.expected_net {
+        let got = nets.get(tx).copied().unwrap_or(0);
+        if got != *want {
+            violations.push(format!(
+                "{tx}: its ledger comes to {got}, its events to {want}"
+            ));
         }
     }
     for c in fencehook::store::audit::run(&env.ctx.database_url)
@@ -269,7 +312,8 @@ async fn chaos() {
     let entries = env.ctx.entries().await;
 
     println!("\nchaos summary (seed {seed}, {secs} s)");
-    println!("  transactions          {:>8}", h.answers.len());
+    println!("  objects               {:>8}", h.expected_net.len());
+    println!("  events                {:>8}", h.answers.len());
     println!("  deliveries (attempts) {deliveries:>8}");
     println!("  payments rows         {payments:>8}");
     println!("  ledger entries        {entries:>8}");
@@ -294,4 +338,90 @@ async fn chaos() {
         "chaos found {} violation(s); replay with CHAOS_SEED={seed}",
         violations.len()
     );
+}
+
+/// The events of one payment's life, in a random order: a payment (5 %
+/// failed for good, 10 % failed before it succeeds), and for a fifth of them
+/// a partial refund, sometimes a second one that fails, sometimes a dispute
+/// that may be reinstated. Children never take more than the payment.
+fn life(t: usize, rng: &mut StdRng) -> Vec<serde_json::Value> {
+    let pay = format!("tx_chaos_{t}");
+    let amount = rng.gen_range(4..100_000);
+    let child = |event_type: &str, tx: String, amount: i64| {
+        let mut e = payment(&tx, amount);
+        e["event_type"] = event_type.into();
+        e["payment_transaction_id"] = pay.clone().into();
+        e
+    };
+    let with_type = |event_type: &str| {
+        let mut e = payment(&pay, amount);
+        e["event_type"] = event_type.into();
+        e
+    };
+    if rng.gen_bool(0.05) {
+        return vec![with_type("payment.failed")];
+    }
+    let mut events = vec![payment(&pay, amount)];
+    if rng.gen_bool(0.1) {
+        events.push(with_type("payment.failed"));
+    }
+    if rng.gen_bool(0.2) {
+        let quarter = amount / 4;
+        events.push(child("refund.succeeded", format!("re_chaos_{t}"), quarter));
+        if rng.gen_bool(0.5) {
+            let tx = format!("re_chaos_{t}_b");
+            events.push(child("refund.succeeded", tx.clone(), quarter));
+            events.push(child("refund.failed", tx, quarter));
+        }
+        if rng.gen_bool(0.5) {
+            let tx = format!("dp_chaos_{t}");
+            events.push(child("dispute.funds_withdrawn", tx.clone(), quarter));
+            if rng.gen_bool(0.5) {
+                events.push(child("dispute.funds_reinstated", tx, quarter));
+            }
+        }
+    }
+    events.shuffle(rng);
+    events
+}
+
+/// What each object's ledger comes to from its set of events, whatever their order.
+fn expected_net(events: &[serde_json::Value]) -> Vec<(String, i64)> {
+    let has = |event_type: &str, tx: &str| {
+        events
+            .iter()
+            .any(|e| e["event_type"] == event_type && e["transaction_id"] == tx)
+    };
+    let mut out: Vec<(String, i64)> = Vec::new();
+    for e in events {
+        let tx = e["transaction_id"].as_str().unwrap();
+        let amount = e["amount"].as_i64().unwrap();
+        let net = match e["event_type"].as_str().unwrap() {
+            "payment.succeeded" | "payment.failed" => {
+                if has("payment.succeeded", tx) {
+                    amount
+                } else {
+                    0
+                }
+            }
+            "refund.succeeded" | "refund.failed" => {
+                if has("refund.succeeded", tx) && !has("refund.failed", tx) {
+                    -amount
+                } else {
+                    0
+                }
+            }
+            _ => {
+                if has("dispute.funds_reinstated", tx) {
+                    0
+                } else {
+                    -amount
+                }
+            }
+        };
+        if !out.iter().any(|(t, _)| t == tx) {
+            out.push((tx.to_owned(), net));
+        }
+    }
+    out
 }
