@@ -11,11 +11,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::downstream::Downstream;
 use crate::health::Health;
-use crate::http::state::State;
+use crate::http::state::{RequestLimits, State};
 use crate::http::Limits;
+use crate::inbox::Inbox;
 use crate::lease::{Lease, LeaseError};
 use crate::metrics::{Listener, Metrics};
 use crate::processor::Processor;
@@ -47,6 +48,8 @@ const ADMIN_DRAIN: Duration = Duration::from_secs(1);
 
 pub struct App {
     state: Arc<State>,
+    /// Inbox workers to run beside the listeners.
+    workers: usize,
     listener: TcpListener,
     admin: TcpListener,
     drain: Duration,
@@ -92,23 +95,30 @@ impl App {
             cfg.inflight_wait,
             downstream,
         ));
+        let inbox_mode = cfg.inbox.mode == Mode::Inbox;
+        let inbox = inbox_mode.then(|| Arc::new(inbox_of(&cfg, &store, &processor, &metrics)));
         let health = Arc::new(Health::new(
             store,
             lease,
             metrics.clone(),
             cfg.lease.max_hold,
             cfg.lease.fence_key_ttl,
+            inbox_mode,
         ));
         let listener = bind(cfg.listen).await?;
         let admin = bind(cfg.admin_listen).await?;
+        let workers = cfg.inbox.workers;
         let state = State::new(
             cfg.providers,
             processor,
+            inbox,
             metrics,
             health,
-            cfg.max_body_bytes,
-            cfg.body_timeout,
-            cfg.max_inflight,
+            RequestLimits {
+                max_body_bytes: cfg.max_body_bytes,
+                body_timeout: cfg.body_timeout,
+                max_inflight: cfg.max_inflight,
+            },
         );
         Ok(App {
             state: Arc::new(state),
@@ -116,6 +126,7 @@ impl App {
             admin,
             drain: cfg.shutdown_timeout,
             max_connections: cfg.max_connections,
+            workers,
         })
     }
 
@@ -150,8 +161,14 @@ impl App {
             admin,
             drain,
             max_connections,
+            workers,
         } = self;
         let upkeep = tokio::spawn(state.health.clone().upkeep());
+        let (workers_stop, workers_stopped) = watch::channel(false);
+        let workers_task = state
+            .inbox
+            .clone()
+            .map(|inbox| tokio::spawn(inbox.run(workers, workers_stopped)));
         let (admin_stop_tx, mut admin_stop_rx) = watch::channel(false);
         let admin_task = tokio::spawn({
             let limits = Limits {
@@ -188,8 +205,95 @@ impl App {
             metrics: state.metrics.clone(),
         };
         crate::http::serve(listener, handler, public_shutdown, limits).await;
+        // Workers finish (or abandon, fenced) their current attempt; every
+        // accepted event is in the database for the next worker.
+        let _ = workers_stop.send(true);
+        if let Some(task) = workers_task {
+            if tokio::time::timeout(drain, task).await.is_err() {
+                tracing::warn!("inbox workers still busy past the drain timeout; their events will be taken again");
+            }
+        }
         let _ = admin_stop_tx.send(true);
         let _ = admin_task.await;
+        upkeep.abort();
+        tracing::info!("stopped");
+    }
+}
+
+/// The inbox of this configuration: workers book with the sync processor
+/// minus its in-flight wait, and own a taken event for as long as a lease
+/// can be held for it.
+fn inbox_of(cfg: &Config, store: &Store, processor: &Processor, metrics: &Metrics) -> Inbox {
+    Inbox::new(
+        store.clone(),
+        processor.without_inflight_wait(),
+        metrics.clone(),
+        cfg.inbox.clone(),
+        cfg.db.clone(),
+        cfg.lease.max_hold + cfg.lease.ttl,
+    )
+}
+
+/// `fencehook work`: inbox workers alone, no listeners.
+pub struct Workers {
+    inbox: Arc<Inbox>,
+    health: Arc<Health>,
+    workers: usize,
+    drain: Duration,
+}
+
+impl Workers {
+    pub async fn build(cfg: Config) -> Result<Workers, AppError> {
+        if cfg.migrate_on_start {
+            migrate::run(&cfg.db.url).await?;
+        }
+        let metrics = Metrics::new(&[]);
+        let store = Store::new(&cfg.db)?;
+        let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
+        let downstream = cfg
+            .downstream_url
+            .clone()
+            .map(|u| Downstream::new(u, cfg.downstream_timeout, metrics.clone()));
+        let processor = Processor::new(
+            store.clone(),
+            lease.clone(),
+            metrics.clone(),
+            cfg.inflight_wait,
+            downstream,
+        );
+        let inbox = Arc::new(inbox_of(&cfg, &store, &processor, &metrics));
+        let health = Arc::new(Health::new(
+            store,
+            lease,
+            metrics,
+            cfg.lease.max_hold,
+            cfg.lease.fence_key_ttl,
+            true,
+        ));
+        Ok(Workers {
+            inbox,
+            health,
+            workers: cfg.inbox.workers.max(1),
+            drain: cfg.shutdown_timeout,
+        })
+    }
+
+    /// Works until `shutdown` resolves, then lets the current attempts end
+    /// (bounded by the shutdown timeout).
+    pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) {
+        let upkeep = tokio::spawn(self.health.clone().upkeep());
+        let (stop, stopped) = watch::channel(false);
+        let mut task = tokio::spawn(self.inbox.run(self.workers, stopped));
+        tokio::select! {
+            _ = &mut task => {}
+            () = shutdown => {
+                tracing::info!("shutting down: letting the current attempts end");
+                let _ = stop.send(true);
+                if tokio::time::timeout(self.drain, task).await.is_err() {
+                    tracing::warn!("inbox workers still busy past the drain timeout; their events will be taken again");
+                }
+            }
+        }
         upkeep.abort();
         tracing::info!("stopped");
     }

@@ -115,6 +115,88 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "FENCEHOOK_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub inbox: InboxArgs,
+}
+
+/// Inbox mode: accept in one write, book asynchronously.
+#[derive(Debug, Clone, Args)]
+pub struct InboxArgs {
+    /// sync: book before answering; inbox: answer `accepted` after one
+    /// durable write, workers book it.
+    #[arg(long, env = "FENCEHOOK_MODE", value_enum, default_value = "sync")]
+    pub mode: Mode,
+    /// Inbox workers in this process (0: accept only).
+    #[arg(long, env = "FENCEHOOK_WORKERS", default_value_t = 4)]
+    pub workers: usize,
+    /// First retry delay after a failed attempt; doubles per attempt, with jitter.
+    #[arg(long, env = "FENCEHOOK_RETRY_BASE_MS", default_value_t = 1000)]
+    pub retry_base_ms: u64,
+    /// Longest retry delay.
+    #[arg(long, env = "FENCEHOOK_RETRY_MAX_MS", default_value_t = 3_600_000)]
+    pub retry_max_ms: u64,
+    /// Failed attempts after which an event is dead (until replayed).
+    #[arg(long, env = "FENCEHOOK_MAX_ATTEMPTS", default_value_t = 20)]
+    pub max_attempts: u32,
+    /// Age after which an event is dead, whatever its attempts.
+    #[arg(long, env = "FENCEHOOK_MAX_AGE_SECS", default_value_t = 259_200)]
+    pub max_age_secs: u64,
+    /// How long `fencehook prune` keeps finished events.
+    #[arg(long, env = "FENCEHOOK_EVENT_RETENTION_DAYS", default_value_t = 30)]
+    pub event_retention_days: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Sync,
+    Inbox,
+}
+
+/// Inbox settings, validated.
+#[derive(Debug, Clone)]
+pub struct InboxConfig {
+    pub mode: Mode,
+    pub workers: usize,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub max_attempts: u32,
+    pub max_age: Duration,
+    pub retention: Duration,
+}
+
+impl InboxArgs {
+    pub fn validate(&self) -> Result<InboxConfig, ConfigError> {
+        if self.retry_base_ms == 0 {
+            return Err(bad("FENCEHOOK_RETRY_BASE_MS", "must be above 0"));
+        }
+        if self.retry_max_ms < self.retry_base_ms {
+            return Err(bad(
+                "FENCEHOOK_RETRY_MAX_MS",
+                "must be at least FENCEHOOK_RETRY_BASE_MS",
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(bad("FENCEHOOK_MAX_ATTEMPTS", "must be at least 1"));
+        }
+        if self.max_age_secs == 0 {
+            return Err(bad("FENCEHOOK_MAX_AGE_SECS", "must be above 0"));
+        }
+        if self.event_retention_days == 0 {
+            return Err(bad("FENCEHOOK_EVENT_RETENTION_DAYS", "must be at least 1"));
+        }
+        if self.workers > 256 {
+            return Err(bad("FENCEHOOK_WORKERS", "must be at most 256"));
+        }
+        Ok(InboxConfig {
+            mode: self.mode,
+            workers: self.workers,
+            retry_base: Duration::from_millis(self.retry_base_ms),
+            retry_max: Duration::from_millis(self.retry_max_ms),
+            max_attempts: self.max_attempts,
+            max_age: Duration::from_secs(self.max_age_secs),
+            retention: Duration::from_secs(self.event_retention_days * 86_400),
+        })
+    }
 }
 
 /// PostgreSQL settings, shared by `serve`, `migrate` and `audit`.
@@ -234,6 +316,7 @@ pub struct Config {
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
     pub migrate_on_start: bool,
+    pub inbox: InboxConfig,
 }
 
 impl DbArgs {
@@ -263,6 +346,17 @@ impl DbArgs {
 impl ServeArgs {
     /// Checks every setting and the rules between them.
     pub fn validate(&self) -> Result<Config, ConfigError> {
+        self.validate_with(true)
+    }
+
+    /// As [`ServeArgs::validate`], for `fencehook work`: workers verify no
+    /// signature, so providers are optional (the same environment file as
+    /// `serve` still works).
+    pub fn validate_for_workers(&self) -> Result<Config, ConfigError> {
+        self.validate_with(false)
+    }
+
+    fn validate_with(&self, providers_required: bool) -> Result<Config, ConfigError> {
         let listen = self.listen.parse().map_err(|_| {
             bad(
                 "FENCEHOOK_LISTEN",
@@ -349,6 +443,7 @@ impl ServeArgs {
         }
         let providers = match &self.providers {
             Some(path) => providers::load_file(path).map_err(|e| bad("FENCEHOOK_PROVIDERS", e))?,
+            None if !providers_required && self.generic_secret.is_none() => Vec::new(),
             None => {
                 let secret = self.generic_secret.as_deref().ok_or_else(|| {
                     bad(
@@ -374,6 +469,7 @@ impl ServeArgs {
             max_connections: self.max_connections,
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             migrate_on_start: self.migrate_on_start,
+            inbox: self.inbox.validate()?,
         })
     }
 

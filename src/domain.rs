@@ -24,11 +24,11 @@
 //! (see `store`). A payment not yet succeeded here makes the refund wait; a
 //! failed payment, another currency or too much is a [`Rejection`].
 //!
-//! `processing` means a first event was claimed and not finished (no money
-//! moved yet), so it decides like "no row". Transitions out of a terminal
-//! status keep the row's status until their final write.
+//! `queued`, `processing` and `dead` mean no event has settled the row yet
+//! (no money moved), so they decide like "no row". Transitions out of a
+//! settled status keep the row's status until their final write.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 /// What kind of money object a row is (the `kind` column).
@@ -57,7 +57,7 @@ impl ObjectKind {
 }
 
 /// What happened to the money object, after mapping a provider's own event names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EventKind {
     /// Money in: one credit ledger entry.
     #[serde(rename = "payment.succeeded")]
@@ -119,8 +119,9 @@ impl EventKind {
     }
 }
 
-/// The one shape every provider's payload is mapped to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// The one shape every provider's payload is mapped to (and, in inbox mode,
+/// stored in `events.canonical` for the workers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CanonicalEvent {
     pub provider: String,
     pub transaction_id: String,
@@ -176,31 +177,43 @@ impl CanonicalEvent {
 /// Where a payments row stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
+    /// Inbox mode: accepted, not yet claimed by any worker.
+    Queued,
+    /// Claimed by a holder that has not finished (no money moved yet).
     Processing,
     Succeeded,
     Failed,
+    /// Inbox mode: its first event was given up on (see its events); nothing
+    /// moved. A replay or a new delivery starts it again.
+    Dead,
 }
 
 impl Status {
+    pub const ALL: &'static [Status] = &[
+        Status::Queued,
+        Status::Processing,
+        Status::Succeeded,
+        Status::Failed,
+        Status::Dead,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
+            Status::Queued => "queued",
             Status::Processing => "processing",
             Status::Succeeded => "succeeded",
             Status::Failed => "failed",
+            Status::Dead => "dead",
         }
     }
 
     pub fn parse(s: &str) -> Option<Status> {
-        match s {
-            "processing" => Some(Status::Processing),
-            "succeeded" => Some(Status::Succeeded),
-            "failed" => Some(Status::Failed),
-            _ => None,
-        }
+        Status::ALL.iter().copied().find(|st| st.as_str() == s)
     }
 
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, Status::Processing)
+    /// Whether money may have moved: the row was settled by an event.
+    pub fn is_settled(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed)
     }
 }
 
@@ -262,14 +275,18 @@ pub struct Transition {
 }
 
 impl Transition {
-    /// The statuses the conditioned write may find on the row: a claim left
-    /// `processing` (taken over with a higher token) and `from`.
+    /// The statuses the conditioned write may find on the row: for a first
+    /// settlement, any unsettled one (queued, a claim left `processing` and
+    /// taken over with a higher token, dead); else `from` (a transition's
+    /// claim leaves the row's status alone until its finalize).
     pub fn from_statuses(self) -> Vec<&'static str> {
-        let mut v = vec![Status::Processing.as_str()];
-        if let Some(from) = self.from {
-            v.push(from.as_str());
+        match self.from {
+            None => [Status::Queued, Status::Processing, Status::Dead]
+                .iter()
+                .map(|s| s.as_str())
+                .collect(),
+            Some(from) => vec![from.as_str()],
         }
-        v
     }
 }
 
@@ -289,10 +306,7 @@ pub enum Decision {
 pub fn decide(event: EventKind, current: Option<Status>) -> Decision {
     use EventKind::*;
     use Status::*;
-    let settled = match current {
-        None | Some(Processing) => None,
-        Some(s) => Some(s),
-    };
+    let settled = current.filter(|s| s.is_settled());
     let first = |to, effect| {
         Decision::Apply(Transition {
             from: None,
@@ -406,7 +420,7 @@ mod tests {
 
     #[test]
     fn every_status_and_kind_round_trips_through_its_name() {
-        for s in [Status::Processing, Status::Succeeded, Status::Failed] {
+        for &s in Status::ALL {
             assert_eq!(Status::parse(s.as_str()), Some(s));
         }
         for &k in EventKind::ALL {

@@ -15,8 +15,12 @@ use crate::metrics::{DownstreamResult, Metrics};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DownstreamError {
-    #[error("downstream answered {0}")]
-    Status(u16),
+    #[error("downstream answered {status}")]
+    Status {
+        status: u16,
+        /// The response's `Retry-After`, when it said when to come back.
+        retry_after: Option<Duration>,
+    },
     #[error("downstream did not answer within {0:?}")]
     Timeout(Duration),
     #[error("downstream unreachable")]
@@ -74,16 +78,69 @@ impl Downstream {
                 .await
                 .map_err(|e| DownstreamError::Transport(e.into()))?;
             let status = resp.status();
+            let retry_after = resp
+                .headers()
+                .get(hyper::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| retry_after(v, std::time::SystemTime::now()));
             // Drain the body so the connection can be reused.
             let _ = resp.into_body().collect().await;
             if status.is_success() {
                 Ok(())
             } else {
-                Err(DownstreamError::Status(status.as_u16()))
+                Err(DownstreamError::Status {
+                    status: status.as_u16(),
+                    retry_after,
+                })
             }
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| DownstreamError::Timeout(self.timeout))?
+    }
+}
+
+impl DownstreamError {
+    /// When the downstream asked to be called again, if it said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            DownstreamError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// A `Retry-After` value (RFC 9110: delay-seconds or an HTTP-date) as a wait
+/// from `now`; `None` when it is neither. A date in the past means now.
+pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Too many digits for u64 is still "a very long time".
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn retry_after_takes_seconds_or_an_http_date() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470); // 2015-10-21 07:27:50 UTC
+        assert_eq!(retry_after("3", now), Some(Duration::from_secs(3)));
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        for bad in ["", "-1", "soon"] {
+            assert_eq!(retry_after(bad, now), None, "{bad:?}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lease::Lease;
-use crate::metrics::{self, Backend, Metrics};
+use crate::metrics::{self, Backend, InboxStatus, Metrics};
 use crate::store::Store;
 
 /// Bound on one readiness probe.
@@ -37,6 +37,8 @@ pub struct Health {
     max_hold: Duration,
     /// `FENCEHOOK_FENCE_KEY_TTL_SECS`: an idle counter older than this is dropped.
     counter_idle: Duration,
+    /// Inbox mode: sample `fencehook_inbox_rows`.
+    inbox: bool,
 }
 
 impl Health {
@@ -46,6 +48,7 @@ impl Health {
         metrics: Metrics,
         max_hold: Duration,
         counter_idle: Duration,
+        inbox: bool,
     ) -> Health {
         let health = Health {
             store,
@@ -53,6 +56,7 @@ impl Health {
             metrics,
             max_hold,
             counter_idle,
+            inbox,
         };
         health.set_backend_up(false, false);
         health
@@ -113,6 +117,20 @@ impl Health {
         self.metrics.backend_up(Backend::Lease).set(up(lease));
     }
 
+    /// Samples `fencehook_inbox_rows{status}` (inbox mode).
+    pub async fn count_inbox(&self) {
+        if !self.inbox {
+            return;
+        }
+        if let Ok(Ok(c)) = tokio::time::timeout(PROBE_TIMEOUT, self.store.inbox_counts()).await {
+            let m = &self.metrics;
+            m.inbox_rows(InboxStatus::Queued).set(c.queued as f64);
+            m.inbox_rows(InboxStatus::Processing)
+                .set(c.processing as f64);
+            m.inbox_rows(InboxStatus::Dead).set(c.dead as f64);
+        }
+    }
+
     /// Drops lease rows (PostgreSQL backend) nobody has used for the
     /// counter's idle expiry, a batch at a time, so the table stays bounded.
     pub async fn prune_leases(&self) -> i64 {
@@ -135,6 +153,7 @@ impl Health {
             self.refresh_pool_gauges();
             let _ = self.probe().await;
             self.count_stuck().await;
+            self.count_inbox().await;
             self.metrics.upkeep();
             if n % PRUNE_EVERY_TICKS == PRUNE_EVERY_TICKS - 1 {
                 self.prune_leases().await;

@@ -37,7 +37,7 @@
 //! answers file) are **not** in this library: they live under `src/tools/`,
 //! a module tree of the `fencehook` binary (declared in `main.rs`), so no
 //! service module can import them and their dependencies (`hdrhistogram`,
-//! `rand`, `humantime`) never reach the service.
+//! `humantime`) never reach the service.
 //!
 //! Test seams (`Hooks`, `App::build_with_hooks`, `LeaseGuard::abandon`, the
 //! `fail` failpoints) exist only with the `test-support` feature.
@@ -52,6 +52,7 @@ pub mod downstream;
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod inbox;
 pub mod lease;
 pub mod metrics;
 pub mod processor;

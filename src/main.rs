@@ -26,12 +26,25 @@ struct Cli {
 enum Command {
     /// Serve webhooks (public listener) and /metrics, /healthz, /readyz (admin listener).
     Serve(ServeArgs),
+    /// Inbox mode: run workers only (no listeners) that book the accepted
+    /// events; takes the same settings as `serve`.
+    Work(ServeArgs),
     /// Apply the migrations in sql/ (creates the database if missing).
     Migrate(DbArgs),
     /// Validate the settings and the providers file without starting; exits 2 on the first bad one.
     CheckConfig(ServeArgs),
     /// Check the database invariants; exits 1 on any violation.
     Audit(AuditArgs),
+    /// Show one transaction: its row, its refunds and disputes, their ledger
+    /// entries and their events (attempts, last error). Exits 1 when unknown.
+    Inspect(tools::ops::InspectArgs),
+    /// Re-queue dead inbox events (one transaction's, or every dead one
+    /// since a time); prints what it re-queued.
+    Replay(tools::ops::ReplayArgs),
+    /// List or search the stored inbox events.
+    Events(tools::ops::EventsArgs),
+    /// Delete finished inbox events (and quarantined items) past retention.
+    Prune(tools::ops::PruneArgs),
     /// Sign and send one webhook as a standard, stripe or adyen provider would (for demos).
     Send(SendArgs),
     /// Drive one or more instances with signed deliveries, k copies each; report
@@ -113,6 +126,27 @@ async fn run(cli: Cli) -> ExitCode {
             app.run_until_stopped(shutdown_signal()).await;
             ExitCode::SUCCESS
         }
+        Command::Work(args) => {
+            init_tracing(args.log_format);
+            warn_unknown_settings();
+            let cfg = match args.validate_for_workers() {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    eprintln!("fencehook: invalid configuration: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let workers = match fencehook::app::Workers::build(cfg).await {
+                Ok(w) => w,
+                Err(e) => {
+                    eprintln!("fencehook: cannot start: {}", fencehook::error::chain(&e));
+                    return ExitCode::FAILURE;
+                }
+            };
+            tracing::info!("fencehook working");
+            workers.run_until_stopped(shutdown_signal()).await;
+            ExitCode::SUCCESS
+        }
         Command::Migrate(db) => {
             init_tracing(LogFormat::Text);
             match fencehook::store::migrate::run(&db.database_url).await {
@@ -136,6 +170,10 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Inspect(args) => exit(tools::ops::inspect(&args).await),
+        Command::Replay(args) => exit(tools::ops::replay(&args).await),
+        Command::Events(args) => exit(tools::ops::events(&args).await),
+        Command::Prune(args) => exit(tools::ops::prune(&args).await),
         Command::Send(args) => match tools::send::send(&args).await {
             Ok((status, body)) => {
                 println!("{status} {body}");
@@ -159,6 +197,19 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// Exit 0 when the command did what was asked, 1 when it found nothing, 2
+/// when it could not run.
+fn exit(result: Result<bool, String>) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("fencehook: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

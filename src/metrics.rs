@@ -42,6 +42,9 @@ pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing
 pub const BUILD_INFO: &str = "fencehook_build_info";
 pub const REQUESTS_REJECTED_TOTAL: &str = "fencehook_requests_rejected_total";
 pub const STALE_EVENTS_TOTAL: &str = "fencehook_stale_events_total";
+pub const INBOX_ROWS: &str = "fencehook_inbox_rows";
+pub const INBOX_LAG_SECONDS: &str = "fencehook_inbox_lag_seconds";
+pub const INBOX_ATTEMPTS_TOTAL: &str = "fencehook_inbox_attempts_total";
 pub const REFUND_REJECTED_TOTAL: &str = "fencehook_refund_rejected_total";
 pub const ITEMS_QUARANTINED_TOTAL: &str = "fencehook_items_quarantined_total";
 pub const CONNECTIONS_OPEN: &str = "fencehook_connections_open";
@@ -75,6 +78,8 @@ label_enum! {
     /// line's `result`, and the label of `fencehook_webhooks_total`.
     WebhookResult {
         Processed => "processed",
+        /// Inbox mode: durably queued for the workers.
+        Accepted => "accepted",
         Duplicate => "duplicate",
         /// Older than the row's state: nothing changed.
         Stale => "stale",
@@ -118,6 +123,31 @@ label_enum! {
     Listener {
         Public => "public",
         Admin => "admin",
+    }
+}
+
+label_enum! {
+    /// How an inbox worker's attempt at an event ended
+    /// (`fencehook_inbox_attempts_total{result}`).
+    InboxAttempt {
+        /// Booked, or found booked: the event is done.
+        Done => "done",
+        /// The business step failed: an attempt spent, retried after a backoff.
+        Retry => "retry",
+        /// Put back without spending an attempt (lease held elsewhere, a
+        /// store down, a refund waiting for its payment).
+        Requeued => "requeued",
+        /// Given up until replayed.
+        Dead => "dead",
+    }
+}
+
+label_enum! {
+    /// `fencehook_inbox_rows{status}`: events by status.
+    InboxStatus {
+        Queued => "queued",
+        Processing => "processing",
+        Dead => "dead",
     }
 }
 
@@ -170,6 +200,11 @@ const LATENCY_BUCKETS: &[f64] = &[
 const HELD_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
+/// Inbox lag: milliseconds when workers keep up, hours when a downstream is down.
+const LAG_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0,
+    86400.0,
+];
 const MARGIN_BUCKETS: &[f64] = &[
     0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 30.0,
 ];
@@ -192,6 +227,8 @@ struct Inner {
     backend_up: HashMap<Backend, Gauge>,
     requests_rejected: HashMap<RejectReason, Counter>,
     refund_rejected: HashMap<Rejection, Counter>,
+    inbox_attempts: HashMap<InboxAttempt, Counter>,
+    inbox_rows: HashMap<InboxStatus, Gauge>,
     quarantined: HashMap<QuarantineReason, Counter>,
     connections_open: HashMap<Listener, Gauge>,
     connections_refused: HashMap<Listener, Counter>,
@@ -211,6 +248,7 @@ struct Handles {
     fence_rejected: Counter,
     fence_resync: Counter,
     stale_events: Counter,
+    inbox_lag: Histogram,
     downstream_duration: Histogram,
     webhook_duration: Histogram,
 }
@@ -234,6 +272,9 @@ impl Metrics {
             })
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Full(LEASE_HELD_SECONDS.into()), HELD_BUCKETS)
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(INBOX_LAG_SECONDS.into()), LAG_BUCKETS)
             })
             .and_then(|b| {
                 b.set_buckets_for_metric(
@@ -265,6 +306,7 @@ impl Metrics {
             fence_rejected: c(FENCE_REJECTED_TOTAL, &[]),
             fence_resync: c(FENCE_RESYNC_TOTAL, &[]),
             stale_events: c(STALE_EVENTS_TOTAL, &[]),
+            inbox_lag: h(INBOX_LAG_SECONDS),
             downstream_duration: h(DOWNSTREAM_DURATION_SECONDS),
             webhook_duration: h(WEBHOOK_DURATION_SECONDS),
         };
@@ -297,6 +339,19 @@ impl Metrics {
         let refund_rejected = Rejection::ALL
             .iter()
             .map(|&r| (r, zero(c(REFUND_REJECTED_TOTAL, &[("reason", r.as_str())]))))
+            .collect();
+        let inbox_attempts = InboxAttempt::ALL
+            .iter()
+            .map(|&r| (r, zero(c(INBOX_ATTEMPTS_TOTAL, &[("result", r.as_str())]))))
+            .collect();
+        let inbox_rows = InboxStatus::ALL
+            .iter()
+            .map(|&st| {
+                let key = Key::from_parts(INBOX_ROWS, vec![Label::new("status", st.as_str())]);
+                let gauge = recorder.register_gauge(&key, &META);
+                gauge.set(0.0);
+                (st, gauge)
+            })
             .collect();
         let quarantined = QuarantineReason::ALL
             .iter()
@@ -344,6 +399,8 @@ impl Metrics {
             backend_up,
             requests_rejected,
             refund_rejected,
+            inbox_attempts,
+            inbox_rows,
             quarantined,
             connections_open,
             connections_refused,
@@ -452,6 +509,15 @@ impl Metrics {
     }
     pub fn stale_events(&self) -> &Counter {
         &self.inner.h.stale_events
+    }
+    pub fn inbox_attempts(&self, result: InboxAttempt) -> &Counter {
+        &self.inner.inbox_attempts[&result]
+    }
+    pub fn inbox_rows(&self, status: InboxStatus) -> &Gauge {
+        &self.inner.inbox_rows[&status]
+    }
+    pub fn inbox_lag(&self) -> &Histogram {
+        &self.inner.h.inbox_lag
     }
     pub fn refund_rejected(&self, reason: Rejection) -> &Counter {
         &self.inner.refund_rejected[&reason]
@@ -584,6 +650,21 @@ fn describe(rec: &PrometheusRecorder) {
         REFUND_REJECTED_TOTAL,
         None,
         "Refunds and disputes their payment cannot give (failed payment, other currency, more than came in): nothing booked.",
+    );
+    d(
+        INBOX_ROWS,
+        None,
+        "Inbox events by status: queued (waiting), processing (taken by a worker), dead (given up until replayed).",
+    );
+    d(
+        INBOX_LAG_SECONDS,
+        Some(Unit::Seconds),
+        "Inbox: from an event's acceptance to its booking.",
+    );
+    d(
+        INBOX_ATTEMPTS_TOTAL,
+        None,
+        "Inbox workers' attempts by result: done, retry (an attempt spent), requeued (none spent), dead.",
     );
     d(
         ITEMS_QUARANTINED_TOTAL,

@@ -146,6 +146,15 @@ impl Processor {
         }
     }
 
+    /// This processor without the in-flight wait: an inbox worker that finds
+    /// the lease held moves on to other work instead of waiting.
+    pub fn without_inflight_wait(&self) -> Processor {
+        Processor {
+            inflight_wait: Duration::ZERO,
+            ..self.clone()
+        }
+    }
+
     #[cfg(feature = "test-support")]
     pub fn with_hooks(mut self, hooks: hooks::Hooks) -> Processor {
         self.hooks = hooks;
@@ -235,8 +244,9 @@ impl Processor {
         let status = row.map(|r| r.status);
         match decide(ev.event_type, status) {
             Decision::Apply(_) => None,
-            // A claim in progress may be the very event awaited: ask under the lease.
-            Decision::Await if status == Some(Status::Processing) => None,
+            // A claim in progress (or queued) may be the very event awaited:
+            // ask under the lease.
+            Decision::Await if status.is_some() => None,
             other => Some(self.answer_without_write(ev, other)),
         }
     }

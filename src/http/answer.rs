@@ -37,7 +37,7 @@ const AWAITING_RETRY_AFTER: Duration = Duration::from_secs(5);
 pub fn status(result: WebhookResult) -> StatusCode {
     use WebhookResult::*;
     match result {
-        Processed | Duplicate | Ignored | Stale | Quarantined => StatusCode::OK,
+        Processed | Accepted | Duplicate | Ignored | Stale | Quarantined => StatusCode::OK,
         InProgress | LeaseLost | AwaitingPayment => StatusCode::CONFLICT,
         PayloadMismatch | RefundRejected => StatusCode::UNPROCESSABLE_ENTITY,
         Unauthorized => StatusCode::UNAUTHORIZED,
@@ -64,7 +64,7 @@ fn rank(result: WebhookResult) -> u8 {
         Ignored => 0,
         Stale => 1,
         Duplicate => 2,
-        Processed => 3,
+        Processed | Accepted => 3,
         Quarantined => 4,
         InProgress | LeaseLost | AwaitingPayment => 5,
         Unavailable => 6,
@@ -118,6 +118,14 @@ impl Answer {
             reason: None,
             transaction_id: None,
             token: None,
+        }
+    }
+
+    /// `result` for one item of `transaction_id`.
+    pub fn with_transaction(result: WebhookResult, transaction_id: String) -> Answer {
+        Answer {
+            transaction_id: Some(transaction_id),
+            ..Answer::new(result)
         }
     }
 
@@ -306,6 +314,7 @@ mod tests {
             let durable = matches!(
                 r,
                 WebhookResult::Processed
+                    | WebhookResult::Accepted
                     | WebhookResult::Duplicate
                     | WebhookResult::Ignored
                     | WebhookResult::Stale

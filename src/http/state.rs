@@ -10,6 +10,7 @@ use tokio::sync::Semaphore;
 
 use super::log_sample::LogSampler;
 use crate::health::Health;
+use crate::inbox::Inbox;
 use crate::metrics::Metrics;
 use crate::processor::Processor;
 use crate::providers::Provider;
@@ -17,6 +18,8 @@ use crate::providers::Provider;
 pub struct State {
     pub providers: HashMap<String, Provider>,
     pub processor: Processor,
+    /// Inbox mode: deliveries are accepted here instead of booked.
+    pub inbox: Option<Arc<Inbox>>,
     pub metrics: Metrics,
     pub health: Arc<Health>,
     /// Largest request body accepted.
@@ -30,19 +33,31 @@ pub struct State {
     draining: AtomicBool,
 }
 
+/// The bounds a delivery is held to (see [`State`]).
+pub struct RequestLimits {
+    pub max_body_bytes: usize,
+    pub body_timeout: Duration,
+    pub max_inflight: usize,
+}
+
 impl State {
     pub fn new(
         providers: Vec<Provider>,
         processor: Processor,
+        inbox: Option<Arc<Inbox>>,
         metrics: Metrics,
         health: Arc<Health>,
-        max_body_bytes: usize,
-        body_timeout: Duration,
-        max_inflight: usize,
+        limits: RequestLimits,
     ) -> State {
+        let RequestLimits {
+            max_body_bytes,
+            body_timeout,
+            max_inflight,
+        } = limits;
         State {
             providers: providers.into_iter().map(|p| (p.name.clone(), p)).collect(),
             processor,
+            inbox,
             metrics,
             health,
             max_body_bytes,

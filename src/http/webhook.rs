@@ -24,6 +24,7 @@ use super::Body;
 use crate::metrics::{QuarantineReason, RejectReason, WebhookResult};
 use crate::processor::Outcome;
 use crate::providers::{Item, Provider, Reject};
+use crate::store::inbox::Accepted;
 
 /// Items of one delivery processed at once: enough that a batch is not
 /// serialised, few enough that one large batch cannot take the whole database
@@ -164,6 +165,14 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         }
     };
     let draining = state.is_draining();
+    // Inbox mode keeps each event as received, with the PSP's id of the delivery.
+    let received = String::from_utf8_lossy(&body);
+    let psp_event_id = parts
+        .headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (received, psp_event_id) = (&*received, psp_event_id.as_deref());
     // FENCEHOOK_MAX_INFLIGHT bounds the deliveries this instance works on at once.
     let Ok(_permit) = state.inflight.try_acquire() else {
         return refused(Kind::Overloaded, Answer::unavailable(None));
@@ -184,6 +193,19 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                 quarantine(state, provider, transaction_id, &why, &raw, QuarantineReason::Unmappable).await
             }
             Item::Event(ev) if draining => Answer::unavailable(Some(ev.transaction_id)),
+            Item::Event(ev) if state.inbox.is_some() => {
+                let inbox = state.inbox.as_ref().expect("checked");
+                match inbox.accept(&ev, psp_event_id, received).await {
+                    Ok(Accepted::New) => Answer::with_transaction(WebhookResult::Accepted, ev.transaction_id),
+                    Ok(Accepted::Duplicate) => Answer::with_transaction(WebhookResult::Duplicate, ev.transaction_id),
+                    Ok(Accepted::Mismatch) => Answer::with_transaction(WebhookResult::PayloadMismatch, ev.transaction_id),
+                    Err(e) => {
+                        tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
+                            kind = e.kind(), error = %crate::error::chain(&e), "could not accept; answered 503");
+                        Answer::unavailable(Some(ev.transaction_id))
+                    }
+                }
+            }
             Item::Event(ev) => match state.processor.process(&ev).await {
                 // In a batch, a refund its payment cannot give must not hold
                 // up the other items: it is recorded, and the batch goes on.

@@ -35,7 +35,13 @@ const EXPECTED_ENTRIES: &str = "
             ('dispute', 'failed', ARRAY['dispute', 'dispute_reversal']),
             ('payment', 'processing', ARRAY[]::text[]),
             ('refund', 'processing', ARRAY[]::text[]),
-            ('dispute', 'processing', ARRAY[]::text[]))
+            ('dispute', 'processing', ARRAY[]::text[]),
+            ('payment', 'queued', ARRAY[]::text[]),
+            ('refund', 'queued', ARRAY[]::text[]),
+            ('dispute', 'queued', ARRAY[]::text[]),
+            ('payment', 'dead', ARRAY[]::text[]),
+            ('refund', 'dead', ARRAY[]::text[]),
+            ('dispute', 'dead', ARRAY[]::text[]))
     AS expected(kind, status, effects)";
 
 /// Every check: (name, description, query returning one line per offender).

@@ -34,6 +34,7 @@
 //! constraint `amount_out_minor <= amount_minor` backs the code.
 
 pub mod audit;
+pub mod inbox;
 pub mod migrate;
 
 use std::time::Duration;

@@ -1,11 +1,13 @@
 //! The tools the `fencehook` binary carries beside the service: they play a
-//! PSP (`send`, `load`) or check what the service did (`audit`). This module
+//! PSP (`send`, `load`), check what the service did (`audit`), or let an
+//! operator look at and act on the inbox (`inspect`, `replay`, `events`,
+//! `prune`). This module
 //! tree belongs to the binary, not to the library: the service cannot import
-//! it, and its dependencies (`rand`, `hdrhistogram`, `humantime`,
-//! `httpdate`) are used only here.
+//! it, and its own dependencies (`hdrhistogram`, `humantime`) are used only here.
 
 pub mod answers;
 pub mod audit;
 pub mod deliveries;
 pub mod load;
+pub mod ops;
 pub mod send;

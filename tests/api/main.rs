@@ -9,6 +9,7 @@ mod edge;
 mod exactly_once;
 mod faults;
 mod hardening;
+mod inbox;
 mod input;
 mod lease;
 mod lifecycle;

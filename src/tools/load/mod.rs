@@ -333,19 +333,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration like 500ms, 30s, 2m, 1h ({e})"))
 }
 
-/// The wait a `Retry-After` value asks for (RFC 9110: delay-seconds or an
-/// HTTP-date), capped at [`MAX_RETRY_WAIT`]. `None` when it is neither.
+/// The wait a `Retry-After` value asks for, capped at [`MAX_RETRY_WAIT`].
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        // Too many digits for u64 is still "a very long time".
-        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
-        return Some(Duration::from_secs(secs).min(MAX_RETRY_WAIT));
-    }
-    let date = httpdate::parse_http_date(value).ok()?;
-    // A date in the past means "now".
-    let wait = date.duration_since(now).unwrap_or(Duration::ZERO);
-    Some(wait.min(MAX_RETRY_WAIT))
+    fencehook::downstream::retry_after(value, now).map(|d| d.min(MAX_RETRY_WAIT))
 }
 
 /// Runs the load and prints the report (table or JSON) on stdout; progress

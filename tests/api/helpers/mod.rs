@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use fencehook::app::App;
-use fencehook::config::{Config, DbConfig, LeaseBackendKind, LeaseConfig};
+use fencehook::config::{Config, DbConfig, InboxConfig, LeaseBackendKind, LeaseConfig, Mode};
 use fencehook::http::client::HttpClient;
 use fencehook::http::state::State;
 use fencehook::processor::hooks::Hooks;
@@ -125,7 +125,24 @@ impl TestContext {
             max_connections: 1024,
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
+            inbox: InboxConfig {
+                mode: Mode::Sync,
+                workers: 2,
+                retry_base: Duration::from_millis(100),
+                retry_max: Duration::from_secs(2),
+                max_attempts: 20,
+                max_age: Duration::from_secs(3600),
+                retention: Duration::from_secs(86_400),
+            },
         }
+    }
+
+    /// [`TestContext::config`] in inbox mode with `workers` workers.
+    pub fn inbox_config(&self, workers: usize) -> Config {
+        let mut cfg = self.config();
+        cfg.inbox.mode = Mode::Inbox;
+        cfg.inbox.workers = workers;
+        cfg
     }
 
     /// [`TestContext::config`] with the given lease backend.

@@ -1,0 +1,310 @@
+//! Inbox mode (`FENCEHOOK_MODE=inbox`): accept fast, book asynchronously,
+//! never lose an event.
+//!
+//! The HTTP edge verifies, maps and validates a delivery as in sync mode,
+//! then [`Inbox::accept`] stores each event in one statement and the PSP is
+//! answered `accepted` — no Redis on that path. Workers ([`Inbox::run`], in
+//! `serve` and in `fencehook work`) take due events and book each with the
+//! very state machine of sync mode ([`Processor`]): lease → fenced claim →
+//! business step → fenced finalize.
+//!
+//! # What must stay true
+//!
+//! - `accepted` is answered only once the event is committed; a worker
+//!   books it exactly once however often it is taken, retried or replayed
+//!   (the lifecycle decides duplicates, the fence stops a rescued worker).
+//! - Only a failed business step (the downstream's error or timeout) spends
+//!   an attempt. A store or lease backend down, the lease held by another
+//!   worker, or a refund waiting for its payment re-queue the event without
+//!   spending one; the refund is dead only at the age limit.
+//! - An idle worker hears of a new event within milliseconds: accepts
+//!   `NOTIFY fencehook_inbox` in their own statement, one `LISTEN` connection
+//!   per process wakes the workers; polling every second is only the fallback.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use time::OffsetDateTime;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use crate::config::{DbConfig, InboxConfig};
+use crate::domain::{CanonicalEvent, EventKind};
+use crate::error::Error;
+use crate::metrics::{InboxAttempt, Metrics};
+use crate::processor::{Outcome, Processor};
+use crate::store::inbox::{Accepted, Settle, Taken, CHANNEL};
+use crate::store::{Store, StoreError};
+
+/// How long an idle worker sleeps when no notification comes.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// How soon a worker tries a store or lease backend again after it failed.
+const BACKEND_RETRY: Duration = Duration::from_secs(1);
+/// How soon an event held by another worker is looked at again.
+const HELD_RETRY: Duration = Duration::from_millis(200);
+/// Longest pause of a refund waiting for its payment (its payment's booking
+/// wakes it at once; this is the fallback).
+const AWAIT_RETRY_MAX: Duration = Duration::from_secs(60);
+
+pub struct Inbox {
+    store: Store,
+    /// The sync processor, without an in-flight wait: a worker that finds
+    /// the lease held moves on to other work.
+    processor: Processor,
+    metrics: Metrics,
+    cfg: InboxConfig,
+    db: DbConfig,
+    /// How long a worker owns an event it took (past it another may).
+    lock: Duration,
+    wake: Notify,
+}
+
+impl Inbox {
+    pub fn new(
+        store: Store,
+        processor: Processor,
+        metrics: Metrics,
+        cfg: InboxConfig,
+        db: DbConfig,
+        lock: Duration,
+    ) -> Inbox {
+        Inbox {
+            store,
+            processor,
+            metrics,
+            cfg,
+            db,
+            lock,
+            wake: Notify::new(),
+        }
+    }
+
+    /// Stores an event for the workers; the one durable write of inbox mode.
+    pub async fn accept(
+        &self,
+        ev: &CanonicalEvent,
+        psp_event_id: Option<&str>,
+        body: &str,
+    ) -> Result<Accepted, Error> {
+        let fp = ev.fingerprint();
+        Ok(self.store.accept(ev, &fp, psp_event_id, body).await?)
+    }
+
+    /// Runs `workers` workers and the listener until `stop` turns true; each
+    /// worker finishes (or abandons, fenced) its current attempt first.
+    pub async fn run(self: Arc<Self>, workers: usize, stop: watch::Receiver<bool>) {
+        if workers == 0 {
+            return;
+        }
+        let mut tasks = JoinSet::new();
+        tasks.spawn(self.clone().listen(stop.clone()));
+        for n in 0..workers {
+            tasks.spawn(self.clone().work(n, stop.clone()));
+        }
+        tracing::info!(workers, "inbox workers started");
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn work(self: Arc<Self>, n: usize, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            match self.store.take(self.lock).await {
+                Ok(Some(taken)) => self.attempt(taken).await,
+                Ok(None) => {
+                    // The first worker looks for events whose worker died.
+                    if n == 0 {
+                        match self.store.rescue().await {
+                            Ok(0) | Err(_) => {}
+                            Ok(rescued) => {
+                                tracing::warn!(rescued, "events taken again: their worker's lock ran out");
+                                continue;
+                            }
+                        }
+                    }
+                    tokio::select! {
+                        () = self.wake.notified() => {}
+                        () = tokio::time::sleep(IDLE_POLL) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(worker = n, error = %crate::error::chain(&e), "cannot take work");
+                    tokio::select! {
+                        () = tokio::time::sleep(BACKEND_RETRY) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt at one event, and its result recorded on the event.
+    async fn attempt(&self, taken: Taken) {
+        let ev = &taken.event;
+        let age = age_of(taken.received_at);
+        let outcome = self.processor.process(ev).await;
+        let (settle, counted) = self.settle_for(&taken, age, outcome);
+        self.metrics.inbox_attempts(counted).increment(1);
+        if settle == Settle::Done {
+            self.metrics.inbox_lag().record(age.as_secs_f64());
+            if ev.event_type == EventKind::PaymentSucceeded {
+                // Refunds and disputes waiting for this payment can go now.
+                let _ = self
+                    .store
+                    .wake_children(&ev.provider, &ev.transaction_id)
+                    .await;
+            }
+        }
+        if let Err(e) = self.store.settle(taken.id, &settle).await {
+            // The event stays `processing` until its lock runs out; then a
+            // worker takes it again and the lifecycle finds what was done.
+            tracing::warn!(event = taken.id, error = %crate::error::chain(&e),
+                "could not record an attempt's result; the event will be taken again");
+        }
+    }
+
+    /// What an attempt's outcome means for its event.
+    fn settle_for(
+        &self,
+        taken: &Taken,
+        age: Duration,
+        outcome: Result<Outcome, Error>,
+    ) -> (Settle, InboxAttempt) {
+        let ev = &taken.event;
+        let too_old = age >= self.cfg.max_age;
+        let requeue = |delay: Duration, reason: String| {
+            if too_old {
+                let error = format!("older than FENCEHOOK_MAX_AGE_SECS; last: {reason}");
+                (
+                    Settle::Dead {
+                        error,
+                        spent: false,
+                    },
+                    InboxAttempt::Dead,
+                )
+            } else {
+                (Settle::Requeue { delay, reason }, InboxAttempt::Requeued)
+            }
+        };
+        let dead = |error: String| {
+            (
+                Settle::Dead {
+                    error,
+                    spent: false,
+                },
+                InboxAttempt::Dead,
+            )
+        };
+        match outcome {
+            Ok(Outcome::Processed { .. } | Outcome::Duplicate | Outcome::Stale) => {
+                (Settle::Done, InboxAttempt::Done)
+            }
+            Ok(Outcome::InProgress { .. }) => {
+                requeue(HELD_RETRY, "held by another worker".to_owned())
+            }
+            Ok(Outcome::LeaseLost { .. }) => {
+                requeue(HELD_RETRY, "lease lost before the commit".to_owned())
+            }
+            Ok(Outcome::AwaitingPayment) => {
+                // Woken at once when the payment is booked; this is the fallback.
+                let delay = (age / 4).clamp(self.cfg.retry_base, AWAIT_RETRY_MAX);
+                let payment = ev.parent_transaction_id.as_deref().unwrap_or("-");
+                requeue(delay, format!("waiting for payment {payment}"))
+            }
+            Ok(Outcome::RefundRejected(why)) => dead(format!("refund_rejected: {}", why.as_str())),
+            Ok(Outcome::PayloadMismatch) => {
+                dead("payload_mismatch: the row holds another payload".to_owned())
+            }
+            Err(Error::Downstream(e)) => {
+                let attempt = taken.attempts as u32 + 1;
+                let error = crate::error::chain(&e);
+                if attempt >= self.cfg.max_attempts || too_old {
+                    (Settle::Dead { error, spent: true }, InboxAttempt::Dead)
+                } else {
+                    let delay = e
+                        .retry_after()
+                        .map(|after| after.min(self.cfg.retry_max))
+                        .unwrap_or_else(|| self.backoff(attempt));
+                    (Settle::Retry { delay, error }, InboxAttempt::Retry)
+                }
+            }
+            Err(e) => requeue(BACKEND_RETRY, crate::error::chain(&e)),
+        }
+    }
+
+    /// Exponential backoff from the base, capped, with jitter (half fixed,
+    /// half random) so retries of many events do not arrive together.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self.cfg.retry_base.saturating_mul(
+            1u32.checked_shl(attempt.saturating_sub(1))
+                .unwrap_or(u32::MAX),
+        );
+        let full = exp.min(self.cfg.retry_max);
+        let half = full / 2;
+        half + half.mul_f64(rand::thread_rng().gen::<f64>())
+    }
+
+    /// One `LISTEN` connection per process: every notification wakes the
+    /// idle workers. Reconnects after a failure; the workers poll meanwhile.
+    async fn listen(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            if let Err(e) = self.listen_once(&mut stop).await {
+                tracing::debug!(error = %crate::error::chain(&e), "inbox listener lost its connection");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(BACKEND_RETRY) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    async fn listen_once(&self, stop: &mut watch::Receiver<bool>) -> Result<(), StoreError> {
+        let mut cfg: tokio_postgres::Config = self
+            .db
+            .url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| StoreError::from(e))?;
+        cfg.application_name("fencehook-inbox-listen");
+        cfg.connect_timeout(self.db.connect_timeout);
+        let (client, mut conn) = cfg.connect(NoTls).await?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+            use futures_util::StreamExt;
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(_)) => {
+                        let _ = tx.send(());
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        });
+        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+        // Events that arrived while nobody listened.
+        self.wake.notify_waiters();
+        let result = loop {
+            tokio::select! {
+                got = rx.recv() => match got {
+                    Some(()) => self.wake.notify_waiters(),
+                    None => break Ok(()),
+                },
+                _ = stop.changed() => break Ok(()),
+            }
+        };
+        driver.abort();
+        result
+    }
+}
+
+fn age_of(received_at: OffsetDateTime) -> Duration {
+    Duration::try_from(OffsetDateTime::now_utc() - received_at).unwrap_or(Duration::ZERO)
+}

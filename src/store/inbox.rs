@@ -1,0 +1,547 @@
+//! The inbox's SQL: accept an event in one statement, take due events
+//! without blocking other workers, and settle each attempt's result.
+//!
+//! # What must stay true
+//!
+//! - Accepting is one statement (one transaction): the event, and the
+//!   payments row of a new object (`queued`), or nothing. Its commit is the
+//!   `accepted` answer's promise; a `NOTIFY` in the same statement wakes the
+//!   workers only once it is committed.
+//! - An event is deduplicated by (provider, transaction id, event type): a
+//!   PSP's re-send under a new envelope is the same event.
+//! - A worker owns an event only while `locked_until` is ahead; past it (the
+//!   worker died) another may take it. The booking itself is fenced by the
+//!   lease's token like every write (`store::Connection`), so a worker rescued
+//!   too early still cannot book twice.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+use tokio_postgres::types::Json;
+
+use super::{Store, StoreError};
+use crate::domain::CanonicalEvent;
+
+/// The channel accepts notify and workers listen on.
+pub const CHANNEL: &str = "fencehook_inbox";
+
+/// What an accept found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// Stored: the event will be booked.
+    New,
+    /// This event (same transaction, type and payload) was accepted before.
+    Duplicate,
+    /// Same transaction (or same event), another payload.
+    Mismatch,
+}
+
+/// An event a worker took.
+#[derive(Debug, Clone)]
+pub struct Taken {
+    pub id: i64,
+    pub event: CanonicalEvent,
+    /// Attempts spent before this one.
+    pub attempts: i32,
+    pub received_at: OffsetDateTime,
+}
+
+/// How an attempt ended, for the event's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// Applied, or found already applied: done.
+    Done,
+    /// The business step failed: one attempt spent, next try after `delay`.
+    Retry { delay: Duration, error: String },
+    /// Not this worker's fault (lease held elsewhere, a store down, a refund
+    /// waiting for its payment): no attempt spent, next try after `delay`.
+    Requeue { delay: Duration, reason: String },
+    /// Given up until replayed.
+    Dead { error: String, spent: bool },
+}
+
+/// The events of one status, counted for `fencehook_inbox_rows`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub queued: i64,
+    pub processing: i64,
+    pub dead: i64,
+}
+
+/// One stored event, as `inspect` and `events` show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventRow {
+    pub id: i64,
+    pub status: String,
+    pub provider: String,
+    pub transaction_id: String,
+    pub event_type: String,
+    pub psp_event_id: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub received_at: OffsetDateTime,
+    pub attempts: i32,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub next_attempt_at: Option<OffsetDateTime>,
+    pub last_error: Option<String>,
+    pub errors: serde_json::Value,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub finished_at: Option<OffsetDateTime>,
+}
+
+const ACCEPT: &str = "\
+WITH existing AS (
+    SELECT fingerprint FROM payments WHERE provider = $1 AND transaction_id = $2),
+ev AS (
+    INSERT INTO events (provider, transaction_id, event_type, parent_transaction_id,
+                        delivery_id, psp_event_id, fingerprint, canonical, body)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+     WHERE NOT EXISTS (SELECT 1 FROM existing WHERE fingerprint <> $7)
+    ON CONFLICT ON CONSTRAINT events_provider_delivery_id_key DO NOTHING
+    RETURNING id),
+row AS (
+    INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type,
+                          amount_minor, currency, fingerprint, status, fence, occurred_at)
+    SELECT $1, $2, $10, $4, $3, $11, $12, $7, 'queued', 0, $13 WHERE EXISTS (SELECT 1 FROM ev)
+    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO NOTHING
+    RETURNING id),
+wake AS (SELECT pg_notify('fencehook_inbox', '') FROM ev)
+SELECT (SELECT fingerprint FROM existing),
+       (SELECT count(*) FROM ev) + 0 * (SELECT count(*) FROM row) + 0 * (SELECT count(*) FROM wake),
+       (SELECT fingerprint FROM events WHERE provider = $1 AND delivery_id = $5)";
+
+/// A due queued event, locked until `$1` ms from now.
+const TAKE: &str = "\
+UPDATE events SET status = 'processing', locked_until = now() + $1 * interval '1 millisecond'
+ WHERE id = (SELECT id FROM events WHERE status = 'queued' AND next_attempt_at <= now()
+              ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id, canonical, attempts, received_at";
+
+/// Events whose worker's lock ran out (it died, or stalled): due again.
+const RESCUE: &str = "\
+WITH again AS (
+    UPDATE events SET status = 'queued', locked_until = NULL, next_attempt_at = now()
+     WHERE id IN (SELECT id FROM events WHERE status = 'processing' AND locked_until <= now()
+                   LIMIT 1000 FOR UPDATE SKIP LOCKED)
+    RETURNING id)
+SELECT count(*) FROM again";
+
+const DONE: &str = "\
+UPDATE events SET status = 'done', finished_at = now(), locked_until = NULL
+ WHERE id = $1 AND status = 'processing'";
+
+/// Wakes the refunds and disputes waiting for a payment that was just booked.
+const WAKE_CHILDREN: &str = "\
+WITH woken AS (
+    UPDATE events SET next_attempt_at = now()
+     WHERE provider = $1 AND parent_transaction_id = $2 AND status = 'queued'
+       AND next_attempt_at > now()
+    RETURNING id)
+SELECT count(*), (SELECT count(*) FROM (SELECT pg_notify('fencehook_inbox', '') FROM woken LIMIT 1) AS n)
+  FROM woken";
+
+const RETRY: &str = "\
+UPDATE events SET status = 'queued', attempts = attempts + 1, locked_until = NULL,
+       next_attempt_at = now() + $2 * interval '1 millisecond', last_error = $3,
+       errors = errors || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'attempt', attempts + 1, 'error', $3::text))
+ WHERE id = $1 AND status = 'processing'";
+
+const REQUEUE: &str = "\
+UPDATE events SET status = 'queued', locked_until = NULL,
+       next_attempt_at = now() + $2 * interval '1 millisecond', last_error = $3
+ WHERE id = $1 AND status = 'processing'";
+
+/// Gives up on an event; its object's row, if no event ever settled it, is
+/// marked `dead` too.
+const DEAD: &str = "\
+WITH ev AS (
+    UPDATE events SET status = 'dead', locked_until = NULL, finished_at = now(), last_error = $2,
+           attempts = attempts + $3,
+           errors = CASE WHEN $3 = 1 THEN errors || jsonb_build_array(jsonb_build_object(
+               'at', now(), 'attempt', attempts + 1, 'error', $2::text)) ELSE errors END
+     WHERE id = $1 AND status = 'processing'
+    RETURNING provider, transaction_id)
+UPDATE payments p SET status = 'dead', updated_at = now()
+  FROM ev WHERE p.provider = ev.provider AND p.transaction_id = ev.transaction_id
+   AND p.status IN ('queued', 'processing')";
+
+const COUNTS: &str = "\
+SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
+       (SELECT count(*) FROM events WHERE status = 'processing'),
+       (SELECT count(*) FROM events WHERE status = 'dead')";
+
+const EVENT_COLUMNS: &str = "id, status, provider, transaction_id, event_type, psp_event_id, \
+     received_at, attempts, next_attempt_at, last_error, errors, finished_at";
+
+impl Store {
+    /// Stores an accepted event (and the row of a new object) in one statement.
+    pub async fn accept(
+        &self,
+        ev: &CanonicalEvent,
+        fingerprint: &str,
+        psp_event_id: Option<&str>,
+        body: &str,
+    ) -> Result<Accepted, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(ACCEPT).await?;
+        let delivery_id = delivery_id(ev);
+        let row = client
+            .query_one(
+                &stmt,
+                &[
+                    &ev.provider,
+                    &ev.transaction_id,
+                    &ev.event_type.as_str(),
+                    &ev.parent_transaction_id,
+                    &delivery_id,
+                    &psp_event_id,
+                    &fingerprint,
+                    &Json(ev),
+                    &body,
+                    &ev.event_type.object().as_str(),
+                    &ev.amount_minor,
+                    &ev.currency,
+                    &ev.occurred_at,
+                ],
+            )
+            .await?;
+        let existing: Option<String> = row.get(0);
+        let inserted: i64 = row.get(1);
+        let event_fp: Option<String> = row.get(2);
+        Ok(if existing.is_some_and(|fp| fp != fingerprint) {
+            Accepted::Mismatch
+        } else if inserted == 1 {
+            Accepted::New
+        } else if event_fp.is_some_and(|fp| fp != fingerprint) {
+            Accepted::Mismatch
+        } else {
+            Accepted::Duplicate
+        })
+    }
+
+    /// Takes one due event, locked for `lock`; `None` when nothing is due.
+    pub async fn take(&self, lock: Duration) -> Result<Option<Taken>, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(TAKE).await?;
+        let ms = lock.as_millis() as f64;
+        let Some(row) = client.query_opt(&stmt, &[&ms]).await? else {
+            return Ok(None);
+        };
+        let Json(event): Json<CanonicalEvent> = row.try_get(1)?;
+        Ok(Some(Taken {
+            id: row.get(0),
+            event,
+            attempts: row.get(2),
+            received_at: row.get(3),
+        }))
+    }
+
+    /// Puts events whose worker's lock ran out back in the queue; how many.
+    pub async fn rescue(&self) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(RESCUE).await?;
+        Ok(client.query_one(&stmt, &[]).await?.get(0))
+    }
+
+    /// Records how an attempt ended.
+    pub async fn settle(&self, id: i64, settle: &Settle) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        let ms = |d: &Duration| d.as_millis() as f64;
+        match settle {
+            Settle::Done => {
+                let stmt = client.prepare_cached(DONE).await?;
+                client.execute(&stmt, &[&id]).await?;
+            }
+            Settle::Retry { delay, error } => {
+                let stmt = client.prepare_cached(RETRY).await?;
+                client.execute(&stmt, &[&id, &ms(delay), error]).await?;
+            }
+            Settle::Requeue { delay, reason } => {
+                let stmt = client.prepare_cached(REQUEUE).await?;
+                client.execute(&stmt, &[&id, &ms(delay), reason]).await?;
+            }
+            Settle::Dead { error, spent } => {
+                let stmt = client.prepare_cached(DEAD).await?;
+                client
+                    .execute(&stmt, &[&id, error, &i32::from(*spent)])
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the queued refunds and disputes of a just-booked payment due now.
+    pub async fn wake_children(&self, provider: &str, payment: &str) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(WAKE_CHILDREN).await?;
+        Ok(client
+            .query_one(&stmt, &[&provider, &payment])
+            .await?
+            .get(0))
+    }
+
+    /// Events queued, being processed, and dead.
+    pub async fn inbox_counts(&self) -> Result<Counts, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(COUNTS).await?;
+        let row = client.query_one(&stmt, &[]).await?;
+        Ok(Counts {
+            queued: row.get(0),
+            processing: row.get(1),
+            dead: row.get(2),
+        })
+    }
+
+    /// The stored events matching every given filter, newest first.
+    pub async fn events(&self, filter: &EventFilter) -> Result<Vec<EventRow>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM events
+              WHERE ($1::text IS NULL OR provider = $1)
+                AND ($2::text IS NULL OR transaction_id = $2 OR parent_transaction_id = $2)
+                AND ($3::timestamptz IS NULL OR received_at >= $3)
+                AND ($4::timestamptz IS NULL OR received_at < $4)
+                AND ($5::text IS NULL OR status = $5)
+              ORDER BY received_at DESC, id DESC LIMIT $6"
+        );
+        let rows = client
+            .query(
+                &sql,
+                &[
+                    &filter.provider,
+                    &filter.transaction_id,
+                    &filter.since,
+                    &filter.until,
+                    &filter.status,
+                    &filter.limit,
+                ],
+            )
+            .await?;
+        Ok(rows.iter().map(event_row).collect())
+    }
+
+    /// Puts dead events back in the queue (attempts from zero); their rows
+    /// too. Returns what was re-queued.
+    pub async fn replay(&self, which: &Replay) -> Result<Vec<EventRow>, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = format!(
+            "WITH again AS (
+                UPDATE events SET status = 'queued', attempts = 0, next_attempt_at = now(),
+                       locked_until = NULL, finished_at = NULL
+                 WHERE status = 'dead'
+                   AND ($1::text IS NULL OR provider = $1)
+                   AND ($2::text IS NULL OR transaction_id = $2)
+                   AND ($3::timestamptz IS NULL OR received_at >= $3)
+                RETURNING *),
+             rows AS (
+                UPDATE payments p SET status = 'queued', updated_at = now()
+                  FROM again WHERE p.provider = again.provider
+                   AND p.transaction_id = again.transaction_id AND p.status = 'dead'
+                RETURNING p.id),
+             wake AS (SELECT pg_notify('fencehook_inbox', '') FROM again LIMIT 1)
+             SELECT {EVENT_COLUMNS} FROM again
+              WHERE (SELECT count(*) FROM rows) >= 0 AND (SELECT count(*) FROM wake) >= 0
+              ORDER BY received_at, id"
+        );
+        let rows = client
+            .query(
+                &sql,
+                &[&which.provider, &which.transaction_id, &which.since],
+            )
+            .await?;
+        Ok(rows.iter().map(event_row).collect())
+    }
+
+    /// Deletes finished events received before `before` (and quarantined
+    /// items last seen before it). Dead events are kept until replayed or
+    /// pruned with `dead`. Returns (events, quarantined items) deleted.
+    pub async fn prune(
+        &self,
+        before: OffsetDateTime,
+        dead: bool,
+    ) -> Result<(u64, u64), StoreError> {
+        let client = self.pool.get().await?;
+        let events = client
+            .execute(
+                "DELETE FROM events WHERE received_at < $1
+                   AND (status = 'done' OR ($2 AND status = 'dead'))",
+                &[&before, &dead],
+            )
+            .await?;
+        let items = client
+            .execute(
+                "DELETE FROM quarantined_items WHERE last_seen_at < $1",
+                &[&before],
+            )
+            .await?;
+        Ok((events, items))
+    }
+}
+
+/// Filters of `fencehook events`; `None` matches anything.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    pub provider: Option<String>,
+    /// Matches the event's own transaction or its parent payment.
+    pub transaction_id: Option<String>,
+    pub since: Option<OffsetDateTime>,
+    pub until: Option<OffsetDateTime>,
+    pub status: Option<String>,
+    pub limit: i64,
+}
+
+/// Which dead events `fencehook replay` re-queues.
+#[derive(Debug, Clone, Default)]
+pub struct Replay {
+    pub provider: Option<String>,
+    pub transaction_id: Option<String>,
+    pub since: Option<OffsetDateTime>,
+}
+
+/// The key events are deduplicated on.
+pub fn delivery_id(ev: &CanonicalEvent) -> String {
+    format!("{}:{}", ev.transaction_id, ev.event_type.as_str())
+}
+
+fn event_row(r: &tokio_postgres::Row) -> EventRow {
+    EventRow {
+        id: r.get("id"),
+        status: r.get("status"),
+        provider: r.get("provider"),
+        transaction_id: r.get("transaction_id"),
+        event_type: r.get("event_type"),
+        psp_event_id: r.get("psp_event_id"),
+        received_at: r.get("received_at"),
+        attempts: r.get("attempts"),
+        next_attempt_at: r.get("next_attempt_at"),
+        last_error: r.get("last_error"),
+        errors: r.get("errors"),
+        finished_at: r.get("finished_at"),
+    }
+}
+
+/// One payments row, as `inspect` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RowView {
+    pub id: i64,
+    pub provider: String,
+    pub transaction_id: String,
+    pub kind: String,
+    pub parent_transaction_id: Option<String>,
+    pub status: String,
+    pub event_type: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub amount_out_minor: i64,
+    pub fence: i64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// One ledger entry, as `inspect` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryView {
+    pub transaction_id: String,
+    pub effect: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub fence: i64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// Everything known about one transaction: its row, its children (refunds
+/// and disputes of a payment), their ledger entries and their events.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub row: Option<RowView>,
+    pub children: Vec<RowView>,
+    pub entries: Vec<EntryView>,
+    pub events: Vec<EventRow>,
+}
+
+const ROW_COLUMNS: &str = "id, provider, transaction_id, kind, parent_transaction_id, status, \
+     event_type, amount_minor, currency, amount_out_minor, fence, created_at, updated_at";
+
+impl Store {
+    /// What `fencehook inspect` shows for (provider, transaction_id).
+    pub async fn inspect(
+        &self,
+        provider: &str,
+        transaction_id: &str,
+    ) -> Result<Inspection, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {ROW_COLUMNS} FROM payments WHERE provider = $1 AND transaction_id = $2"),
+                &[&provider, &transaction_id],
+            )
+            .await?
+            .map(|r| row_view(&r));
+        let children = client
+            .query(
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM payments WHERE provider = $1 AND parent_transaction_id = $2 ORDER BY id"
+                ),
+                &[&provider, &transaction_id],
+            )
+            .await?
+            .iter()
+            .map(row_view)
+            .collect();
+        let entries = client
+            .query(
+                "SELECT p.transaction_id, l.effect, l.amount_minor, l.currency, l.fence, l.created_at
+                   FROM ledger_entries l JOIN payments p ON p.id = l.payment_id
+                  WHERE p.provider = $1 AND (p.transaction_id = $2 OR p.parent_transaction_id = $2)
+                  ORDER BY l.id",
+                &[&provider, &transaction_id],
+            )
+            .await?
+            .iter()
+            .map(|r| EntryView {
+                transaction_id: r.get(0),
+                effect: r.get(1),
+                amount_minor: r.get(2),
+                currency: r.get(3),
+                fence: r.get(4),
+                created_at: r.get(5),
+            })
+            .collect();
+        let events = self
+            .events(&EventFilter {
+                provider: Some(provider.to_owned()),
+                transaction_id: Some(transaction_id.to_owned()),
+                limit: 1000,
+                ..EventFilter::default()
+            })
+            .await?;
+        Ok(Inspection {
+            row,
+            children,
+            entries,
+            events,
+        })
+    }
+}
+
+fn row_view(r: &tokio_postgres::Row) -> RowView {
+    RowView {
+        id: r.get("id"),
+        provider: r.get("provider"),
+        transaction_id: r.get("transaction_id"),
+        kind: r.get("kind"),
+        parent_transaction_id: r.get("parent_transaction_id"),
+        status: r.get("status"),
+        event_type: r.get("event_type"),
+        amount_minor: r.get("amount_minor"),
+        currency: r.get("currency"),
+        amount_out_minor: r.get("amount_out_minor"),
+        fence: r.get("fence"),
+        created_at: r.get("created_at"),
+        updated_at: r.get("updated_at"),
+    }
+}
