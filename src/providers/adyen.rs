@@ -15,28 +15,59 @@
 //!
 //! (`value`/`currency` from `amount`; a missing field is the empty string; no
 //! escaping). So the body must be parsed before anything can be verified: a
-//! body that is not a notification batch at all is a 400; a batch in which
-//! *any* item lacks a valid signature is a 401 for the whole batch, and
-//! nothing of it is written. Any configured key may verify (rotation). There is
-//! no signed timestamp, hence no tolerance: a replayed batch is absorbed by
-//! the exactly-once machinery (every item answers `duplicate`).
+//! body that is not a notification batch at all is a 400 (so is an item whose
+//! signed fields are not even of Adyen's types: it cannot be verified); a
+//! batch in which *any* item lacks a valid signature is a 401 for the whole
+//! batch, and nothing of it is written. Any configured key may verify
+//! (rotation). There is no signed timestamp, hence no tolerance: a replayed
+//! batch is absorbed by the exactly-once machinery (every item answers
+//! `duplicate`).
+//!
+//! Only once every item verified is any item mapped, each on its own: a
+//! well-signed item that cannot be mapped (lower-case currency, no amount, a
+//! refund without `originalReference`, ...) becomes [`Item::Unmappable`],
+//! which the HTTP edge quarantines, and the other items of the batch are
+//! booked as usual. Refusing the batch for it would make Adyen re-send the
+//! whole batch, the bad item included, for days.
 //!
 //! # Mapping (what is booked)
 //!
-//! | eventCode | success | booked as | transaction_id |
-//! | --- | --- | --- | --- |
-//! | `AUTHORISATION` | `true` | payment.succeeded (credit) | `pspReference` |
-//! | `AUTHORISATION` | `false` | payment.failed | `pspReference` (each attempt has its own) |
-//! | `REFUND` | `true` | refund.succeeded (debit) | `pspReference` of the refund (`originalReference` is the payment's) |
-//! | anything else (`CAPTURE`, `CANCELLATION`, `REFUND_FAILED`, `REPORT_AVAILABLE`, ...) or `REFUND` with `false` | | ignored | |
+//! `pspReference` is the id of what the item reports (the payment, the
+//! refund, the dispute); `originalReference` is the payment a modification or
+//! a dispute is about, so it is the parent of refunds and disputes, and they
+//! cannot be mapped without it.
+//!
+//! | eventCode | success | booked as | transaction_id | parent |
+//! | --- | --- | --- | --- | --- |
+//! | `AUTHORISATION` | `true` | payment.succeeded (credit) | `pspReference` | – |
+//! | `AUTHORISATION` | `false` | payment.failed | `pspReference` (each attempt has its own) | – |
+//! | `REFUND` | `true` | refund.succeeded (debit) | `pspReference` (the refund's) | `originalReference` |
+//! | `REFUND` | `false` | refund.failed (nothing was refunded) | `pspReference` | `originalReference` |
+//! | `REFUND_FAILED` | `true` (the failure happened) | refund.failed (after a booked refund: refund_reversal) | `pspReference` (the refund's) | `originalReference` |
+//! | `REFUNDED_REVERSED` | `true` | refund.failed (uncertain: see docs/providers.md) | `pspReference` | `originalReference` |
+//! | `CANCEL_OR_REFUND`, `modification.action` = `refund` | `true` / `false` | refund.succeeded / refund.failed | `pspReference` | `originalReference` |
+//! | `CHARGEBACK` | `true` | dispute.funds_withdrawn (dispute debit) | `pspReference` (the dispute's; every stage reuses it) | `originalReference` |
+//! | `CHARGEBACK_REVERSED` | `true` | dispute.funds_reinstated (dispute_reversal) | `pspReference` | `originalReference` |
+//! | `SECOND_CHARGEBACK` | `true` | dispute.funds_withdrawn | `<pspReference>:second_chargeback` | `originalReference` |
+//!
+//! Ignored: `CANCEL_OR_REFUND` whose action is `cancel` or absent (nothing was
+//! refunded; a payment already credited on its `AUTHORISATION` stays credited:
+//! no canonical kind undoes a payment credit), `REFUND_FAILED`,
+//! `REFUNDED_REVERSED` and the dispute codes with `success` `false` (the event
+//! did not take place), `CAPTURE`, `CANCELLATION`, `NOTIFICATION_OF_CHARGEBACK`,
+//! `REQUEST_FOR_INFORMATION`, `PREARBITRATION_*`, `REPORT_AVAILABLE` and every
+//! other code. A `CANCEL_OR_REFUND` whose action is neither is unmappable.
 //!
 //! Why `AUTHORISATION` and not `CAPTURE`: with automatic capture (Adyen's
 //! default and what this mapping assumes) the successful `AUTHORISATION` is
 //! the booking event and the `CAPTURE` that may follow is about the same
 //! money; booking both would credit the payment twice. An `AUTHORISATION` of
 //! value 0 is a card verification (zero-value auth, e.g. to store a card): no
-//! money moves, so it is ignored. Currency is taken as sent (Adyen uses upper
-//! case; anything else is refused); amounts are minor units as sent.
+//! money moves, so it is ignored. Why `:second_chargeback`: a dispute row
+//! books one withdrawal and one reinstatement; a second withdrawal after a
+//! reversal is a dispute object of its own. Currency is taken as sent (Adyen
+//! uses upper case; anything else is unmappable); amounts are minor units as
+//! sent.
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -49,7 +80,7 @@ use super::fields::{
     req_str, Object,
 };
 use super::{hmac, Item, Reject};
-use crate::domain::{CanonicalEvent, EventKind};
+use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
 /// What Adyen expects as the body of a successful answer: Adyen marks a
 /// batch delivered only on exactly this body.
@@ -72,18 +103,15 @@ impl Adyen {
         Ok(Adyen { keys })
     }
 
-    /// Parses the batch, verifies every item, then maps every item.
+    /// Parses the batch, verifies every item, then maps every item (an item
+    /// that cannot be mapped is [`Item::Unmappable`], not a refusal).
     pub fn accept(&self, provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
         let value = fields::parse_json(body)?;
         let items = notification_items(&value)?;
         for (i, item) in items.iter().enumerate() {
             self.verify_item(i, item)?;
         }
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| map_item(provider, i, item))
-            .collect()
+        Ok(items.iter().map(|item| map_item(provider, item)).collect())
     }
 
     fn verify_item(&self, i: usize, item: &Object) -> Result<(), Reject> {
@@ -224,58 +252,151 @@ pub fn sign_batch(key_hex: &str, batch: &mut Value) -> Result<(), String> {
     Ok(())
 }
 
-fn map_item(provider: &str, i: usize, item: &Object) -> Result<Item, Reject> {
-    let path = item_path(i);
-    let event_code = req_str(item, "eventCode", &format!("{path}.eventCode"))?;
+/// Maps one verified item. Never fails: an item that cannot be mapped is
+/// [`Item::Unmappable`], with the reason and the item as received, so the
+/// other items of its batch are still booked.
+fn map_item(provider: &str, item: &Object) -> Item {
+    match map_fields(provider, item) {
+        Ok(mapped) => mapped,
+        Err(Reject::Invalid(reason) | Reject::Unauthorized(reason)) => Item::Unmappable {
+            reason,
+            // Only an id that could be stored as one (no control characters).
+            transaction_id: opt(item, "pspReference")
+                .and_then(Value::as_str)
+                .filter(|id| check_transaction_id(id).is_ok())
+                .map(str::to_owned),
+            raw: Value::Object(item.clone()).to_string(),
+        },
+    }
+}
+
+/// The item as the module doc's table says, or why it cannot be. Paths in
+/// the messages are relative to the item: the reason is kept with the item,
+/// apart from its batch.
+fn map_fields(provider: &str, item: &Object) -> Result<Item, Reject> {
+    use EventKind::*;
+    let event_code = req_str(item, "eventCode", "eventCode")?;
     let ignored = || {
         Ok(Item::Ignored {
             event_type: event_code.to_owned(),
         })
     };
-    if !matches!(event_code, "AUTHORISATION" | "REFUND") {
+    if !matches!(
+        event_code,
+        "AUTHORISATION"
+            | "REFUND"
+            | "REFUND_FAILED"
+            | "REFUNDED_REVERSED"
+            | "CANCEL_OR_REFUND"
+            | "CHARGEBACK"
+            | "CHARGEBACK_REVERSED"
+            | "SECOND_CHARGEBACK"
+    ) {
         return ignored();
     }
-    let success = match req_str(item, "success", &format!("{path}.success"))? {
+    let success = match req_str(item, "success", "success")? {
         "true" => true,
         "false" => false,
-        _ => {
-            return Err(invalid(format!(
-                "{path}.success must be \"true\" or \"false\""
-            )))
-        }
+        _ => return Err(invalid("success must be \"true\" or \"false\"")),
     };
-    let kind = match (event_code, success) {
-        ("AUTHORISATION", true) => EventKind::PaymentSucceeded,
-        ("AUTHORISATION", false) => EventKind::PaymentFailed,
-        ("REFUND", true) => EventKind::RefundSucceeded,
+    // The transaction id is the pspReference, and this suffix.
+    let (kind, suffix) = match (event_code, success) {
+        ("AUTHORISATION", true) => (PaymentSucceeded, ""),
+        ("AUTHORISATION", false) => (PaymentFailed, ""),
+        ("REFUND", true) => (RefundSucceeded, ""),
+        // The refund was refused: recorded failed, nothing booked.
+        ("REFUND", false) => (RefundFailed, ""),
+        // For these, `true` means the failure (the reversal) happened.
+        ("REFUND_FAILED" | "REFUNDED_REVERSED", true) => (RefundFailed, ""),
+        ("CANCEL_OR_REFUND", _) => match modification_action(item)? {
+            Some("refund") if success => (RefundSucceeded, ""),
+            Some("refund") => (RefundFailed, ""),
+            // A cancelled authorisation: no money was captured, nothing to
+            // refund. (A payment credited on its AUTHORISATION stays
+            // credited: no canonical kind undoes a payment credit.)
+            None | Some("cancel") => return ignored(),
+            Some(_) => {
+                return Err(invalid(
+                    "additionalData.modification.action is neither \"refund\" nor \"cancel\"",
+                ))
+            }
+        },
+        ("CHARGEBACK", true) => (DisputeFundsWithdrawn, ""),
+        ("CHARGEBACK_REVERSED", true) => (DisputeFundsReinstated, ""),
+        // A second withdrawal after a reversal: a dispute row books one
+        // withdrawal and one reinstatement, so this one is its own row.
+        ("SECOND_CHARGEBACK", true) => (DisputeFundsWithdrawn, SECOND_CHARGEBACK_SUFFIX),
+        // A failure notice or a dispute stage that did not take place.
         _ => return ignored(),
     };
-    let amount = req_object(item, "amount", &format!("{path}.amount"))?;
+    let amount = req_object(item, "amount", "amount")?;
     let value = opt(amount, "value");
     if event_code == "AUTHORISATION" && value.and_then(Value::as_i64) == Some(0) {
         // Zero-value authorisation: a card check, no money.
         return ignored();
     }
-    let amount_minor = amount_minor(value, &format!("{path}.amount.value"))?;
-    let currency = req_str(amount, "currency", &format!("{path}.amount.currency"))?;
-    check_currency(currency)?;
-    let transaction_id = req_str(item, "pspReference", &format!("{path}.pspReference"))?;
-    check_transaction_id(transaction_id)?;
-    let occurred_at = opt_str(item, "eventDate", &format!("{path}.eventDate"))?
+    let amount_minor = amount_minor(value, "amount.value")?;
+    let currency = req_str(amount, "currency", "amount.currency")?;
+    check_currency(currency).map_err(|_| {
+        invalid("amount.currency must be an ISO 4217 code: three upper-case letters")
+    })?;
+    let psp_reference = req_str(item, "pspReference", "pspReference")?;
+    let transaction_id = format!("{psp_reference}{suffix}");
+    check_transaction_id(&transaction_id).map_err(|e| prefixed("pspReference", e))?;
+    let parent_transaction_id = match kind.object() {
+        ObjectKind::Payment => None,
+        ObjectKind::Refund | ObjectKind::Dispute => {
+            let parent = opt_str(item, "originalReference", "originalReference")?.ok_or_else(|| {
+                invalid(format!(
+                    "originalReference is required for {event_code}: it names the payment the money is taken from"
+                ))
+            })?;
+            check_transaction_id(parent).map_err(|e| prefixed("originalReference", e))?;
+            Some(parent.to_owned())
+        }
+    };
+    let occurred_at = opt_str(item, "eventDate", "eventDate")?
         .map(|s| {
             OffsetDateTime::parse(s, &Rfc3339)
-                .map_err(|_| invalid(format!("{path}.eventDate must be an RFC 3339 timestamp")))
+                .map_err(|_| invalid("eventDate must be an RFC 3339 timestamp"))
         })
         .transpose()?;
     Ok(Item::Event(CanonicalEvent {
         provider: provider.to_owned(),
-        transaction_id: transaction_id.to_owned(),
+        transaction_id,
         event_type: kind,
         amount_minor,
         currency: currency.to_owned(),
-        parent_transaction_id: None,
+        parent_transaction_id,
         occurred_at,
     }))
+}
+
+/// Appended to a dispute's pspReference for the row of its second chargeback.
+pub const SECOND_CHARGEBACK_SUFFIX: &str = ":second_chargeback";
+
+/// `additionalData["modification.action"]` of a `CANCEL_OR_REFUND`: what the
+/// reversal did (`cancel` or `refund`).
+fn modification_action(item: &Object) -> Result<Option<&str>, Reject> {
+    match opt(item, "additionalData") {
+        Some(Value::Object(extra)) => opt_str(
+            extra,
+            "modification.action",
+            "additionalData.modification.action",
+        ),
+        _ => Ok(None),
+    }
+}
+
+/// A field check's message (`transaction_id must be ...`) naming the field.
+fn prefixed(field: &str, e: Reject) -> Reject {
+    match e {
+        Reject::Invalid(why) => invalid(format!(
+            "{field}: {}",
+            why.strip_prefix("transaction_id ").unwrap_or(&why)
+        )),
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -298,6 +419,7 @@ mod tests {
         "eventDate",
         "additionalData",
         "hmacSignature",
+        "modification.action",
     ];
 
     /// Keys and expected signatures from Adyen's own API libraries' test suites.
@@ -399,93 +521,380 @@ mod tests {
 
     fn accept_one(item: Value) -> Result<Item, Reject> {
         let mut items = adyen(&[RUBY_KEY]).accept("adyen", &signed(RUBY_KEY, vec![item]))?;
+        assert_eq!(items.len(), 1);
         Ok(items.remove(0))
     }
 
+    /// The one item of a fixture batch from tests/fixtures/adyen/, unsigned
+    /// (the fixtures carry placeholder signatures; `signed` re-signs).
+    fn fixture_item(name: &str) -> Value {
+        let path = format!("{}/tests/fixtures/adyen/{name}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let batch: Value = serde_json::from_str(&text).unwrap();
+        let items = batch["notificationItems"].as_array().unwrap();
+        assert_eq!(items.len(), 1, "{name}");
+        items[0]["NotificationRequestItem"].clone()
+    }
+
+    fn event_of(item: Value) -> CanonicalEvent {
+        match accept_one(item.clone()) {
+            Ok(Item::Event(e)) => e,
+            other => panic!("{item}: {other:?}"),
+        }
+    }
+
+    fn fixture_event(name: &str) -> CanonicalEvent {
+        event_of(fixture_item(name))
+    }
+
+    /// (transaction_id, kind, parent, amount, currency) of an event.
+    fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {
+        (
+            &e.transaction_id,
+            e.event_type,
+            e.parent_transaction_id.as_deref(),
+            e.amount_minor,
+            &e.currency,
+        )
+    }
+
+    /// The reason and id of an item that cannot be mapped.
+    fn unmappable(item: Value) -> (String, Option<String>) {
+        match accept_one(item.clone()) {
+            Ok(Item::Unmappable {
+                reason,
+                transaction_id,
+                raw,
+            }) => {
+                let raw: Value = serde_json::from_str(&raw).unwrap();
+                assert_eq!(raw["eventCode"], item["eventCode"], "raw is the item");
+                (reason, transaction_id)
+            }
+            other => panic!("{item}: {other:?}"),
+        }
+    }
+
+    fn is_ignored(item: Value) -> bool {
+        matches!(accept_one(item), Ok(Item::Ignored { .. }))
+    }
+
     #[test]
-    fn authorisations_and_refunds_are_booked_and_other_codes_ignored() {
-        let Ok(Item::Event(e)) = accept_one(library_item()) else {
-            panic!()
-        };
+    fn authorisations_book_the_payment_and_zero_value_ones_are_ignored() {
+        let e = event_of(library_item());
         assert_eq!(
+            summary(&e),
             (
-                e.transaction_id.as_str(),
-                e.event_type,
-                e.amount_minor,
-                e.currency.as_str()
-            ),
-            ("7914073381342284", EventKind::PaymentSucceeded, 1130, "EUR")
+                "7914073381342284",
+                EventKind::PaymentSucceeded,
+                None,
+                1130,
+                "EUR"
+            )
         );
         let mut failed = library_item();
         failed["success"] = "false".into();
         failed["eventDate"] = "2024-05-01T10:00:00+02:00".into();
-        let Ok(Item::Event(f)) = accept_one(failed) else {
-            panic!()
-        };
+        let f = event_of(failed);
         assert_eq!(f.event_type, EventKind::PaymentFailed);
         assert!(f.occurred_at.is_some());
-        let mut refund = library_item();
-        refund["eventCode"] = "REFUND".into();
-        refund["pspReference"] = "8814073381342299".into();
-        refund["originalReference"] = "7914073381342284".into();
-        let Ok(Item::Event(r)) = accept_one(refund.clone()) else {
-            panic!()
-        };
         assert_eq!(
-            (r.transaction_id.as_str(), r.event_type),
-            ("8814073381342299", EventKind::RefundSucceeded)
+            summary(&fixture_event("AUTHORISATION.openapi.json")),
+            (
+                "QFQTPCQ8HXSKGK82",
+                EventKind::PaymentSucceeded,
+                None,
+                1000,
+                "EUR"
+            )
         );
-        let mut refund_failed = refund;
-        refund_failed["success"] = "false".into();
         let mut zero_auth = library_item();
         zero_auth["amount"]["value"] = 0.into();
-        let mut report = library_item();
-        report["eventCode"] = "REPORT_AVAILABLE".into();
-        report["amount"] = json!({"value": 0, "currency": "EUR"});
-        for (name, item) in [
-            ("capture", {
-                let mut c = library_item();
-                c["eventCode"] = "CAPTURE".into();
-                c
-            }),
-            ("failed refund", refund_failed),
-            ("zero-value auth", zero_auth),
-            ("report", report),
+        assert!(is_ignored(zero_auth));
+    }
+
+    #[test]
+    fn refunds_are_keyed_by_their_own_psp_reference_and_name_the_payment_in_original_reference() {
+        let booked = fixture_event("scenario-2-REFUND.json");
+        assert_eq!(
+            summary(&booked),
+            (
+                "8826222222222222",
+                EventKind::RefundSucceeded,
+                Some("8816111111111111"),
+                3000,
+                "EUR"
+            )
+        );
+        assert_eq!(
+            summary(&fixture_event("REFUND.success-true.node-sdk.json")),
+            (
+                "PSP_REFERENCE",
+                EventKind::RefundSucceeded,
+                Some("ORIGINAL_PSP"),
+                1500,
+                "EUR"
+            )
+        );
+        // Refused refunds: recorded failed.
+        for name in ["REFUND.success-false.node-sdk.json", "REFUND.openapi.json"] {
+            let e = fixture_event(name);
+            assert_eq!(e.event_type, EventKind::RefundFailed, "{name}");
+            assert!(e.parent_transaction_id.is_some(), "{name}");
+        }
+        // No originalReference: no payment to check it against.
+        let mut orphan = fixture_item("scenario-2-REFUND.json");
+        orphan.as_object_mut().unwrap().remove("originalReference");
+        let (reason, id) = unmappable(orphan);
+        assert!(reason.contains("originalReference"), "{reason}");
+        assert_eq!(id.as_deref(), Some("8826222222222222"));
+    }
+
+    #[test]
+    fn refund_failed_is_linked_by_the_refunds_psp_reference_and_success_true_means_it_failed() {
+        let booked = fixture_event("scenario-2-REFUND.json");
+        let failed = fixture_event("scenario-3-REFUND_FAILED.json");
+        assert_eq!(
+            summary(&failed),
+            (
+                "8826222222222222",
+                EventKind::RefundFailed,
+                Some("8816111111111111"),
+                3000,
+                "EUR"
+            )
+        );
+        assert_eq!(
+            failed.fingerprint(),
+            booked.fingerprint(),
+            "the same refund"
+        );
+        assert_eq!(
+            summary(&fixture_event("REFUND_FAILED.openapi.json")),
+            (
+                "QFQTPCQ8HXSKGK82",
+                EventKind::RefundFailed,
+                Some("9913140798220028"),
+                1000,
+                "EUR"
+            )
+        );
+        assert_eq!(
+            fixture_event("REFUNDED_REVERSED.openapi.json").event_type,
+            EventKind::RefundFailed
+        );
+        // success "false": the failure did not take place.
+        for name in [
+            "scenario-3-REFUND_FAILED.json",
+            "REFUNDED_REVERSED.openapi.json",
         ] {
-            assert!(
-                matches!(accept_one(item), Ok(Item::Ignored { .. })),
-                "{name}"
-            );
+            let mut not_executed = fixture_item(name);
+            not_executed["success"] = "false".into();
+            assert!(is_ignored(not_executed), "{name}");
         }
     }
 
     #[test]
-    fn bad_shapes_are_invalid() {
-        let cases: Vec<(&str, Value)> = vec![
-            ("negative", json!({"value": -5, "currency": "EUR"})),
+    fn cancel_or_refund_books_a_refund_and_ignores_a_cancel() {
+        let refund = fixture_item("CANCEL_OR_REFUND.refund.adapted.json");
+        assert_eq!(
+            summary(&event_of(refund.clone())),
             (
-                "lower-case currency",
-                json!({"value": 5, "currency": "eur"}),
-            ),
-            ("missing currency", json!({"value": 5})),
-        ];
-        for (name, amount) in cases {
-            let mut item = library_item();
-            item["amount"] = amount;
-            assert!(
-                matches!(accept_one(item), Err(Reject::Invalid(_))),
-                "{name}"
-            );
+                "QFQTPCQ8HXSKGK82",
+                EventKind::RefundSucceeded,
+                Some("9913140798220028"),
+                1000,
+                "EUR"
+            )
+        );
+        let mut refused = refund.clone();
+        refused["success"] = "false".into();
+        assert_eq!(event_of(refused).event_type, EventKind::RefundFailed);
+        let cancel = fixture_item("CANCEL_OR_REFUND.cancel.openapi.json");
+        assert!(is_ignored(cancel.clone()));
+        let mut no_action = cancel.clone();
+        no_action["additionalData"]
+            .as_object_mut()
+            .unwrap()
+            .remove("modification.action");
+        assert!(is_ignored(no_action), "no action: nothing says money moved");
+        let mut unknown = cancel;
+        unknown["additionalData"]["modification.action"] = "void".into();
+        let (reason, _) = unmappable(unknown);
+        assert!(reason.contains("modification.action"), "{reason}");
+    }
+
+    #[test]
+    fn chargebacks_are_keyed_by_the_disputes_psp_reference_and_a_second_one_is_its_own_dispute() {
+        let withdrawn = fixture_event("scenario-4-CHARGEBACK.json");
+        let reinstated = fixture_event("scenario-5-CHARGEBACK_REVERSED.json");
+        let parent = Some("8816111111111111");
+        assert_eq!(
+            summary(&withdrawn),
+            (
+                "8836333333333333",
+                EventKind::DisputeFundsWithdrawn,
+                parent,
+                7000,
+                "EUR"
+            )
+        );
+        assert_eq!(
+            summary(&reinstated),
+            (
+                "8836333333333333",
+                EventKind::DisputeFundsReinstated,
+                parent,
+                7000,
+                "EUR"
+            )
+        );
+        assert_eq!(withdrawn.fingerprint(), reinstated.fingerprint());
+        assert_eq!(
+            summary(&fixture_event("CHARGEBACK.java-sdk.json")),
+            (
+                "9915555555555555",
+                EventKind::DisputeFundsWithdrawn,
+                Some("9913333333333333"),
+                1000,
+                "EUR"
+            )
+        );
+        // `amount`, not additionalData.grossValue (2000).
+        assert_eq!(fixture_event("CHARGEBACK.openapi.json").amount_minor, 1000);
+        // Adyen's own examples of these stages omit originalReference: unmappable.
+        for name in [
+            "CHARGEBACK_REVERSED.openapi.json",
+            "SECOND_CHARGEBACK.openapi.json",
+        ] {
+            let (reason, id) = unmappable(fixture_item(name));
+            assert!(reason.contains("originalReference"), "{name}: {reason}");
+            assert_eq!(id.as_deref(), Some("QFQTPCQ8HXSKGK82"));
         }
-        let mut bad_success = library_item();
-        bad_success["success"] = "yes".into();
-        assert!(matches!(accept_one(bad_success), Err(Reject::Invalid(_))));
-        let mut bad_date = library_item();
-        bad_date["eventDate"] = "yesterday".into();
-        assert!(matches!(accept_one(bad_date), Err(Reject::Invalid(_))));
-        let mut no_psp = library_item();
-        no_psp.as_object_mut().unwrap().remove("pspReference");
-        assert!(matches!(accept_one(no_psp), Err(Reject::Invalid(_))));
+        let mut second = fixture_item("SECOND_CHARGEBACK.openapi.json");
+        second["originalReference"] = "9913140798220028".into();
+        assert_eq!(
+            summary(&event_of(second)),
+            (
+                "QFQTPCQ8HXSKGK82:second_chargeback",
+                EventKind::DisputeFundsWithdrawn,
+                Some("9913140798220028"),
+                1000,
+                "EUR"
+            )
+        );
+    }
+
+    #[test]
+    fn codes_that_move_no_money_here_are_ignored() {
+        for name in [
+            "NOTIFICATION_OF_CHARGEBACK.openapi.json",
+            "CAPTURE.openapi.json",
+            "CANCELLATION.openapi.json",
+        ] {
+            assert!(is_ignored(fixture_item(name)), "{name}");
+        }
+        for code in [
+            "REQUEST_FOR_INFORMATION",
+            "PREARBITRATION_WON",
+            "PREARBITRATION_LOST",
+            "REPORT_AVAILABLE",
+        ] {
+            let mut item = fixture_item("scenario-4-CHARGEBACK.json");
+            item["eventCode"] = code.into();
+            assert!(is_ignored(item), "{code}");
+        }
+        let mut not_charged_back = fixture_item("scenario-4-CHARGEBACK.json");
+        not_charged_back["success"] = "false".into();
+        assert!(is_ignored(not_charged_back));
+    }
+
+    #[test]
+    fn one_unmappable_item_does_not_hold_up_the_others_of_its_batch() {
+        let mut lower = fixture_item("AUTHORISATION.openapi.json");
+        lower["amount"]["currency"] = "eur".into();
+        let body = signed(
+            RUBY_KEY,
+            vec![
+                fixture_item("scenario-1-AUTHORISATION.json"),
+                lower.clone(),
+                fixture_item("scenario-2-REFUND.json"),
+            ],
+        );
+        let items = adyen(&[RUBY_KEY]).accept("adyen", &body).unwrap();
+        let [Item::Event(payment), Item::Unmappable {
+            reason,
+            transaction_id,
+            raw,
+        }, Item::Event(refund)] = items.as_slice()
+        else {
+            panic!("{items:?}")
+        };
+        assert_eq!(payment.transaction_id, "8816111111111111");
+        assert_eq!(refund.transaction_id, "8826222222222222");
+        assert!(reason.contains("amount.currency"), "{reason}");
+        assert_eq!(transaction_id.as_deref(), Some("QFQTPCQ8HXSKGK82"));
+        let raw: Value = serde_json::from_str(raw).unwrap();
+        assert_eq!(raw["amount"]["currency"], "eur");
+        assert!(
+            raw["additionalData"]["hmacSignature"].is_string(),
+            "the item as received"
+        );
+    }
+
+    #[test]
+    fn every_bad_field_of_a_well_signed_item_is_unmappable_with_its_reason() {
+        let with = |edit: &dyn Fn(&mut Value)| {
+            let mut item = fixture_item("scenario-2-REFUND.json");
+            edit(&mut item);
+            item
+        };
+        let cases: Vec<(&str, Value)> = vec![
+            (
+                "amount.value",
+                with(&|i| i["amount"]["value"] = (-5).into()),
+            ),
+            ("amount.value", with(&|i| i["amount"]["value"] = 0.into())),
+            (
+                "amount.currency",
+                with(&|i| i["amount"]["currency"] = "eur".into()),
+            ),
+            (
+                "amount.currency",
+                with(&|i| {
+                    i["amount"].as_object_mut().unwrap().remove("currency");
+                }),
+            ),
+            (
+                "amount",
+                with(&|i| {
+                    i.as_object_mut().unwrap().remove("amount");
+                }),
+            ),
+            ("success", with(&|i| i["success"] = "yes".into())),
+            ("eventDate", with(&|i| i["eventDate"] = "yesterday".into())),
+            (
+                "originalReference",
+                with(&|i| i["originalReference"] = " 88".into()),
+            ),
+            ("pspReference", with(&|i| i["pspReference"] = "".into())),
+        ];
+        for (field, item) in cases {
+            let (reason, _) = unmappable(item.clone());
+            assert!(reason.contains(field), "{item}: {reason}");
+        }
+        // No id to show: the item is still recorded, without one.
+        let no_psp = with(&|i| {
+            i.as_object_mut().unwrap().remove("pspReference");
+        });
+        assert_eq!(unmappable(no_psp).1, None);
+        let no_code = with(&|i| {
+            i.as_object_mut().unwrap().remove("eventCode");
+        });
+        assert!(matches!(accept_one(no_code), Ok(Item::Unmappable { .. })));
+    }
+
+    #[test]
+    fn a_body_that_is_no_notification_batch_is_still_invalid_whole() {
         let a = adyen(&[RUBY_KEY]);
         for body in [
             r#"not json"#,
@@ -495,6 +904,7 @@ mod tests {
             r#"{"notificationItems":{}}"#,
             r#"{"notificationItems":[1]}"#,
             r#"{"notificationItems":[{"x":{}}]}"#,
+            // Signed fields that are not of Adyen's types cannot even be verified.
             r#"{"notificationItems":[{"NotificationRequestItem":{"amount":{"value":1.5}}}]}"#,
             r#"{"notificationItems":[{"NotificationRequestItem":{"pspReference":7}}]}"#,
         ] {

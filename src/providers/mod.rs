@@ -5,16 +5,22 @@
 //! One file per scheme:
 //!
 //! - [`standard`]: Standard Webhooks headers, the generic payload;
-//! - [`stripe`]: `Stripe-Signature`, Stripe events keyed by the PaymentIntent;
+//! - [`stripe`]: `Stripe-Signature`, Stripe events: payments keyed by the
+//!   PaymentIntent, refunds and disputes by their own ids;
 //! - [`adyen`]: notification batches, one HMAC per item.
 //!
 //! # What must stay true
 //!
 //! - Verification and mapping never panic, whatever the bytes (proptest below
 //!   and in each scheme's tests feeds them arbitrary input).
-//! - A delivery is accepted whole or refused whole: [`Provider::accept`]
-//!   verifies and maps *every* item before it returns, so one bad item in a
-//!   batch rejects the batch before anything is written.
+//! - A signature is accepted whole or refused whole: [`Provider::accept`]
+//!   verifies *every* item before it maps any, so one badly signed item in a
+//!   batch refuses the batch (401) before anything is written.
+//! - A single-event delivery that cannot be mapped is refused (400); a
+//!   well-signed batch item that cannot be mapped is [`Item::Unmappable`] and
+//!   does not hold up the other items (Adyen would re-send the whole batch).
+//! - One delivery may map to several items: every item of an Adyen batch, and
+//!   every succeeded refund of a Stripe `charge.refunded`.
 //! - Secrets never leave this module: [`Provider`]'s `Debug` hides them and no
 //!   [`Reject`] message contains one.
 
@@ -277,7 +283,7 @@ impl Provider {
             }
             Scheme::Stripe(s) => {
                 s.verify(headers, body, now)?;
-                Ok(vec![stripe::parse_event(&self.name, body)?])
+                stripe::parse_event(&self.name, body)
             }
             Scheme::Adyen(a) => a.accept(&self.name, body),
         }
@@ -318,6 +324,18 @@ pub(crate) mod testing {
                 "false",
                 "AUTHORISATION",
                 "REFUND",
+                "REFUND_FAILED",
+                "REFUNDED_REVERSED",
+                "CANCEL_OR_REFUND",
+                "CHARGEBACK",
+                "CHARGEBACK_REVERSED",
+                "SECOND_CHARGEBACK",
+                "cancel",
+                "dispute",
+                "dp_1",
+                "failed",
+                "canceled",
+                "pending",
             ])
             .prop_map(Value::from),
         ];

@@ -29,8 +29,9 @@ pub struct SendArgs {
     /// the HMAC key in hex (adyen).
     #[arg(long, env = "FENCEHOOK_GENERIC_SECRET", hide_env_values = true)]
     pub secret: String,
-    /// The payment's id: a PaymentIntent id (stripe), a pspReference (adyen);
-    /// for refunds the refund's own id.
+    /// The id of what the event is about: a payment's PaymentIntent id
+    /// (stripe) or pspReference (adyen); for a refund or a dispute, its own
+    /// id (`re_…`, `dp_…`; the refund's or dispute's pspReference).
     #[arg(long)]
     pub transaction_id: String,
     /// Amount in minor units (cents).
@@ -38,7 +39,8 @@ pub struct SendArgs {
     pub amount: i64,
     #[arg(long, default_value = "EUR")]
     pub currency: String,
-    /// payment.succeeded | payment.failed | refund.succeeded, sent as the
+    /// payment.succeeded | payment.failed | refund.succeeded | refund.failed |
+    /// dispute.funds_withdrawn | dispute.funds_reinstated, sent as the
     /// scheme's native event (see docs/providers.md); any other value is sent
     /// verbatim as the native type (e.g. customer.created, CAPTURE).
     #[arg(long, default_value = "payment.succeeded")]
@@ -51,7 +53,10 @@ pub struct SendArgs {
     #[arg(long)]
     pub webhook_id: Option<String>,
     /// Refunds and disputes: the transaction id of the payment they take
-    /// money from (a PaymentIntent id for stripe, a pspReference for adyen).
+    /// money from (a PaymentIntent id, or a Charge id for a payment without
+    /// one, for stripe; the payment's pspReference for adyen, sent as
+    /// `originalReference`). Required to build a stripe or adyen refund or
+    /// dispute; the standard scheme sends what it is given.
     #[arg(long)]
     pub payment_transaction_id: Option<String>,
 }
@@ -144,7 +149,7 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
         SchemeKind::Stripe => {
             let body = match &args.body {
                 Some(b) => b.clone(),
-                None => stripe_event(args, &delivery_id("evt_"), ts).to_string(),
+                None => stripe_event(args, &delivery_id("evt_"), ts)?.to_string(),
             };
             let signature = stripe::sign(&args.secret, ts, body.as_bytes())?;
             Ok(Delivery {
@@ -170,13 +175,24 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::deliveries::names_a_payment;
     use super::*;
-    use fencehook::domain::EventKind;
+    use fencehook::domain::{EventKind, ObjectKind};
     use fencehook::providers::{Item, Provider};
 
     const STANDARD: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=";
     const STRIPE: &str = "whsec_stripe_cli_test";
     const ADYEN: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+
+    /// The id `send` is given for each kind: the payment's, the refund's or
+    /// the dispute's own.
+    fn id_for(event_type: &str) -> &'static str {
+        match event_type.split('.').next() {
+            Some("refund") => "re_cli_1",
+            Some("dispute") => "dp_cli_1",
+            _ => "pi_cli_1",
+        }
+    }
 
     fn args(scheme: SchemeKind, secret: &str, event_type: &str) -> SendArgs {
         SendArgs {
@@ -184,15 +200,13 @@ mod tests {
             provider: "p".into(),
             scheme,
             secret: secret.into(),
-            transaction_id: "pi_cli_1".into(),
+            transaction_id: id_for(event_type).into(),
             amount: 1234,
             currency: "EUR".into(),
             event_type: event_type.into(),
             body: None,
             webhook_id: None,
-            payment_transaction_id: event_type
-                .starts_with("refund.")
-                .then(|| "pi_cli_0".to_owned()),
+            payment_transaction_id: names_a_payment(event_type).then(|| "pi_cli_0".to_owned()),
         }
     }
 
@@ -219,24 +233,30 @@ mod tests {
             (SchemeKind::Stripe, STRIPE),
             (SchemeKind::Adyen, ADYEN),
         ] {
-            for (event_type, kind) in [
-                ("payment.succeeded", EventKind::PaymentSucceeded),
-                ("payment.failed", EventKind::PaymentFailed),
-                ("refund.succeeded", EventKind::RefundSucceeded),
-            ] {
+            for &kind in EventKind::ALL {
+                let event_type = kind.as_str();
                 match received(scheme, secret, event_type) {
                     Item::Event(e) => {
-                        assert_eq!(e.event_type, kind, "{scheme:?} {event_type}");
-                        assert_eq!((e.amount_minor, e.currency.as_str()), (1234, "EUR"));
+                        let parent = match kind.object() {
+                            ObjectKind::Payment => None,
+                            ObjectKind::Refund | ObjectKind::Dispute => Some("pi_cli_0"),
+                        };
+                        assert_eq!(
+                            (
+                                e.event_type,
+                                e.transaction_id.as_str(),
+                                e.parent_transaction_id.as_deref(),
+                                e.amount_minor,
+                                e.currency.as_str()
+                            ),
+                            (kind, id_for(event_type), parent, 1234, "EUR"),
+                            "{scheme:?} {event_type}"
+                        );
                     }
                     other => panic!("{scheme:?} {event_type}: {other:?}"),
                 }
             }
         }
-        let Item::Event(e) = received(SchemeKind::Stripe, STRIPE, "payment.succeeded") else {
-            panic!()
-        };
-        assert_eq!(e.transaction_id, "pi_cli_1");
         for (scheme, secret, native) in [
             (SchemeKind::Stripe, STRIPE, "customer.created"),
             (SchemeKind::Adyen, ADYEN, "CAPTURE"),
@@ -246,5 +266,34 @@ mod tests {
                 Item::Ignored { .. }
             ));
         }
+    }
+
+    #[test]
+    fn a_psp_shaped_refund_or_dispute_without_its_payment_is_not_built() {
+        for scheme in [SchemeKind::Stripe, SchemeKind::Adyen] {
+            for event_type in ["refund.succeeded", "dispute.funds_withdrawn"] {
+                let mut a = args(scheme, ADYEN, event_type);
+                a.payment_transaction_id = None;
+                let err = build_delivery(&a, 1_700_000_000).unwrap_err();
+                assert!(err.contains("--payment-transaction-id"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_stripe_refund_of_a_payment_without_payment_intent_names_its_charge() {
+        let mut a = args(SchemeKind::Stripe, STRIPE, "refund.succeeded");
+        a.payment_transaction_id = Some("ch_legacy_1".into());
+        let Delivery { body, headers } = build_delivery(&a, 1_700_000_000).unwrap();
+        let mut h = http::HeaderMap::new();
+        for (name, value) in headers {
+            h.insert(name, value.parse().unwrap());
+        }
+        let provider = Provider::new("p", SchemeKind::Stripe, &[STRIPE.to_owned()], None).unwrap();
+        let items = provider.accept(&h, body.as_bytes(), 1_700_000_000).unwrap();
+        let [Item::Event(e)] = items.as_slice() else {
+            panic!("{items:?}")
+        };
+        assert_eq!(e.parent_transaction_id.as_deref(), Some("ch_legacy_1"));
     }
 }

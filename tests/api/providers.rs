@@ -460,3 +460,243 @@ async fn one_stripe_payment_announced_by_two_event_types_to_two_instances_at_onc
     assert_eq!(ledger_sum(&ctx).await, 4999);
     ctx.assert_audit_clean().await;
 }
+
+/// An Adyen fixture batch, re-signed with [`ADYEN_KEY`] (the lifecycle
+/// fixtures carry placeholder signatures; see tests/fixtures/README.md).
+fn adyen_fixture(name: &str) -> String {
+    let mut batch: Value = serde_json::from_str(&fixture(&format!("adyen/{name}"))).unwrap();
+    adyen::sign_batch(ADYEN_KEY, &mut batch).unwrap();
+    batch.to_string()
+}
+
+/// The `NotificationRequestItem` of item `i` of an Adyen fixture batch.
+fn adyen_item(name: &str, i: usize) -> Value {
+    let batch: Value = serde_json::from_str(&fixture(&format!("adyen/{name}"))).unwrap();
+    batch["notificationItems"][i]["NotificationRequestItem"].clone()
+}
+
+/// A batch of these items, signed with [`ADYEN_KEY`].
+fn adyen_batch(items: Vec<Value>) -> String {
+    let mut batch = serde_json::json!({
+        "live": "false",
+        "notificationItems": items.into_iter()
+            .map(|i| serde_json::json!({"NotificationRequestItem": i}))
+            .collect::<Vec<_>>()
+    });
+    adyen::sign_batch(ADYEN_KEY, &mut batch).unwrap();
+    batch.to_string()
+}
+
+async fn entries_of(ctx: &TestContext, effect: &str) -> i64 {
+    ctx.count(&format!(
+        "SELECT count(*) FROM ledger_entries WHERE effect = '{effect}'"
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adyen_batch_with_one_unmappable_item_books_the_others_and_quarantines_it_once() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    // A lower-case currency: well signed, but not something the ledger can book.
+    let mut bad = adyen_item("scenario-2-REFUND.json", 0);
+    bad["amount"]["currency"] = "eur".into();
+    let batch = adyen_batch(vec![
+        adyen_item("scenario-1-AUTHORISATION.json", 0),
+        bad,
+        adyen_item("authorisation_batch.json", 1),
+    ]);
+    let r = post_adyen(&app, &batch).await;
+    assert_accepted(&r);
+    assert_eq!(
+        ctx.payments().await,
+        2,
+        "both authorisations, not the bad item"
+    );
+    assert_eq!(entries_of(&ctx, "credit").await, 2);
+    assert_eq!(ctx.entries().await, 2);
+    assert_eq!(ledger_sum(&ctx).await, 10_000 + 120_000);
+    let row = ctx
+        .db()
+        .await
+        .query_one(
+            "SELECT provider, transaction_id, reason, item, times_seen FROM quarantined_items",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (provider, transaction_id, reason, item, times_seen): (
+        String,
+        Option<String>,
+        String,
+        String,
+        i64,
+    ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    assert_eq!(provider, "adyen");
+    assert_eq!(transaction_id.as_deref(), Some("8826222222222222"));
+    assert!(
+        reason.starts_with("unmappable:") && reason.contains("amount.currency"),
+        "{reason}"
+    );
+    let item: Value = serde_json::from_str(&item).unwrap();
+    assert_eq!(item["amount"]["currency"], "eur", "the item as received");
+    assert_eq!(times_seen, 1);
+    assert_eq!(
+        app.metric(
+            "fencehook_items_quarantined_total",
+            &[("reason", "unmappable")]
+        ),
+        1.0
+    );
+    // Adyen re-sends the same batch: nothing new is booked or recorded.
+    let r = post_adyen(&app, &batch).await;
+    assert_accepted(&r);
+    assert_eq!(ctx.payments().await, 2);
+    assert_eq!(ctx.entries().await, 2);
+    assert_eq!(ctx.count("SELECT count(*) FROM quarantined_items").await, 1);
+    assert_eq!(
+        ctx.count("SELECT times_seen FROM quarantined_items").await,
+        2
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// The PaymentIntent of the failed-then-succeeded fixtures.
+const RETRIED_PI: &str = "pi_3SfZt1B7WZ01zgkW1kQ4Dm9x";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stripe_payment_intent_that_fails_then_succeeds_is_credited_once() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let r = deliver_stripe(&app, &fixture("stripe/payment_intent.payment_failed.json")).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(ctx.payment(RETRIED_PI).await.unwrap().0, "failed");
+    assert_eq!(ctx.entries().await, 0, "a failure books nothing");
+    let r = deliver_stripe(
+        &app,
+        &fixture("stripe/payment_intent.succeeded.after-failure.json"),
+    )
+    .await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(ctx.payment(RETRIED_PI).await.unwrap().0, "succeeded");
+    // Stripe re-sends the failure: the success stands.
+    let r = deliver_stripe(&app, &fixture("stripe/payment_intent.payment_failed.json")).await;
+    assert_eq!((r.status, r.result()), (200, "stale"), "{r:?}");
+    assert_eq!(ctx.payments().await, 1);
+    assert_eq!(entries_of(&ctx, "credit").await, 1);
+    assert_eq!(ctx.entries().await, 1);
+    assert_eq!(ledger_sum(&ctx).await, 5000);
+    ctx.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stripe_payment_failure_that_arrives_after_the_success_is_stale() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let r = deliver_stripe(
+        &app,
+        &fixture("stripe/payment_intent.succeeded.after-failure.json"),
+    )
+    .await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let r = deliver_stripe(&app, &fixture("stripe/payment_intent.payment_failed.json")).await;
+    assert_eq!((r.status, r.result()), (200, "stale"), "{r:?}");
+    assert_eq!(ctx.payment(RETRIED_PI).await.unwrap().0, "succeeded");
+    assert_eq!(entries_of(&ctx, "credit").await, 1);
+    assert_eq!(ctx.entries().await, 1);
+    ctx.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stripe_charge_refunded_with_two_succeeded_refunds_debits_each_once() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    // The payment the refunded charge belongs to (the charge.refunded fixture
+    // is a USD 100.00 charge of this PaymentIntent); built from our
+    // payment_intent.succeeded fixture with its id, amount and currency.
+    let mut payment: Value =
+        serde_json::from_str(&fixture("stripe/payment_intent.succeeded.json")).unwrap();
+    let pi = &mut payment["data"]["object"];
+    pi["id"] = "pi_3QfhkRB7WZ01zgkW0Yq2bC7d".into();
+    pi["amount"] = 10_000.into();
+    pi["amount_received"] = 10_000.into();
+    pi["currency"] = "usd".into();
+    pi["latest_charge"] = "ch_3QfhkRB7WZ01zgkW0aS1cD8e".into();
+    let r = deliver_stripe(&app, &payment.to_string()).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let refunded = fixture("stripe/charge.refunded.expanded-refunds.json");
+    let r = deliver_stripe(&app, &refunded).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(entries_of(&ctx, "debit").await, 2, "one debit per refund");
+    assert_eq!(ledger_sum(&ctx).await, 10_000 - 3000 - 2000);
+    // The same refunds again, by a re-send and by refund.created: nothing new.
+    let r = deliver_stripe(&app, &refunded).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    let r = deliver_stripe(&app, &fixture("stripe/refund.created.succeeded.json")).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    assert_eq!(ctx.payments().await, 3, "the payment and its two refunds");
+    assert_eq!(ctx.entries().await, 3);
+    assert_eq!(
+        ctx.count(
+            "SELECT amount_out_minor FROM payments WHERE transaction_id = 'pi_3QfhkRB7WZ01zgkW0Yq2bC7d'"
+        )
+        .await,
+        5000
+    );
+    ctx.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adyen_refund_that_fails_after_it_was_booked_gives_the_money_back_once() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    for name in [
+        "scenario-1-AUTHORISATION.json",
+        "scenario-2-REFUND.json",
+        "scenario-3-REFUND_FAILED.json",
+    ] {
+        assert_accepted(&post_adyen(&app, &adyen_fixture(name)).await);
+    }
+    assert_eq!(entries_of(&ctx, "credit").await, 1);
+    assert_eq!(entries_of(&ctx, "debit").await, 1);
+    assert_eq!(entries_of(&ctx, "refund_reversal").await, 1);
+    assert_eq!(
+        ctx.count(
+            "SELECT coalesce(sum(e.amount_minor), 0)::bigint FROM ledger_entries e \
+             JOIN payments p ON p.id = e.payment_id WHERE p.transaction_id = '8826222222222222'"
+        )
+        .await,
+        0,
+        "net zero for the refund"
+    );
+    assert_eq!(ledger_sum(&ctx).await, 10_000);
+    assert_eq!(ctx.payment("8826222222222222").await.unwrap().0, "failed");
+    // Adyen re-sends both: the failure is a duplicate, the success stale.
+    for name in ["scenario-3-REFUND_FAILED.json", "scenario-2-REFUND.json"] {
+        assert_accepted(&post_adyen(&app, &adyen_fixture(name)).await);
+    }
+    assert_eq!(ctx.entries().await, 3);
+    assert_eq!(ledger_sum(&ctx).await, 10_000);
+    ctx.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adyen_chargeback_and_its_reversal_book_a_dispute_and_give_it_back() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    assert_accepted(&post_adyen(&app, &adyen_fixture("scenario-1-AUTHORISATION.json")).await);
+    // The reversal before its chargeback waits for it (Adyen retries the batch).
+    let reversed = adyen_fixture("scenario-5-CHARGEBACK_REVERSED.json");
+    let r = post_adyen(&app, &reversed).await;
+    assert_eq!((r.status, r.result()), (409, "awaiting_payment"), "{r:?}");
+    assert_accepted(&post_adyen(&app, &adyen_fixture("scenario-4-CHARGEBACK.json")).await);
+    assert_eq!(ledger_sum(&ctx).await, 10_000 - 7000);
+    assert_accepted(&post_adyen(&app, &reversed).await);
+    assert_eq!(entries_of(&ctx, "dispute").await, 1);
+    assert_eq!(entries_of(&ctx, "dispute_reversal").await, 1);
+    assert_eq!(ledger_sum(&ctx).await, 10_000);
+    assert_eq!(ctx.payment("8836333333333333").await.unwrap().0, "failed");
+    assert_accepted(&post_adyen(&app, &reversed).await);
+    assert_eq!(ctx.entries().await, 3);
+    ctx.assert_audit_clean().await;
+}
