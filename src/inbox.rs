@@ -120,7 +120,10 @@ impl Inbox {
                         match self.store.rescue().await {
                             Ok(0) | Err(_) => {}
                             Ok(rescued) => {
-                                tracing::warn!(rescued, "events taken again: their worker's lock ran out");
+                                tracing::warn!(
+                                    rescued,
+                                    "events taken again: their worker's lock ran out"
+                                );
                                 continue;
                             }
                         }

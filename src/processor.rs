@@ -217,18 +217,20 @@ impl Processor {
         result
     }
 
-    /// Records a batch item that cannot be booked (see `quarantined_items`).
+    /// Records a batch item that cannot be booked (see `quarantined_items`);
+    /// true the first time this very item is seen.
     pub async fn quarantine(
         &self,
         provider: &str,
         transaction_id: Option<&str>,
         reason: &str,
         item: &str,
-    ) -> Result<(), Error> {
-        self.store
+    ) -> Result<bool, Error> {
+        let seen = self
+            .store
             .quarantine(provider, transaction_id, reason, item)
             .await?;
-        Ok(())
+        Ok(seen == 1)
     }
 
     async fn lookup(&self, ev: &CanonicalEvent) -> Result<Option<PaymentRow>, StoreError> {

@@ -246,10 +246,13 @@ async fn quarantine(
         .quarantine(&provider.name, transaction_id.as_deref(), reason, item)
         .await
     {
-        Ok(()) => {
-            state.metrics.quarantined(kind).increment(1);
-            tracing::warn!(provider = %provider.name, transaction_id = transaction_id.as_deref().unwrap_or("-"),
-                %reason, "batch item quarantined: recorded, not booked");
+        Ok(first) => {
+            // A PSP re-sends the batch: the item is counted (and logged) once.
+            if first {
+                state.metrics.quarantined(kind).increment(1);
+                tracing::warn!(provider = %provider.name, transaction_id = transaction_id.as_deref().unwrap_or("-"),
+                    %reason, "batch item quarantined: recorded, not booked");
+            }
             Answer {
                 transaction_id,
                 ..Answer::new(WebhookResult::Quarantined)

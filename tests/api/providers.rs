@@ -558,6 +558,14 @@ async fn an_adyen_batch_with_one_unmappable_item_books_the_others_and_quarantine
         ctx.count("SELECT times_seen FROM quarantined_items").await,
         2
     );
+    assert_eq!(
+        app.metric(
+            "fencehook_items_quarantined_total",
+            &[("reason", "unmappable")]
+        ),
+        1.0,
+        "a re-sent item is counted once"
+    );
     ctx.assert_audit_clean().await;
 }
 
