@@ -167,11 +167,11 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     let draining = state.is_draining();
     // Inbox mode keeps each event as received, with the PSP's id of the delivery.
     let received = String::from_utf8_lossy(&body);
-    let psp_event_id = parts
-        .headers
-        .get("webhook-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let psp_event_id = state
+        .inbox
+        .is_some()
+        .then(|| provider.psp_event_id(&parts.headers, &body))
+        .flatten();
     let (received, psp_event_id) = (&*received, psp_event_id.as_deref());
     // FENCEHOOK_MAX_INFLIGHT bounds the deliveries this instance works on at once.
     let Ok(_permit) = state.inflight.try_acquire() else {

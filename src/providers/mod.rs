@@ -245,6 +245,26 @@ impl Provider {
         }
     }
 
+    /// The PSP's own id of a delivery, where it has one: `webhook-id`
+    /// (Standard Webhooks), the event's `id` (Stripe). Adyen items carry none.
+    /// Kept beside inbox events for searching; never used to deduplicate.
+    pub fn psp_event_id(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
+        match &self.scheme {
+            Scheme::Standard(_) => headers
+                .get("webhook-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            Scheme::Stripe(_) => {
+                #[derive(serde::Deserialize)]
+                struct Envelope {
+                    id: String,
+                }
+                serde_json::from_slice::<Envelope>(body).ok().map(|e| e.id)
+            }
+            Scheme::Adyen(_) => None,
+        }
+    }
+
     /// Whether one delivery carries several independent items (Adyen's
     /// notification batches): an item that cannot be booked is then recorded
     /// and the batch acknowledged, rather than the whole delivery refused.

@@ -10,7 +10,7 @@ use fencehook::store::Store;
 use serde_json::json;
 
 use crate::helpers::downstream::MockDownstream;
-use crate::helpers::process::PrivateRedis;
+use crate::helpers::process::{PrivateRedis, WorkProcess};
 use crate::helpers::{payment, wait_for, TestContext};
 
 async fn booked(ctx: &TestContext, tx: &str) -> bool {
@@ -276,4 +276,238 @@ async fn a_refund_accepted_before_its_payment_waits_without_spending_attempts() 
         .get(0);
     assert_eq!(reason, "refund_rejected: exceeds_payment");
     ctx.assert_audit_clean().await;
+}
+
+fn worker_env(ctx: &TestContext, downstream: &MockDownstream) -> Vec<(&'static str, String)> {
+    vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_LEASE_TTL_MS", "1000".to_owned()),
+        ("FENCEHOOK_LEASE_MAX_MS", "3000".to_owned()),
+        ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+        ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "1500".to_owned()),
+        ("FENCEHOOK_WORKERS", "2".to_owned()),
+        ("FENCEHOOK_RETRY_BASE_MS", "100".to_owned()),
+    ]
+}
+
+/// A worker SIGKILLed in the middle of its downstream call: its event is
+/// taken again once its lock runs out, booked by another worker under a
+/// newer token, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_whose_worker_was_killed_is_booked_by_another_once() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    // Accept only, in process: the workers are the processes below.
+    let app = ctx.spawn(ctx.inbox_config(0)).await;
+    downstream.gate_token(1);
+    let env = worker_env(&ctx, &downstream);
+    let a = WorkProcess::start(&env).await;
+    assert_eq!(
+        app.deliver(&payment("tx_orphaned", 610)).await.result(),
+        "accepted"
+    );
+    wait_for("A's downstream call", Duration::from_secs(10), || async {
+        !downstream.calls().is_empty()
+    })
+    .await;
+    a.signal("KILL");
+    let _b = WorkProcess::start(&env).await;
+    wait_for("booked by B", Duration::from_secs(20), || {
+        booked(&ctx, "tx_orphaned")
+    })
+    .await;
+    assert_eq!(
+        ctx.payment("tx_orphaned").await,
+        Some(("succeeded".to_owned(), 2))
+    );
+    assert_eq!(ctx.entries().await, 1);
+    assert_eq!(
+        event_status(&ctx, "tx_orphaned").await,
+        [("done".to_owned(), 0)]
+    );
+    downstream.open_gate();
+    ctx.assert_audit_clean().await;
+}
+
+/// SIGTERM while workers are mid-call: the process ends its current
+/// attempts and exits 0; whatever it did not finish is booked by the next
+/// worker — nothing accepted is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_stopped_with_work_in_flight_loses_nothing() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    downstream.set_delay(Duration::from_millis(700));
+    let app = ctx.spawn(ctx.inbox_config(0)).await;
+    for i in 0..6 {
+        let r = app.deliver(&payment(&format!("tx_term_{i}"), 10 + i)).await;
+        assert_eq!(r.result(), "accepted");
+    }
+    let env = worker_env(&ctx, &downstream);
+    let mut a = WorkProcess::start(&env).await;
+    wait_for("A at work", Duration::from_secs(10), || async {
+        !downstream.calls().is_empty()
+    })
+    .await;
+    a.signal("TERM");
+    let exit = a.wait_exit(Duration::from_secs(15)).await.expect("A exits");
+    assert!(exit.success(), "{exit:?}");
+    let _b = WorkProcess::start(&env).await;
+    wait_for("all six booked", Duration::from_secs(30), || async {
+        ctx.entries().await == 6
+    })
+    .await;
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE status = 'done'")
+            .await,
+        6
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// Runs the `fencehook` binary; (exit code, stdout, stderr).
+async fn fencehook_binary(args: &[&str], database_url: &str) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"))
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .output()
+        .await
+        .expect("the fencehook binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// What an operator sees and does: `inspect` (text and JSON) shows the row,
+/// its refund, their entries and events; `events` searches them; `replay`
+/// prints what it re-queued; `prune` drops finished events past retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.inbox_config(2)).await;
+    app.deliver(&payment("pay_ops", 5000)).await;
+    let mut refund = payment("re_ops", 2000);
+    refund["event_type"] = json!("refund.succeeded");
+    refund["payment_transaction_id"] = json!("pay_ops");
+    app.deliver(&refund).await;
+    wait_for("both booked", Duration::from_secs(10), || async {
+        booked(&ctx, "pay_ops").await && booked(&ctx, "re_ops").await
+    })
+    .await;
+    let url = ctx.database_url.clone();
+
+    let (code, out, err) = fencehook_binary(
+        &[
+            "inspect",
+            "--provider",
+            "generic",
+            "--transaction-id",
+            "pay_ops",
+        ],
+        &url,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("generic:pay_ops  payment succeeded  5000 EUR"),
+        "{out}"
+    );
+    assert!(
+        out.contains("refunded or disputed (net): 2000 EUR"),
+        "{out}"
+    );
+    assert!(
+        out.contains("child re_ops  refund succeeded  2000 EUR"),
+        "{out}"
+    );
+    assert!(out.contains("credit") && out.contains("debit"), "{out}");
+    assert!(
+        out.contains("done") && out.contains("refund.succeeded"),
+        "{out}"
+    );
+    let (code, out, _) = fencehook_binary(
+        &[
+            "inspect",
+            "--provider",
+            "generic",
+            "--transaction-id",
+            "pay_ops",
+            "--json",
+        ],
+        &url,
+    )
+    .await;
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("--json is JSON");
+    assert_eq!(v["row"]["status"], "succeeded");
+    assert_eq!(v["children"].as_array().unwrap().len(), 1);
+    assert_eq!(v["entries"].as_array().unwrap().len(), 2);
+    assert_eq!(v["events"].as_array().unwrap().len(), 2);
+    let (code, _, _) = fencehook_binary(
+        &[
+            "inspect",
+            "--provider",
+            "generic",
+            "--transaction-id",
+            "nope",
+        ],
+        &url,
+    )
+    .await;
+    assert_eq!(code, 1, "an unknown transaction exits 1");
+
+    let (code, out, _) = fencehook_binary(&["events", "--transaction-id", "pay_ops"], &url).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.lines().count(),
+        2,
+        "the payment's and its refund's: {out}"
+    );
+    let (_, out, _) = fencehook_binary(&["events", "--status", "dead", "--json"], &url).await;
+    assert!(out.trim().is_empty(), "nothing dead: {out}");
+
+    let (code, out, _) = fencehook_binary(&["replay", "--dead"], &url).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing re-queued"), "{out}");
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET status = 'dead', last_error = 'planted' WHERE transaction_id = 're_ops'",
+        )
+        .await
+        .unwrap();
+    let (_, out, _) = fencehook_binary(&["replay", "--dead", "--since", "1h"], &url).await;
+    assert!(
+        out.contains("re-queued 1 dead event(s)") && out.contains("re_ops"),
+        "{out}"
+    );
+    wait_for(
+        "the replayed event done",
+        Duration::from_secs(10),
+        || async { event_status(&ctx, "re_ops").await == [("done".to_owned(), 0)] },
+    )
+    .await;
+    assert_eq!(
+        ctx.entries().await,
+        2,
+        "a replay of a booked refund books nothing more"
+    );
+
+    let (code, out, _) = fencehook_binary(&["prune", "--event-retention-days", "1"], &url).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("deleted 0 event(s)"),
+        "nothing is a day old: {out}"
+    );
+    ctx.db()
+        .await
+        .batch_execute("UPDATE events SET received_at = now() - interval '40 days'")
+        .await
+        .unwrap();
+    let (_, out, _) = fencehook_binary(&["prune"], &url).await;
+    assert!(out.contains("deleted 2 event(s)"), "{out}");
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 0);
 }

@@ -280,3 +280,78 @@ impl PrivateRedis {
         }
     }
 }
+
+/// A `fencehook work` process: inbox workers, no listeners.
+pub struct WorkProcess {
+    child: Child,
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl WorkProcess {
+    /// Starts `fencehook work` with `env` (JSON logs) and waits until its
+    /// workers have started.
+    pub async fn start(env: &[(&str, String)]) -> WorkProcess {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
+        cmd.arg("work");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("FENCEHOOK_LOG_FORMAT", "json")
+            .env("FENCEHOOK_MIGRATE_ON_START", "false")
+            .env("FENCEHOOK_MODE", "inbox");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("fencehook binary starts");
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn({
+            let logs = logs.clone();
+            async move {
+                let mut lines = BufReader::new(stderr).lines();
+                let mut started_tx = Some(started_tx);
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line.contains("inbox workers started") {
+                        if let Some(tx) = started_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    logs.lock().unwrap().push(line);
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(20), started_rx)
+            .await
+            .unwrap_or_else(|_| panic!("fencehook work did not start: {:?}", logs.lock().unwrap()))
+            .expect("workers started");
+        WorkProcess { child, logs }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    /// Sends a signal by name (`KILL`, `TERM`).
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .args([format!("-{sig}"), self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{sig}");
+    }
+
+    /// Waits for the process to exit; `None` when it did not within `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .ok()
+            .map(|r| r.unwrap())
+    }
+}
