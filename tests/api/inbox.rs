@@ -353,6 +353,10 @@ async fn a_worker_stopped_with_work_in_flight_loses_nothing() {
     a.signal("TERM");
     let exit = a.wait_exit(Duration::from_secs(15)).await.expect("A exits");
     assert!(exit.success(), "{exit:?}");
+    assert!(
+        a.logs.lock().unwrap().iter().any(|l| l.contains("letting the current attempts end")),
+        "A ended its attempts before it stopped"
+    );
     let _b = WorkProcess::start(&env).await;
     wait_for("all six booked", Duration::from_secs(30), || async {
         ctx.entries().await == 6
