@@ -57,7 +57,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-"$BIN" migrate --database-url "$DB_URL" >&2
+"$BIN" migrate --create-database --database-url "$DB_URL" >&2
 
 # ---------------------------------------------------------------- (a) the PostgreSQL ceiling
 # scripts/bench-delivery.sql is the SQL the store sends for a new payment (k = 1, inline path),

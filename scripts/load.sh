@@ -165,7 +165,7 @@ exists=$(psql_admin -At -c "SELECT 1 FROM pg_database WHERE datname = '$RUN'")
 # Migrated once here, before any instance starts: three instances creating and migrating the
 # same new database at once would race each other.
 DB_CREATED=1
-run_child env DATABASE_URL="$LOAD_URL" "$BIN" migrate >"$LOG_DIR/migrate.log" 2>&1 ||
+run_child env DATABASE_URL="$LOAD_URL" "$BIN" migrate --create-database >"$LOG_DIR/migrate.log" 2>&1 ||
   die "migrate failed; see $LOG_DIR/migrate.log: $(tail -n 5 "$LOG_DIR/migrate.log")"
 
 # ---------------------------------------------------------------- instances

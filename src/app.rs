@@ -18,7 +18,7 @@ use crate::http::state::{RequestLimits, State};
 use crate::http::Limits;
 use crate::inbox::Inbox;
 use crate::lease::{Lease, LeaseError};
-use crate::metrics::{Listener, Metrics};
+use crate::metrics::{Listener, Metrics, Reload};
 use crate::processor::Processor;
 use crate::store::migrate::{self, MigrateError};
 use crate::store::{Store, StoreError};
@@ -48,6 +48,8 @@ const ADMIN_DRAIN: Duration = Duration::from_secs(1);
 
 pub struct App {
     state: Arc<State>,
+    /// Re-read on SIGHUP.
+    providers_file: Option<std::path::PathBuf>,
     /// Inbox workers to run beside the listeners.
     workers: usize,
     listener: TcpListener,
@@ -75,7 +77,7 @@ impl App {
         processor_with: impl FnOnce(Processor) -> Processor,
     ) -> Result<App, AppError> {
         if cfg.migrate_on_start {
-            let applied = migrate::run(&cfg.db.url).await?;
+            let applied = migrate::ensure_current(&cfg.db.url).await?;
             if !applied.is_empty() {
                 tracing::info!(?applied, "migrations applied");
             }
@@ -108,6 +110,7 @@ impl App {
         let listener = bind(cfg.listen).await?;
         let admin = bind(cfg.admin_listen).await?;
         let workers = cfg.inbox.workers;
+        let providers_file = cfg.providers_file.clone();
         let state = State::new(
             cfg.providers,
             processor,
@@ -122,6 +125,7 @@ impl App {
         );
         Ok(App {
             state: Arc::new(state),
+            providers_file,
             listener,
             admin,
             drain: cfg.shutdown_timeout,
@@ -162,8 +166,11 @@ impl App {
             drain,
             max_connections,
             workers,
+            providers_file,
         } = self;
         let upkeep = tokio::spawn(state.health.clone().upkeep());
+        let reloads =
+            providers_file.map(|path| tokio::spawn(reload_on_sighup(state.clone(), path)));
         let (workers_stop, workers_stopped) = watch::channel(false);
         let workers_task = state
             .inbox
@@ -216,7 +223,50 @@ impl App {
         let _ = admin_stop_tx.send(true);
         let _ = admin_task.await;
         upkeep.abort();
+        if let Some(reloads) = reloads {
+            reloads.abort();
+        }
         tracing::info!("stopped");
+    }
+}
+
+/// SIGHUP re-reads the providers file: new secrets verify without a restart.
+/// A file that does not parse leaves the providers in force and says why.
+async fn reload_on_sighup(state: Arc<State>, path: std::path::PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; the providers file is read at start only");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        let read = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || crate::providers::load_file(&path)
+        })
+        .await;
+        match read {
+            Ok(Ok(providers)) => {
+                let names: Vec<String> = providers.iter().map(|p| p.name.clone()).collect();
+                for warning in providers.iter().flat_map(|p| p.warnings()) {
+                    tracing::warn!("{warning}");
+                }
+                state.replace_providers(providers);
+                state.metrics.providers_reloads(Reload::Ok).increment(1);
+                tracing::info!(file = %path.display(), ?names, "SIGHUP: providers file re-read; new secrets in force");
+            }
+            Ok(Err(e)) => {
+                state.metrics.providers_reloads(Reload::Error).increment(1);
+                tracing::error!(file = %path.display(), error = %e,
+                    "SIGHUP: the providers file does not parse; the providers in force are kept");
+            }
+            Err(e) => {
+                state.metrics.providers_reloads(Reload::Error).increment(1);
+                tracing::error!(error = %e, "SIGHUP: reading the providers file failed");
+            }
+        }
     }
 }
 
@@ -245,7 +295,7 @@ pub struct Workers {
 impl Workers {
     pub async fn build(cfg: Config) -> Result<Workers, AppError> {
         if cfg.migrate_on_start {
-            migrate::run(&cfg.db.url).await?;
+            migrate::ensure_current(&cfg.db.url).await?;
         }
         let metrics = Metrics::new(&[]);
         let store = Store::new(&cfg.db)?;

@@ -115,6 +115,9 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "FENCEHOOK_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Log levels, per module if wanted (e.g. `warn`, `info,fencehook::inbox=debug`).
+    #[arg(long, env = "FENCEHOOK_LOG", default_value = "info")]
+    pub log: String,
     #[command(flatten)]
     pub inbox: InboxArgs,
 }
@@ -162,6 +165,10 @@ pub struct InboxConfig {
     pub max_attempts: u32,
     pub max_age: Duration,
     pub retention: Duration,
+    /// How long an idle worker sleeps when no notification wakes it: 1 s,
+    /// not a setting (tests lengthen it to show that notifications, not the
+    /// poll, wake the workers).
+    pub idle_poll: Duration,
 }
 
 impl InboxArgs {
@@ -195,6 +202,7 @@ impl InboxArgs {
             max_attempts: self.max_attempts,
             max_age: Duration::from_secs(self.max_age_secs),
             retention: Duration::from_secs(self.event_retention_days * 86_400),
+            idle_poll: Duration::from_secs(1),
         })
     }
 }
@@ -202,7 +210,8 @@ impl InboxArgs {
 /// PostgreSQL settings, shared by `serve`, `migrate` and `audit`.
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
-    /// PostgreSQL URL; `migrate` creates the database when it does not exist.
+    /// PostgreSQL URL. `migrate --create-database` creates a missing database;
+    /// nothing else does.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -285,6 +294,35 @@ impl Config {
     }
 }
 
+/// Where a database URL points, for the start log: host, port and
+/// database name (never the user or password).
+pub fn database_target(url: &str) -> String {
+    let Ok(cfg) = url.parse::<tokio_postgres::Config>() else {
+        return "?".to_owned();
+    };
+    let host = match cfg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}/{}", cfg.get_dbname().unwrap_or("?"))
+}
+
+/// Where `REDIS_URL` points, for the start log: host:port/db of each node,
+/// never a password.
+pub fn redis_target(url: &str) -> String {
+    url.split(',')
+        .map(|node| {
+            let rest = node.trim().split_once("://").map_or(node, |(_, r)| r);
+            rest.rsplit_once('@')
+                .map_or(rest, |(_, hostpart)| hostpart)
+                .to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A URL for messages: scheme, host, port and path; never the user,
 /// password or query string.
 pub fn redacted_url(uri: &hyper::Uri) -> String {
@@ -308,6 +346,8 @@ pub struct Config {
     pub downstream_url: Option<hyper::Uri>,
     pub downstream_timeout: Duration,
     pub providers: Vec<Provider>,
+    /// `FENCEHOOK_PROVIDERS`: re-read on SIGHUP.
+    pub providers_file: Option<PathBuf>,
     pub max_body_bytes: usize,
     /// Bound on reading one whole request body.
     pub body_timeout: Duration,
@@ -463,6 +503,7 @@ impl ServeArgs {
             downstream_url,
             downstream_timeout,
             providers,
+            providers_file: self.providers.clone(),
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
             max_inflight: self.max_inflight,
@@ -559,6 +600,37 @@ const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_millis(1000);
 pub const RENAMED_SETTINGS: &[(&str, &str)] =
     &[("FENCEHOOK_REDIS_TIMEOUT_MS", "FENCEHOOK_LEASE_TIMEOUT_MS")];
 
+/// Variables in `env` that look like a setting but are none: every
+/// `FENCEHOOK_*` that no setting reads, and any other name one or two
+/// letters away from a known one (`DATABSE_URL`, `REDIS_ULR`). Each comes
+/// with the setting it was probably meant to be, when one is that close. A
+/// typo would otherwise leave a default silently in force — the wrong
+/// database, say.
+pub fn misspelt_settings(
+    known: &[String],
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Vec<(String, Option<String>)> {
+    let closest = |name: &str| {
+        known
+            .iter()
+            .map(|k| (strsim::damerau_levenshtein(name, k), k))
+            .filter(|(d, _)| *d <= 2)
+            .min()
+            .map(|(_, k)| k.clone())
+    };
+    let mut out: Vec<(String, Option<String>)> = env
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| !known.contains(k))
+        .filter_map(|k| {
+            let near = closest(&k);
+            (k.starts_with("FENCEHOOK_") || near.is_some()).then_some((k, near))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// `FENCEHOOK_*` variables in `env` that no setting reads: usually a typo
 /// that would otherwise silently leave a default in force.
 pub fn unknown_settings(
@@ -600,6 +672,37 @@ mod tests {
     }
 
     #[test]
+    fn near_misses_of_any_setting_are_listed_with_what_they_were_meant_to_be() {
+        let known: Vec<String> = ["DATABASE_URL", "REDIS_URL", "FENCEHOOK_LEASE_TTL_MS"]
+            .map(str::to_owned)
+            .to_vec();
+        let env = [
+            "DATABSE_URL",
+            "REDIS_ULR",
+            "DATABASE_URL",
+            "FENCEHOOK_LEASE_TTL",
+            "FENCEHOOK_NOTHING_LIKE_IT",
+            "PATH",
+            "HOME",
+        ]
+        .map(|k| (k.to_owned(), String::new()));
+        let found = misspelt_settings(&known, env);
+        let shown: Vec<(&str, Option<&str>)> = found
+            .iter()
+            .map(|(k, near)| (k.as_str(), near.as_deref()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("DATABSE_URL", Some("DATABASE_URL")),
+                ("FENCEHOOK_LEASE_TTL", None),
+                ("FENCEHOOK_NOTHING_LIKE_IT", None),
+                ("REDIS_ULR", Some("REDIS_URL")),
+            ]
+        );
+    }
+
+    #[test]
     fn unknown_fencehook_variables_are_listed() {
         let known = vec!["FENCEHOOK_LEASE_TTL_MS".to_owned()];
         let env = vec![
@@ -631,6 +734,19 @@ mod tests {
             p.warnings()[0].contains("tolerance_secs"),
             "{:?}",
             p.warnings()
+        );
+    }
+
+    #[test]
+    fn the_start_log_names_the_database_and_redis_without_secrets() {
+        assert_eq!(
+            database_target("postgres://app:s3cret@db.internal:6432/payments"),
+            "db.internal:6432/payments"
+        );
+        assert_eq!(redis_target("redis://:s3cret@cache:6379/2"), "cache:6379/2");
+        assert_eq!(
+            redis_target("redis://a:7000,redis://u:p@b:7001"),
+            "a:7000,b:7001"
         );
     }
 

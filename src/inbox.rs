@@ -38,8 +38,6 @@ use crate::processor::{Outcome, Processor};
 use crate::store::inbox::{Accepted, Settle, Taken, CHANNEL};
 use crate::store::{Store, StoreError};
 
-/// How long an idle worker sleeps when no notification comes.
-const IDLE_POLL: Duration = Duration::from_secs(1);
 /// How soon a worker tries a store or lease backend again after it failed.
 const BACKEND_RETRY: Duration = Duration::from_secs(1);
 /// How soon an event held by another worker is looked at again.
@@ -130,7 +128,7 @@ impl Inbox {
                     }
                     tokio::select! {
                         () = self.wake.notified() => {}
-                        () = tokio::time::sleep(IDLE_POLL) => {}
+                        () = tokio::time::sleep(self.cfg.idle_poll) => {}
                         _ = stop.changed() => {}
                     }
                 }

@@ -6,13 +6,25 @@ mod tools;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use fencehook::app::App;
 use fencehook::config::{DbArgs, LogFormat, ServeArgs};
 use tools::audit::AuditArgs;
 use tools::load::LoadArgs;
 use tools::send::SendArgs;
 use tracing_subscriber::EnvFilter;
+
+/// `fencehook migrate`.
+#[derive(clap::Args)]
+struct MigrateArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Create the database named in DATABASE_URL when it does not exist
+    /// (without it, a missing database is an error: a typo must not become
+    /// a new, empty database).
+    #[arg(long)]
+    create_database: bool,
+}
 
 /// Payment-webhook receiver that applies every payment exactly once.
 #[derive(Parser)]
@@ -29,8 +41,8 @@ enum Command {
     /// Inbox mode: run workers only (no listeners) that book the accepted
     /// events; takes the same settings as `serve`.
     Work(ServeArgs),
-    /// Apply the migrations in sql/ (creates the database if missing).
-    Migrate(DbArgs),
+    /// Apply the migrations in sql/ (needs the database owner's rights).
+    Migrate(MigrateArgs),
     /// Validate the settings and the providers file without starting; exits 2 on the first bad one.
     CheckConfig(ServeArgs),
     /// Check the database invariants; exits 1 on any violation.
@@ -53,7 +65,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse_cli() {
         Ok(cli) => cli,
         Err(e) => return bad_arguments(e),
     };
@@ -70,6 +82,26 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(run(cli))
+}
+
+/// The command line, with `--help` naming each setting's variable without its
+/// current value (`[env: DATABASE_URL]`): values can be secrets, and an unset
+/// one would print as `[env: X=]`.
+fn parse_cli() -> Result<Cli, clap::Error> {
+    let cmd = hide_env_values(Cli::command());
+    let matches = cmd.try_get_matches()?;
+    Cli::from_arg_matches(&matches)
+}
+
+fn hide_env_values(cmd: clap::Command) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    let cmd = cmd.mut_args(|a| a.hide_env_values(true));
+    names.iter().fold(cmd, |cmd, name| {
+        cmd.mut_subcommand(name, |sub| sub.mut_args(|a| a.hide_env_values(true)))
+    })
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -99,7 +131,7 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Serve(args) => {
-            init_tracing(args.log_format);
+            init_tracing(args.log_format, &args.log);
             warn_unknown_settings();
             let cfg = match args.validate() {
                 Ok(cfg) => cfg,
@@ -111,6 +143,7 @@ async fn run(cli: Cli) -> ExitCode {
             for warning in cfg.warnings() {
                 tracing::warn!("{warning}");
             }
+            log_targets(&cfg);
             let app = match App::build(cfg).await {
                 Ok(app) => app,
                 Err(e) => {
@@ -118,6 +151,7 @@ async fn run(cli: Cli) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            warn_unreachable(&app.state().health).await;
             tracing::info!(
                 port = app.port(),
                 admin_port = app.admin_port(),
@@ -127,7 +161,7 @@ async fn run(cli: Cli) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Work(args) => {
-            init_tracing(args.log_format);
+            init_tracing(args.log_format, &args.log);
             warn_unknown_settings();
             let cfg = match args.validate_for_workers() {
                 Ok(cfg) => cfg,
@@ -136,6 +170,7 @@ async fn run(cli: Cli) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            log_targets(&cfg);
             let workers = match fencehook::app::Workers::build(cfg).await {
                 Ok(w) => w,
                 Err(e) => {
@@ -147,9 +182,15 @@ async fn run(cli: Cli) -> ExitCode {
             workers.run_until_stopped(shutdown_signal()).await;
             ExitCode::SUCCESS
         }
-        Command::Migrate(db) => {
-            init_tracing(LogFormat::Text);
-            match fencehook::store::migrate::run(&db.database_url).await {
+        Command::Migrate(args) => {
+            init_tracing(LogFormat::Text, "info");
+            use fencehook::store::migrate::{self, MissingDatabase};
+            let missing = if args.create_database {
+                MissingDatabase::Create
+            } else {
+                MissingDatabase::Refuse
+            };
+            match migrate::run(&args.db.database_url, missing).await {
                 Ok(applied) => {
                     println!("migrate: {} migration(s) applied", applied.len());
                     ExitCode::SUCCESS
@@ -265,8 +306,9 @@ fn bad_arguments(e: clap::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Warns about `FENCEHOOK_*` variables that no setting reads (a typo would
-/// otherwise leave a default silently in force).
+/// Warns about variables that look like settings but are none: unknown
+/// `FENCEHOOK_*` ones and near misses of any setting (`DATABSE_URL`). A typo
+/// would otherwise leave a default silently in force.
 fn warn_unknown_settings() {
     let cmd = Cli::command();
     let mut known: Vec<String> = cmd
@@ -275,23 +317,57 @@ fn warn_unknown_settings() {
         .filter_map(|arg| arg.get_env())
         .map(|env| env.to_string_lossy().into_owned())
         .collect();
-    known.extend(["FENCEHOOK_LOG".to_owned(), "FENCEHOOK_URL".to_owned()]);
-    for name in fencehook::config::unknown_settings(&known, std::env::vars()) {
-        match fencehook::config::RENAMED_SETTINGS
+    known.sort();
+    known.dedup();
+    for (name, near) in fencehook::config::misspelt_settings(&known, std::env::vars()) {
+        let renamed = fencehook::config::RENAMED_SETTINGS
             .iter()
-            .find(|(old, _)| *old == name)
-        {
-            Some((_, new)) => {
+            .find(|(old, _)| *old == name);
+        match (renamed, near) {
+            (Some((_, new)), _) => {
                 eprintln!("fencehook: warning: {name} is ignored: it was renamed to {new}")
             }
-            None => eprintln!("fencehook: warning: unknown setting {name} is ignored"),
+            (None, Some(near)) => {
+                eprintln!("fencehook: warning: {name} is not a setting and is ignored; did you mean {near}?")
+            }
+            (None, None) => eprintln!("fencehook: warning: unknown setting {name} is ignored"),
         }
     }
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_env("FENCEHOOK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+/// The start log says where the data goes: which database and which Redis
+/// (never a password), the lease backend and the mode.
+fn log_targets(cfg: &fencehook::config::Config) {
+    tracing::info!(
+        database = %fencehook::config::database_target(&cfg.db.url),
+        redis = %fencehook::config::redis_target(&cfg.lease.redis_url),
+        lease_backend = cfg.lease.backend.as_str(),
+        mode = ?cfg.inbox.mode,
+        providers = ?cfg.providers.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        "fencehook starting"
+    );
+}
+
+/// A backend that does not answer at start is said at once, not when the
+/// first delivery fails: the process still starts (it recovers by itself
+/// when the backend comes back; `/readyz` says 503 meanwhile).
+async fn warn_unreachable(health: &fencehook::health::Health) {
+    let probe = health.probe().await;
+    if let Err(e) = &probe.postgres {
+        tracing::warn!(error = %e, "PostgreSQL does not answer at start; deliveries answer 503 until it does");
+    }
+    if let Err(e) = &probe.lease {
+        tracing::warn!(error = %e, "the lease backend does not answer at start; deliveries answer 503 until it does");
+    }
+}
+
+fn init_tracing(format: LogFormat, levels: &str) {
+    let filter = EnvFilter::try_new(levels).unwrap_or_else(|e| {
+        eprintln!(
+            "fencehook: warning: FENCEHOOK_LOG `{levels}` is not a log filter ({e}); using info"
+        );
+        EnvFilter::new("info")
+    });
     // Colour codes only for a person at a terminal: in a pipe, a file or a
     // log shipper they are noise that breaks searching.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());

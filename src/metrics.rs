@@ -42,6 +42,7 @@ pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing
 pub const BUILD_INFO: &str = "fencehook_build_info";
 pub const REQUESTS_REJECTED_TOTAL: &str = "fencehook_requests_rejected_total";
 pub const STALE_EVENTS_TOTAL: &str = "fencehook_stale_events_total";
+pub const PROVIDERS_RELOADS_TOTAL: &str = "fencehook_providers_reloads_total";
 pub const INBOX_ROWS: &str = "fencehook_inbox_rows";
 pub const INBOX_LAG_SECONDS: &str = "fencehook_inbox_lag_seconds";
 pub const INBOX_ATTEMPTS_TOTAL: &str = "fencehook_inbox_attempts_total";
@@ -123,6 +124,15 @@ label_enum! {
     Listener {
         Public => "public",
         Admin => "admin",
+    }
+}
+
+label_enum! {
+    /// `fencehook_providers_reloads_total{result}`: SIGHUP re-reading the providers file.
+    Reload {
+        Ok => "ok",
+        /// The file did not parse: the providers in force were kept.
+        Error => "error",
     }
 }
 
@@ -228,6 +238,7 @@ struct Inner {
     requests_rejected: HashMap<RejectReason, Counter>,
     refund_rejected: HashMap<Rejection, Counter>,
     inbox_attempts: HashMap<InboxAttempt, Counter>,
+    reloads: HashMap<Reload, Counter>,
     inbox_rows: HashMap<InboxStatus, Gauge>,
     quarantined: HashMap<QuarantineReason, Counter>,
     connections_open: HashMap<Listener, Gauge>,
@@ -344,6 +355,15 @@ impl Metrics {
             .iter()
             .map(|&r| (r, zero(c(INBOX_ATTEMPTS_TOTAL, &[("result", r.as_str())]))))
             .collect();
+        let reloads = Reload::ALL
+            .iter()
+            .map(|&r| {
+                (
+                    r,
+                    zero(c(PROVIDERS_RELOADS_TOTAL, &[("result", r.as_str())])),
+                )
+            })
+            .collect();
         let inbox_rows = InboxStatus::ALL
             .iter()
             .map(|&st| {
@@ -400,6 +420,7 @@ impl Metrics {
             requests_rejected,
             refund_rejected,
             inbox_attempts,
+            reloads,
             inbox_rows,
             quarantined,
             connections_open,
@@ -509,6 +530,9 @@ impl Metrics {
     }
     pub fn stale_events(&self) -> &Counter {
         &self.inner.h.stale_events
+    }
+    pub fn providers_reloads(&self, result: Reload) -> &Counter {
+        &self.inner.reloads[&result]
     }
     pub fn inbox_attempts(&self, result: InboxAttempt) -> &Counter {
         &self.inner.inbox_attempts[&result]
@@ -650,6 +674,11 @@ fn describe(rec: &PrometheusRecorder) {
         REFUND_REJECTED_TOTAL,
         None,
         "Refunds and disputes their payment cannot give (failed payment, other currency, more than came in): nothing booked.",
+    );
+    d(
+        PROVIDERS_RELOADS_TOTAL,
+        None,
+        "Providers file re-read on SIGHUP: ok (new secrets in force), error (the old ones kept).",
     );
     d(
         INBOX_ROWS,

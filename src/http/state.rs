@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -16,7 +16,9 @@ use crate::processor::Processor;
 use crate::providers::Provider;
 
 pub struct State {
-    pub providers: HashMap<String, Provider>,
+    /// The providers by name; replaced whole when SIGHUP re-reads the
+    /// providers file (a delivery keeps the provider it looked up).
+    providers: RwLock<Arc<HashMap<String, Arc<Provider>>>>,
     pub processor: Processor,
     /// Inbox mode: deliveries are accepted here instead of booked.
     pub inbox: Option<Arc<Inbox>>,
@@ -55,7 +57,7 @@ impl State {
             max_inflight,
         } = limits;
         State {
-            providers: providers.into_iter().map(|p| (p.name.clone(), p)).collect(),
+            providers: RwLock::new(Arc::new(by_name(providers))),
             processor,
             inbox,
             metrics,
@@ -68,6 +70,21 @@ impl State {
         }
     }
 
+    /// The provider served at `/webhooks/{name}`.
+    pub fn provider(&self, name: &str) -> Option<Arc<Provider>> {
+        self.providers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Replaces every provider at once (secret rotation without a restart).
+    pub fn replace_providers(&self, providers: Vec<Provider>) {
+        let new = Arc::new(by_name(providers));
+        *self.providers.write().unwrap_or_else(|e| e.into_inner()) = new;
+    }
+
     /// After shutdown was asked for: readiness fails, new items answer 503.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
@@ -76,4 +93,11 @@ impl State {
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
     }
+}
+
+fn by_name(providers: Vec<Provider>) -> HashMap<String, Arc<Provider>> {
+    providers
+        .into_iter()
+        .map(|p| (p.name.clone(), Arc::new(p)))
+        .collect()
 }

@@ -1,6 +1,8 @@
 //! Migrations: the numbered files in `sql/`, embedded at compile time and
 //! applied with refinery (history in `refinery_schema_history`). Several
 //! instances may start at once, so the run is serialised by an advisory lock.
+//! A missing database is created only when asked ([`MissingDatabase`]), and
+//! a current schema costs `serve` one `SELECT`, no DDL ([`ensure_current`]).
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
@@ -16,6 +18,8 @@ const MIGRATION_LOCK_KEY: i64 = 0x6665_6e63_6568_6f6f; // "fencehoo"
 pub enum MigrateError {
     #[error("cannot connect to PostgreSQL")]
     Connect(#[source] tokio_postgres::Error),
+    #[error("database `{name}` does not exist; create it with `fencehook migrate --create-database` (or fix the name in DATABASE_URL)")]
+    NoDatabase { name: String },
     #[error("cannot create database `{name}`")]
     CreateDatabase {
         name: String,
@@ -28,21 +32,76 @@ pub enum MigrateError {
     Db(#[from] tokio_postgres::Error),
 }
 
-/// Applies every pending migration; creates the database first when it does
-/// not exist. Returns the versions applied by this call.
-pub async fn run(url: &str) -> Result<Vec<String>, MigrateError> {
-    run_until(url, refinery::Target::Latest).await
+/// What to do when the database named in the URL does not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingDatabase {
+    /// `fencehook migrate --create-database`: create it (a deliberate act).
+    Create,
+    /// Everything else: stop, and say how to create it. A mistyped database
+    /// name must not become a new, empty, "ready" database.
+    Refuse,
+}
+
+/// Applies every pending migration. Returns the versions applied by this call.
+pub async fn run(url: &str, missing: MissingDatabase) -> Result<Vec<String>, MigrateError> {
+    run_until(url, missing, refinery::Target::Latest).await
+}
+
+/// What `serve` and `work` do at start: nothing at all when the schema is
+/// current — no DDL, no lock, so a role with only DML rights can run them —
+/// else apply the pending migrations (which needs the owner's rights).
+/// Never creates the database.
+pub async fn ensure_current(url: &str) -> Result<Vec<String>, MigrateError> {
+    let cfg: tokio_postgres::Config = url.parse().map_err(MigrateError::Connect)?;
+    let client = connect_existing(&cfg).await?;
+    if schema_is_current(&client).await? {
+        return Ok(Vec::new());
+    }
+    drop(client);
+    run(url, MissingDatabase::Refuse).await
+}
+
+/// Whether every embedded migration is recorded as applied.
+async fn schema_is_current(client: &tokio_postgres::Client) -> Result<bool, MigrateError> {
+    let latest = embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| m.version())
+        .max()
+        .unwrap_or_default();
+    match client
+        .query_one("SELECT max(version) FROM refinery_schema_history", &[])
+        .await
+    {
+        Ok(row) => Ok(row.get::<_, Option<i32>>(0).unwrap_or_default() >= latest),
+        // No history table yet: a new database.
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(false),
+        Err(e) => Err(MigrateError::Db(e)),
+    }
 }
 
 /// Applies the migrations up to `version` only: a test's database as an
 /// older release left it, to check what a later migration does to its rows.
 #[cfg(feature = "test-support")]
 pub async fn run_to(url: &str, version: i32) -> Result<Vec<String>, MigrateError> {
-    run_until(url, refinery::Target::Version(version)).await
+    run_until(
+        url,
+        MissingDatabase::Create,
+        refinery::Target::Version(version),
+    )
+    .await
 }
 
-async fn run_until(url: &str, target: refinery::Target) -> Result<Vec<String>, MigrateError> {
-    let mut client = connect_or_create(url).await?;
+async fn run_until(
+    url: &str,
+    missing: MissingDatabase,
+    target: refinery::Target,
+) -> Result<Vec<String>, MigrateError> {
+    let cfg: tokio_postgres::Config = url.parse().map_err(MigrateError::Connect)?;
+    let mut client = match missing {
+        MissingDatabase::Create => connect_or_create(&cfg).await?,
+        MissingDatabase::Refuse => connect_existing(&cfg).await?,
+    };
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
@@ -73,8 +132,25 @@ async fn connect(
     Ok(client)
 }
 
-async fn connect_or_create(url: &str) -> Result<tokio_postgres::Client, MigrateError> {
-    let cfg: tokio_postgres::Config = url.parse().map_err(MigrateError::Connect)?;
+/// Connects to the database, or says plainly that it does not exist.
+async fn connect_existing(
+    cfg: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, MigrateError> {
+    match connect(cfg).await {
+        Ok(c) => Ok(c),
+        Err(e) if e.code() == Some(&SqlState::INVALID_CATALOG_NAME) => {
+            Err(MigrateError::NoDatabase {
+                name: cfg.get_dbname().unwrap_or("postgres").to_owned(),
+            })
+        }
+        Err(e) => Err(MigrateError::Connect(e)),
+    }
+}
+
+async fn connect_or_create(
+    cfg: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, MigrateError> {
+    let cfg = cfg.clone();
     match connect(&cfg).await {
         Ok(c) => Ok(c),
         Err(e) if e.code() == Some(&SqlState::INVALID_CATALOG_NAME) => {

@@ -29,18 +29,27 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
         .map(answers::read_answers)
         .transpose()
         .map_err(|e| e.to_string())?;
-    let mut checks = audit::run(database_url)
-        .await
-        .map_err(|e| format!("audit could not read the database: {e}"))?;
+    let mut checks = audit::run(database_url).await.map_err(|e| {
+        format!(
+            "audit could not read the database: {}",
+            fencehook::error::chain(&e)
+        )
+    })?;
     if let Some(answers) = &answers {
-        let check = answers::check(database_url, answers)
-            .await
-            .map_err(|e| format!("audit could not read the database: {e}"))?;
+        let check = answers::check(database_url, answers).await.map_err(|e| {
+            format!(
+                "audit could not read the database: {}",
+                fencehook::error::chain(&e)
+            )
+        })?;
         checks.push(check);
     }
-    let (payments, entries) = audit::totals(database_url)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (payments, entries) = audit::totals(database_url).await.map_err(|e| {
+        format!(
+            "audit could not read the database: {}",
+            fencehook::error::chain(&e)
+        )
+    })?;
     println!("audit: {payments} payments, {entries} ledger entries");
     if let Some(answers) = &answers {
         println!(
@@ -62,9 +71,12 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
         }
         clean &= c.total == 0;
     }
-    let (legacy, legacy_count) = audit::legacy_refunds(database_url)
-        .await
-        .map_err(|e| format!("audit could not read the database: {e}"))?;
+    let (legacy, legacy_count) = audit::legacy_refunds(database_url).await.map_err(|e| {
+        format!(
+            "audit could not read the database: {}",
+            fencehook::error::chain(&e)
+        )
+    })?;
     if legacy_count > 0 {
         println!(
             "  note: {legacy_count} refund(s) were booked before refunds named their payment; they are not checked against one:"

@@ -87,7 +87,16 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
     let resp = client::new(Duration::from_secs(5))
         .request(req)
         .await
-        .map_err(|e| format!("POST {uri}: {}", fencehook::error::chain(&e)))?;
+        .map_err(|e| {
+            if e.is_connect() {
+                format!(
+                    "cannot reach {uri}: {} (is `fencehook serve` running there?)",
+                    fencehook::error::chain(&e)
+                )
+            } else {
+                format!("POST {uri}: {}", fencehook::error::chain(&e))
+            }
+        })?;
     let status = resp.status().as_u16();
     let retry_after = resp
         .headers()

@@ -553,9 +553,12 @@ async fn rows_from_before_the_lifecycle_migrate_valid_and_audit_clean() {
         )
         .await
         .unwrap();
-    let applied = fencehook::store::migrate::run(&ctx.database_url)
-        .await
-        .unwrap();
+    let applied = fencehook::store::migrate::run(
+        &ctx.database_url,
+        fencehook::store::migrate::MissingDatabase::Refuse,
+    )
+    .await
+    .unwrap();
     assert!(
         applied.iter().any(|m| m.contains("lifecycle")),
         "{applied:?}"

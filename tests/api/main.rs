@@ -18,3 +18,4 @@ mod operations;
 mod process;
 mod providers;
 mod shutdown;
+mod startup;

@@ -283,8 +283,14 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
     let (code, _, err) = check_config(&[("FENCEHOOK_LEASE_TLL_MS", "5000")]);
     assert_eq!(code, 0);
     assert!(
-        err.contains("unknown setting FENCEHOOK_LEASE_TLL_MS"),
+        err.contains("FENCEHOOK_LEASE_TLL_MS is not a setting and is ignored; did you mean FENCEHOOK_LEASE_TTL_MS?"),
         "typos are warned about: {err}"
+    );
+    let (code, _, err) = check_config(&[("DATABSE_URL", "postgres://elsewhere/db")]);
+    assert_eq!(code, 0);
+    assert!(
+        err.contains("DATABSE_URL is not a setting and is ignored; did you mean DATABASE_URL?"),
+        "near misses of any setting too: {err}"
     );
 }
 

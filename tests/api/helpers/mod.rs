@@ -59,9 +59,12 @@ pub struct TestContext {
 impl TestContext {
     pub async fn new() -> TestContext {
         let ctx = TestContext::unmigrated();
-        fencehook::store::migrate::run(&ctx.database_url)
-            .await
-            .expect("test database created and migrated");
+        fencehook::store::migrate::run(
+            &ctx.database_url,
+            fencehook::store::migrate::MissingDatabase::Create,
+        )
+        .await
+        .expect("test database created and migrated");
         ctx
     }
 
@@ -119,6 +122,7 @@ impl TestContext {
             downstream_url: None,
             downstream_timeout: Duration::from_secs(10),
             providers: vec![Provider::generic(SECRET).unwrap()],
+            providers_file: None,
             max_body_bytes: 64 * 1024,
             body_timeout: Duration::from_secs(10),
             max_inflight: 512,
@@ -133,6 +137,7 @@ impl TestContext {
                 max_attempts: 20,
                 max_age: Duration::from_secs(3600),
                 retention: Duration::from_secs(86_400),
+                idle_poll: Duration::from_secs(1),
             },
         }
     }

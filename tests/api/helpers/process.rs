@@ -173,10 +173,15 @@ fn the_serving_line_gives_its_ports_in_text_with_or_without_colour() {
 /// Signs and posts a generic payload to an app's base URL. Transport errors
 /// (a killed process) come back as status 0.
 pub async fn deliver_to(base: &str, payload: &serde_json::Value) -> Reply {
+    deliver_signed(base, payload, SECRET).await
+}
+
+/// As [`deliver_to`], signed with `secret`.
+pub async fn deliver_signed(base: &str, payload: &serde_json::Value, secret: &str) -> Reply {
     let body = payload.to_string();
     let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
     let ts = super::now();
-    let sig = fencehook::providers::standard::sign(SECRET, &id, ts, body.as_bytes()).unwrap();
+    let sig = fencehook::providers::standard::sign(secret, &id, ts, body.as_bytes()).unwrap();
     let req = hyper::Request::post(format!("{base}/webhooks/generic"))
         .header("content-type", "application/json")
         .header("webhook-id", id)

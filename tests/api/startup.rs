@@ -1,0 +1,199 @@
+//! Start-up that tells the truth, and secrets rotated without a restart:
+//! the start log names the database and Redis (never a password), a backend
+//! that does not answer is warned about at once, a missing database is an
+//! error (not a new empty one), a role with only DML rights can serve, and
+//! SIGHUP re-reads the providers file.
+
+use std::time::Duration;
+
+use crate::helpers::process::ServeProcess;
+use crate::helpers::{closed_port, payment, wait_for, TestContext, SECRET};
+
+fn env(ctx: &TestContext) -> Vec<(&'static str, String)> {
+    vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_start_log_names_the_database_and_redis_and_warns_when_redis_does_not_answer() {
+    let ctx = TestContext::new().await;
+    let port = closed_port().await;
+    let mut e = env(&ctx);
+    e.retain(|(k, _)| *k != "REDIS_URL");
+    e.push(("REDIS_URL", format!("redis://:hunter2@127.0.0.1:{port}/0")));
+    let p = ServeProcess::start(&e).await;
+    let logs = p.logs.lock().unwrap().join("\n");
+    let starting = logs
+        .lines()
+        .find(|l| l.contains("fencehook starting"))
+        .unwrap_or_else(|| panic!("{logs}"));
+    assert!(
+        starting.contains(&format!("127.0.0.1:5432/{}", ctx.db_name)),
+        "{starting}"
+    );
+    assert!(
+        starting.contains(&format!("127.0.0.1:{port}/0")),
+        "{starting}"
+    );
+    assert!(!logs.contains("hunter2"), "no password in the log:\n{logs}");
+    assert!(
+        logs.contains("the lease backend does not answer at start"),
+        "warned at once, before any delivery:\n{logs}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_that_does_not_exist_stops_the_start_and_is_not_created() {
+    let ctx = TestContext::new().await;
+    let missing = format!("{}_missing", ctx.db_name);
+    let url = ctx.database_url.replace(&ctx.db_name, &missing);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"))
+        .arg("serve")
+        .env("DATABASE_URL", &url)
+        .env("FENCEHOOK_GENERIC_SECRET", SECRET)
+        .env("FENCEHOOK_LISTEN", "127.0.0.1:0")
+        .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:0")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("database `{missing}` does not exist"))
+            && err.contains("fencehook migrate --create-database"),
+        "{err}"
+    );
+    let exists = ctx
+        .count(&format!(
+            "SELECT count(*) FROM pg_database WHERE datname = '{missing}'"
+        ))
+        .await;
+    assert_eq!(exists, 0, "serve created no database");
+}
+
+/// `migrate` runs as the database's owner; `serve` needs only DML rights
+/// once the schema is current: it runs no DDL at all then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_role_with_only_dml_rights_can_serve_a_current_schema() {
+    let ctx = TestContext::new().await;
+    let role = format!("fh_dml_{}", &ctx.prefix[7..]);
+    ctx.db()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+             GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role};"
+        ))
+        .await
+        .unwrap();
+    let url = ctx
+        .database_url
+        .replacen("postgres@", &format!("{role}@"), 1);
+    let mut e = env(&ctx);
+    e.retain(|(k, _)| *k != "DATABASE_URL");
+    e.push(("DATABASE_URL", url.clone()));
+    e.push(("FENCEHOOK_MIGRATE_ON_START", "true".to_owned()));
+    let p = ServeProcess::start(&e).await;
+    let r = p.deliver(&payment("tx_dml", 100)).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    // The same role cannot migrate (no DDL rights): that is the owner's job.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"))
+        .args(["migrate", "--database-url", &url])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "migrate needs the owner's rights"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(p);
+    ctx.db()
+        .await
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role};"))
+        .await
+        .unwrap();
+}
+
+/// SIGHUP re-reads the providers file: a new secret verifies without a
+/// restart; a file that does not parse leaves the old providers in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sighup_re_reads_the_providers_file_and_keeps_the_old_one_when_the_new_is_broken() {
+    let ctx = TestContext::new().await;
+    let new_secret = "whsec_bmV3LXNlY3JldC1mb3ItcmVsb2FkLXRlc3Q=";
+    let dir = std::env::temp_dir().join(format!("fencehook-sighup-{}", ctx.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    let write = |secrets: &str| {
+        std::fs::write(
+            &file,
+            format!("[providers.generic]\nscheme = \"standard\"\nsecrets = [{secrets}]\n"),
+        )
+        .unwrap()
+    };
+    write(&format!("\"{SECRET}\""));
+    let mut e = env(&ctx);
+    e.push(("FENCEHOOK_PROVIDERS", file.display().to_string()));
+    let p = ServeProcess::start(&e).await;
+    let signed_with_new = |tx: &str| {
+        let base = p.base.clone();
+        let tx = tx.to_owned();
+        async move { crate::helpers::process::deliver_signed(&base, &payment(&tx, 5), new_secret).await }
+    };
+    assert_eq!(
+        signed_with_new("tx_hup_1").await.status,
+        401,
+        "not yet known"
+    );
+
+    write(&format!("\"{SECRET}\", \"{new_secret}\""));
+    p.signal("HUP");
+    wait_for(
+        "the new secret verifies",
+        Duration::from_secs(10),
+        || async { signed_with_new("tx_hup_2").await.status == 200 },
+    )
+    .await;
+    assert_eq!(
+        p.deliver(&payment("tx_hup_3", 5)).await.status,
+        200,
+        "the old one too"
+    );
+
+    std::fs::write(&file, "[providers.generic]\nscheme = \"nonsense\"\n").unwrap();
+    p.signal("HUP");
+    wait_for(
+        "the reload error counted",
+        Duration::from_secs(10),
+        || async {
+            p.metric("fencehook_providers_reloads_total", &[("result", "error")])
+                .await
+                == 1.0
+        },
+    )
+    .await;
+    assert_eq!(
+        signed_with_new("tx_hup_4").await.status,
+        200,
+        "a broken file leaves the providers in force"
+    );
+    let logs = p.logs.lock().unwrap().join("\n");
+    assert!(
+        logs.contains("does not parse; the providers in force are kept"),
+        "{logs}"
+    );
+    assert_eq!(
+        p.metric("fencehook_providers_reloads_total", &[("result", "ok")])
+            .await,
+        1.0
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
