@@ -395,3 +395,75 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! docs/reference.md is the user's reference: these keep it from rotting
+    //! as settings, metrics and alerts are added.
+
+    use super::*;
+
+    const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+    fn reference() -> String {
+        std::fs::read_to_string(format!("{ROOT}/docs/reference.md")).expect("docs/reference.md")
+    }
+
+    fn env_names(cmd: &clap::Command, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            if let Some(env) = arg.get_env() {
+                out.push(env.to_string_lossy().into_owned());
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            env_names(sub, out);
+        }
+    }
+
+    #[test]
+    fn every_setting_of_every_command_is_in_the_reference() {
+        let doc = reference();
+        let mut names = Vec::new();
+        env_names(&Cli::command(), &mut names);
+        names.sort();
+        names.dedup();
+        assert!(names.len() > 20, "found only {names:?}");
+        let missing: Vec<_> = names
+            .iter()
+            .filter(|n| !doc.contains(&format!("`{n}`")))
+            .collect();
+        assert!(missing.is_empty(), "docs/reference.md lacks {missing:?}");
+    }
+
+    /// Every quoted `fencehook_*` name in `from` (a metric, or an alert's
+    /// `alert:` line) appears in the reference.
+    fn names_in(path: &str, pattern: impl Fn(&str) -> Option<String>) -> Vec<String> {
+        let text = std::fs::read_to_string(format!("{ROOT}/{path}")).expect(path);
+        let mut names: Vec<String> = text.lines().filter_map(pattern).collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    #[test]
+    fn every_metric_and_alert_is_in_the_reference() {
+        let doc = reference();
+        let metrics = names_in("src/metrics.rs", |line| {
+            let (_, rest) = line.split_once("&str = \"")?;
+            Some(rest.split('"').next()?.to_string())
+        });
+        let alerts = names_in("deploy/alerts.yml", |line| {
+            Some(line.trim().strip_prefix("- alert: ")?.trim().to_string())
+        });
+        assert!(
+            metrics.len() > 20 && alerts.len() > 5,
+            "{metrics:?} {alerts:?}"
+        );
+        let missing: Vec<_> = metrics
+            .iter()
+            .chain(&alerts)
+            .filter(|n| !doc.contains(n.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "docs/reference.md lacks {missing:?}");
+    }
+}
