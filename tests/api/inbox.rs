@@ -354,7 +354,11 @@ async fn a_worker_stopped_with_work_in_flight_loses_nothing() {
     let exit = a.wait_exit(Duration::from_secs(15)).await.expect("A exits");
     assert!(exit.success(), "{exit:?}");
     assert!(
-        a.logs.lock().unwrap().iter().any(|l| l.contains("letting the current attempts end")),
+        a.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("letting the current attempts end")),
         "A ended its attempts before it stopped"
     );
     let _b = WorkProcess::start(&env).await;
