@@ -17,4 +17,5 @@ mod load;
 mod operations;
 mod process;
 mod providers;
+mod rsa_providers;
 mod shutdown;
