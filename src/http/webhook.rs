@@ -1,5 +1,8 @@
-//! `POST /webhooks/{provider}`: read the body within its limits (size and
-//! time), let the provider verify and map it, process every item, answer (see
+//! `POST /webhooks/{provider}`: check the content type the provider's PSP
+//! posts ([`Provider::accepts_content_type`]: JSON, or Alipay's form), read
+//! the body within its limits (size and time), let the provider verify and
+//! map it (awaited: a PayPal provider may fetch its signing certificate; a
+//! certificate it cannot get is a 503), process every item, answer (see
 //! [`super::answer`]). Requests that are no delivery are counted by reason
 //! (`fencehook_requests_rejected_total`); refused deliveries are logged
 //! sampled ([`super::log_sample`]), processed ones always.

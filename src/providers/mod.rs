@@ -760,6 +760,66 @@ secrets = ["{ADYEN_KEY}"]
     }
 
     #[test]
+    fn a_providers_file_reads_the_rsa_schemes_key_files_relative_to_itself() {
+        let dir = std::env::temp_dir().join(format!(
+            "fencehook-providers-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(dir.join("keys")).unwrap();
+        let serial = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
+        std::fs::write(
+            dir.join("keys/platform.pem"),
+            testkeys::certificate(0, serial, "CN=Tenpay.com", 0, 4_000_000_000),
+        )
+        .unwrap();
+        std::fs::write(dir.join("keys/pub.pem"), testkeys::public_key_pem(1)).unwrap();
+        std::fs::write(dir.join("keys/alipay.txt"), testkeys::public_key_base64(0)).unwrap();
+        let text = format!(
+            r#"
+[providers.wechat]
+scheme = "wechatpay"
+secrets = ["0123456789abcdef0123456789abcdef"]
+platform_keys = {{ "{serial}" = "keys/platform.pem", "PUB_KEY_ID_0001" = "keys/pub.pem" }}
+tolerance_secs = 300
+
+[providers.alipay]
+scheme = "alipay"
+app_id = "2021000000000000"
+public_keys = ["keys/alipay.txt", "keys/pub.pem"]
+
+[providers.paypal]
+scheme = "paypal"
+webhook_id = "WH-1"
+cert_url_prefixes = ["https://api.paypal.com/"]
+"#
+        );
+        let path = dir.join("providers.toml");
+        std::fs::write(&path, &text).unwrap();
+        let providers = load_file(&path).unwrap();
+        let schemes: Vec<_> = providers.iter().map(|p| p.scheme()).collect();
+        assert_eq!(
+            schemes,
+            vec![
+                SchemeKind::Alipay,
+                SchemeKind::Paypal,
+                SchemeKind::WechatPay
+            ]
+        );
+        // A missing file and a certificate under another serial name their field.
+        std::fs::write(&path, text.replace("keys/alipay.txt", "keys/missing.txt")).unwrap();
+        let err = load_file(&path).unwrap_err();
+        assert!(err.contains("provider `alipay`: public_keys:"), "{err}");
+        std::fs::write(&path, text.replace(serial, "ABCDEF")).unwrap();
+        let err = load_file(&path).unwrap_err();
+        assert!(
+            err.contains("provider `wechat`: platform_keys: ABCDEF:"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn each_scheme_takes_its_own_content_type() {
         let with = |ct: &str| {
             let mut h = http::HeaderMap::new();
