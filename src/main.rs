@@ -57,7 +57,8 @@ enum Command {
     Events(tools::ops::EventsArgs),
     /// Delete finished inbox events (and quarantined items) past retention.
     Prune(tools::ops::PruneArgs),
-    /// Sign and send one webhook as a standard, stripe or adyen provider would (for demos).
+    /// Sign and send one webhook as a standard, stripe, adyen, wechatpay,
+    /// alipay or paypal provider would (for demos).
     Send(SendArgs),
     /// Drive one or more instances with signed deliveries, k copies each; report
     /// throughput, latency and answers. Exits 1 when the run shows a problem.

@@ -172,6 +172,8 @@ impl Answer {
         match reject {
             Reject::Unauthorized(_) => Answer::new(WebhookResult::Unauthorized),
             Reject::Invalid(why) => Answer::invalid(why),
+            // Opaque like every 5xx: the cause goes to the log.
+            Reject::Unavailable(_) => Answer::unavailable(None),
         }
     }
 
@@ -230,6 +232,11 @@ impl Answer {
                 *r.status_mut() = status;
                 r.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                r
+            }
+            AckBody::Empty => {
+                let mut r = Response::new(Full::new(Bytes::new()));
+                *r.status_mut() = status;
                 r
             }
         };

@@ -33,10 +33,13 @@ pub enum Kind {
     Overloaded,
     /// A connection beyond the listener's cap, answered 503 and closed.
     ConnectionRefused,
+    /// What verification needs could not be had (PayPal's certificate did
+    /// not download): answered 503.
+    VerificationUnavailable,
 }
 
 impl Kind {
-    const COUNT: usize = 7;
+    const COUNT: usize = 8;
 
     fn index(self) -> usize {
         self as usize

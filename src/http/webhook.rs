@@ -1,5 +1,8 @@
-//! `POST /webhooks/{provider}`: read the body within its limits (size and
-//! time), let the provider verify and map it, process every item, answer (see
+//! `POST /webhooks/{provider}`: check the content type the provider's PSP
+//! posts ([`Provider::accepts_content_type`]: JSON, or Alipay's form), read
+//! the body within its limits (size and time), let the provider verify and
+//! map it (awaited: a PayPal provider may fetch its signing certificate; a
+//! certificate it cannot get is a 503), process every item, answer (see
 //! [`super::answer`]). Requests that are no delivery are counted by reason
 //! (`fencehook_requests_rejected_total`); refused deliveries are logged
 //! sampled ([`super::log_sample`]), processed ones always.
@@ -73,7 +76,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
             latency_ms,
             "delivery"
         ),
-        Delivery::Refused { kind, answer } => {
+        Delivery::Refused { kind, answer, why } => {
             // Anyone can send these, as fast as they like: sampled (see log_sample).
             let Some(suppressed) = state.log_sample.admit(*kind) else {
                 return response;
@@ -82,6 +85,10 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
             if *kind == Kind::Overloaded {
                 tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
                     "FENCEHOOK_MAX_INFLIGHT reached; answered 503");
+            } else if *kind == Kind::VerificationUnavailable {
+                tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
+                    reason = why.as_deref().unwrap_or("-"),
+                    "could not verify the delivery now; answered 503");
             } else {
                 tracing::info!(provider = %provider.name, result, status, latency_ms, suppressed,
                     "delivery");
@@ -99,18 +106,27 @@ fn rejected(state: &State, reason: RejectReason) -> Response<Body> {
 
 /// How far a delivery got, which decides how it is logged.
 enum Delivery {
-    /// Refused before processing: its line is sampled per kind.
-    Refused { kind: Kind, answer: Answer },
+    /// Refused before processing: its line is sampled per kind. `why` is
+    /// logged for a 503, whose body says nothing.
+    Refused {
+        kind: Kind,
+        answer: Answer,
+        why: Option<String>,
+    },
     /// Verified and mapped, every item processed: its line is always written.
     Processed(Answer),
 }
 
 fn refused(kind: Kind, answer: Answer) -> Delivery {
-    Delivery::Refused { kind, answer }
+    Delivery::Refused {
+        kind,
+        answer,
+        why: None,
+    }
 }
 
 async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> Delivery {
-    if !is_json(req.headers()) {
+    if !provider.accepts_content_type(req.headers()) {
         return refused(
             Kind::UnsupportedMediaType,
             Answer::new(WebhookResult::UnsupportedMediaType),
@@ -154,15 +170,20 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default();
-    let items = match provider.accept(&parts.headers, &body, now) {
+    let items = match provider.accept(&parts.headers, &body, now).await {
         Ok(items) => items,
         Err(reject) => {
             tracing::debug!(provider = %provider.name, reason = %reject, "delivery refused");
-            let kind = match reject {
-                Reject::Unauthorized(_) => Kind::Unauthorized,
-                Reject::Invalid(_) => Kind::InvalidPayload,
+            let (kind, why) = match &reject {
+                Reject::Unauthorized(_) => (Kind::Unauthorized, None),
+                Reject::Invalid(_) => (Kind::InvalidPayload, None),
+                Reject::Unavailable(why) => (Kind::VerificationUnavailable, Some(why.clone())),
             };
-            return refused(kind, Answer::of_reject(&reject));
+            return Delivery::Refused {
+                kind,
+                answer: Answer::of_reject(&reject),
+                why,
+            };
         }
     };
     let draining = state.is_draining();
@@ -265,21 +286,4 @@ async fn quarantine(
             Answer::unavailable(transaction_id)
         }
     }
-}
-
-fn is_json(headers: &hyper::HeaderMap) -> bool {
-    let Some(ct) = headers
-        .get(hyper::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }

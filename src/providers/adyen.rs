@@ -258,7 +258,9 @@ pub fn sign_batch(key_hex: &str, batch: &mut Value) -> Result<(), String> {
 fn map_item(provider: &str, item: &Object) -> Item {
     match map_fields(provider, item) {
         Ok(mapped) => mapped,
-        Err(Reject::Invalid(reason) | Reject::Unauthorized(reason)) => Item::Unmappable {
+        Err(
+            Reject::Invalid(reason) | Reject::Unauthorized(reason) | Reject::Unavailable(reason),
+        ) => Item::Unmappable {
             reason,
             // Only an id that could be stored as one (no control characters).
             transaction_id: opt(item, "pspReference")

@@ -159,6 +159,84 @@ pub(crate) fn amount_minor(v: Option<&Value>, path: &str) -> Result<i64, Reject>
     }
 }
 
+/// An amount written as a decimal string in major units (`"20.00"` yuan,
+/// `"1234"` JPY) converted exactly to minor units with `exponent` fraction
+/// digits: digits, optionally a point and 1 to `exponent` more digits, above
+/// zero. No float is ever involved; `20.001` (for exponent 2), `1e2`, `-1`,
+/// `+1`, `1,00`, `.5`, `5.`, ` 5` and values beyond an i64 are refused.
+pub(crate) fn decimal_minor(text: &str, exponent: u32, path: &str) -> Result<i64, Reject> {
+    let bad = |why: &str| invalid(format!("{path} must be {why} (got {:?})", shown(text)));
+    let (whole, fraction) = match text.split_once('.') {
+        Some((w, f)) => (w, Some(f)),
+        None => (text, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || fraction.is_some_and(|f| !digits(f)) {
+        return Err(bad("a decimal number of digits with an optional point"));
+    }
+    let fraction = fraction.unwrap_or("");
+    if fraction.len() > exponent as usize {
+        return Err(bad(&format!(
+            "exact in minor units: at most {exponent} digits after the point"
+        )));
+    }
+    let scale = 10i64.pow(exponent);
+    let too_large = || bad("at most an i64 in minor units");
+    let whole: i64 = whole.parse().map_err(|_| too_large())?;
+    let mut minor_fraction: i64 = if fraction.is_empty() {
+        0
+    } else {
+        fraction.parse().map_err(|_| too_large())?
+    };
+    for _ in fraction.len()..exponent as usize {
+        minor_fraction *= 10;
+    }
+    let minor = whole
+        .checked_mul(scale)
+        .and_then(|m| m.checked_add(minor_fraction))
+        .ok_or_else(too_large)?;
+    if minor == 0 {
+        return Err(invalid(format!("{path} must be greater than 0")));
+    }
+    Ok(minor)
+}
+
+/// At most 32 characters of a value sent back in a refusal.
+fn shown(text: &str) -> &str {
+    text.char_indices()
+        .nth(32)
+        .map_or(text, |(end, _)| &text[..end])
+}
+
+/// The number of minor-unit digits of an ISO 4217 currency (JPY 0, EUR 2,
+/// KWD 3), for the PSPs that send decimal amounts (PayPal). `None` for a code
+/// not in this table: such an amount cannot be converted exactly, so it is
+/// refused rather than guessed. The table holds every currency PayPal
+/// accepts and the usual zero- and three-decimal ones; HUF and TWD are 2 as
+/// ISO 4217 says (PayPal sends them without decimals, which converts the same).
+pub fn minor_unit_exponent(currency: &str) -> Option<u32> {
+    const ZERO: &[&str] = &[
+        "BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI", "VND",
+        "VUV", "XAF", "XOF", "XPF",
+    ];
+    const THREE: &[&str] = &["BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"];
+    const TWO: &[&str] = &[
+        "AED", "ARS", "AUD", "BGN", "BRL", "CAD", "CHF", "CNY", "COP", "CZK", "DKK", "EGP", "EUR",
+        "GBP", "HKD", "HUF", "IDR", "ILS", "INR", "KZT", "MAD", "MXN", "MYR", "NGN", "NOK", "NZD",
+        "PEN", "PHP", "PKR", "PLN", "QAR", "RON", "RSD", "RUB", "SAR", "SEK", "SGD", "THB", "TRY",
+        "TWD", "UAH", "USD", "ZAR",
+    ];
+    if ZERO.contains(&currency) {
+        Some(0)
+    } else if THREE.contains(&currency) {
+        Some(3)
+    } else if TWO.contains(&currency) {
+        Some(2)
+    } else {
+        None
+    }
+}
+
 /// 1–255 printable ASCII, no leading or trailing whitespace (rejected, not trimmed).
 pub fn check_transaction_id(id: &str) -> Result<(), Reject> {
     if id.is_empty() || id.len() > 255 {
@@ -238,12 +316,78 @@ mod tests {
             .expect("within serde_json's nesting limit");
     }
 
+    #[test]
+    fn decimal_amounts_convert_exactly_or_are_refused() {
+        for (text, exponent, minor) in [
+            ("0.01", 2, 1),
+            ("20.00", 2, 2000),
+            ("20.5", 2, 2050),
+            ("20", 2, 2000),
+            ("1234", 0, 1234),
+            ("1.230", 3, 1230),
+            ("1.2", 3, 1200),
+            ("92233720368547758.07", 2, i64::MAX),
+            ("007", 0, 7),
+        ] {
+            assert_eq!(decimal_minor(text, exponent, "v"), Ok(minor), "{text}");
+        }
+        for (text, exponent) in [
+            ("20.001", 2),
+            ("1e2", 2),
+            ("-1", 2),
+            ("+1", 2),
+            ("1,00", 2),
+            ("1.5", 0),
+            ("", 2),
+            (".5", 2),
+            ("5.", 2),
+            (" 5", 2),
+            ("5 ", 2),
+            ("0", 2),
+            ("0.00", 2),
+            ("NaN", 2),
+            ("١٢", 0),
+            ("92233720368547758.08", 2),
+            ("99999999999999999999999", 0),
+        ] {
+            assert!(
+                matches!(decimal_minor(text, exponent, "v"), Err(Reject::Invalid(_))),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_exponent_table_knows_the_usual_currencies() {
+        assert_eq!(minor_unit_exponent("JPY"), Some(0));
+        assert_eq!(minor_unit_exponent("USD"), Some(2));
+        assert_eq!(minor_unit_exponent("KWD"), Some(3));
+        assert_eq!(minor_unit_exponent("HUF"), Some(2));
+        assert_eq!(minor_unit_exponent("XYZ"), None);
+        assert_eq!(minor_unit_exponent("usd"), None);
+    }
+
     proptest::proptest! {
         #[test]
         fn parse_json_never_panics_on_arbitrary_bytes(
             body in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
         ) {
             let _ = parse_json(&body);
+        }
+
+        #[test]
+        fn decimal_minor_never_panics_and_agrees_with_integer_arithmetic(
+            text in "[0-9.,e+-]{0,24}",
+            exponent in 0u32..4,
+            whole in 0i64..1_000_000_000,
+            cents in 0i64..100,
+        ) {
+            let _ = decimal_minor(&text, exponent, "v");
+            let exact = format!("{whole}.{cents:02}");
+            let expected = whole * 100 + cents;
+            if expected > 0 {
+                proptest::prop_assert_eq!(decimal_minor(&exact, 2, "v"), Ok(expected));
+            }
         }
 
         #[test]

@@ -6,20 +6,24 @@
 //! (serde alone says "invalid type: integer, expected a string" and nothing
 //! more). Required fields and unknown keys are checked here rather than by
 //! serde, so their messages name the field too.
+//!
+//! Key and certificate files (`platform_keys`, `public_keys`) are read here,
+//! at start; a relative path is relative to the providers file's directory.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_path_to_error::Segment;
 
-use super::{Provider, SchemeKind};
+use super::{Provider, SchemeKind, Settings};
 
 /// Reads a providers file. Errors name the file, the provider and the field.
 pub fn load_file(path: &Path) -> Result<Vec<Provider>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let dir = path.parent().unwrap_or(Path::new("."));
+    parse_in(&text, dir).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[derive(Deserialize)]
@@ -36,13 +40,24 @@ struct Entry {
     scheme: Option<String>,
     secrets: Option<Vec<String>>,
     tolerance_secs: Option<u64>,
+    platform_keys: Option<BTreeMap<String, String>>,
+    app_id: Option<String>,
+    public_keys: Option<Vec<String>>,
+    webhook_id: Option<String>,
+    cert_url_prefixes: Option<Vec<String>>,
     #[serde(flatten)]
     unknown: BTreeMap<String, toml::Value>,
 }
 
-const ENTRY_FIELDS: &str = "scheme, secrets, tolerance_secs";
+const ENTRY_FIELDS: &str = "scheme, secrets, tolerance_secs, platform_keys, app_id, public_keys, webhook_id, cert_url_prefixes";
 
+/// Providers of a file's text; key files relative to the working directory.
 pub(super) fn parse(text: &str) -> Result<Vec<Provider>, String> {
+    parse_in(text, Path::new("."))
+}
+
+/// Providers of a file's text; relative key files are looked for in `dir`.
+pub(super) fn parse_in(text: &str, dir: &Path) -> Result<Vec<Provider>, String> {
     let doc: Document = serde_path_to_error::deserialize(toml::Deserializer::new(text))
         .map_err(|e| type_error(&e))?;
     if let Some(key) = doc.unknown.keys().next() {
@@ -56,11 +71,11 @@ pub(super) fn parse(text: &str) -> Result<Vec<Provider>, String> {
     }
     providers
         .into_iter()
-        .map(|(name, entry)| provider(&name, entry))
+        .map(|(name, entry)| provider(&name, entry, dir))
         .collect()
 }
 
-fn provider(name: &str, entry: Entry) -> Result<Provider, String> {
+fn provider(name: &str, entry: Entry, dir: &Path) -> Result<Provider, String> {
     let field = |field: &str, e: &str| format!("provider `{name}`: {field}: {e}");
     if let Some(key) = entry.unknown.keys().next() {
         return Err(field(
@@ -73,10 +88,53 @@ fn provider(name: &str, entry: Entry) -> Result<Provider, String> {
         .ok_or_else(|| field("scheme", &format!("required ({})", SchemeKind::choices())))?
         .parse()
         .map_err(|e: String| field("scheme", &e))?;
-    let secrets = entry
-        .secrets
-        .ok_or_else(|| field("secrets", "required (a list of strings)"))?;
-    Provider::new(name, scheme, &secrets, entry.tolerance_secs)
+    if scheme.is_hmac() && entry.secrets.is_none() {
+        return Err(field("secrets", "required (a list of strings)"));
+    }
+    let read = |setting: &str, label: &str, path: &str| -> Result<Vec<u8>, String> {
+        let full: PathBuf = dir.join(path);
+        std::fs::read(&full).map_err(|e| {
+            let what = if label.is_empty() {
+                String::new()
+            } else {
+                format!("{label}: ")
+            };
+            field(
+                setting,
+                &format!("{what}cannot read {}: {e}", full.display()),
+            )
+        })
+    };
+    let platform_keys = entry
+        .platform_keys
+        .map(|keys| {
+            keys.into_iter()
+                .map(|(serial, path)| Ok((serial.clone(), read("platform_keys", &serial, &path)?)))
+                .collect::<Result<BTreeMap<_, _>, String>>()
+        })
+        .transpose()?;
+    let public_keys = entry
+        .public_keys
+        .map(|paths| {
+            paths
+                .into_iter()
+                .map(|path| Ok((path.clone(), read("public_keys", "", &path)?)))
+                .collect::<Result<Vec<_>, String>>()
+        })
+        .transpose()?;
+    Provider::with_settings(
+        name,
+        scheme,
+        Settings {
+            secrets: entry.secrets,
+            tolerance_secs: entry.tolerance_secs,
+            platform_keys,
+            app_id: entry.app_id,
+            public_keys,
+            webhook_id: entry.webhook_id,
+            cert_url_prefixes: entry.cert_url_prefixes,
+        },
+    )
 }
 
 /// `provider `s`: secrets: invalid type: …` from serde's error and its path.

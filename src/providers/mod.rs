@@ -7,7 +7,16 @@
 //! - [`standard`]: Standard Webhooks headers, the generic payload;
 //! - [`stripe`]: `Stripe-Signature`, Stripe events: payments keyed by the
 //!   PaymentIntent, refunds and disputes by their own ids;
-//! - [`adyen`]: notification batches, one HMAC per item.
+//! - [`adyen`]: notification batches, one HMAC per item;
+//! - [`wechatpay`]: WeChat Pay API v3, SHA256withRSA headers, an AES-256-GCM
+//!   encrypted resource;
+//! - [`alipay`]: form-encoded notifications signed with RSA2;
+//! - [`paypal`]: SHA256withRSA with a certificate fetched from PayPal (the
+//!   one scheme whose verification awaits: [`Provider::accept`] is async).
+//!
+//! Shared: `fields.rs` (strict JSON readers, exact decimal amounts),
+//! `hmac.rs` (the HMAC schemes' check), [`keys`] (RSA public keys and
+//! certificates, the SHA256withRSA check).
 //!
 //! # What must stay true
 //!
@@ -25,17 +34,25 @@
 //!   [`Reject`] message contains one.
 
 pub mod adyen;
+pub mod alipay;
 mod fields;
 mod file;
 mod hmac;
+pub mod keys;
+pub mod paypal;
 pub mod standard;
 pub mod stripe;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testkeys;
+pub mod wechatpay;
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-pub use self::fields::{check_currency, check_transaction_id};
+pub use self::fields::{check_currency, check_transaction_id, minor_unit_exponent};
 pub use self::file::load_file;
 use crate::domain::CanonicalEvent;
 
@@ -72,6 +89,10 @@ pub enum Reject {
     /// 400: the payload is not what the scheme promises.
     #[error("invalid payload: {0}")]
     Invalid(String),
+    /// 503: what verification needs could not be had now (PayPal's
+    /// certificate did not download); the PSP should retry.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// How a provider signs and shapes its deliveries (`scheme` in the providers file).
@@ -80,21 +101,42 @@ pub enum SchemeKind {
     Standard,
     Stripe,
     Adyen,
+    WechatPay,
+    Alipay,
+    Paypal,
 }
 
 impl SchemeKind {
-    pub const ALL: &'static [SchemeKind] =
-        &[SchemeKind::Standard, SchemeKind::Stripe, SchemeKind::Adyen];
+    pub const ALL: &'static [SchemeKind] = &[
+        SchemeKind::Standard,
+        SchemeKind::Stripe,
+        SchemeKind::Adyen,
+        SchemeKind::WechatPay,
+        SchemeKind::Alipay,
+        SchemeKind::Paypal,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             SchemeKind::Standard => "standard",
             SchemeKind::Stripe => "stripe",
             SchemeKind::Adyen => "adyen",
+            SchemeKind::WechatPay => "wechatpay",
+            SchemeKind::Alipay => "alipay",
+            SchemeKind::Paypal => "paypal",
         }
     }
 
-    /// `standard | stripe | adyen`, for messages.
+    /// Whether the scheme signs with HMAC secrets (all it needs is
+    /// `secrets`), rather than with RSA keys of its own settings.
+    pub fn is_hmac(self) -> bool {
+        matches!(
+            self,
+            SchemeKind::Standard | SchemeKind::Stripe | SchemeKind::Adyen
+        )
+    }
+
+    /// `standard | stripe | adyen | …`, for messages.
     pub fn choices() -> String {
         SchemeKind::ALL
             .iter()
@@ -121,8 +163,10 @@ impl FromStr for SchemeKind {
 pub enum AckBody {
     /// fencehook's own `{"result": …, "reason": …}`.
     Json(serde_json::Value),
-    /// A fixed text some PSPs require (Adyen's `[accepted]`).
+    /// A fixed text some PSPs require (Adyen's `[accepted]`, Alipay's `success`).
     Text(&'static str),
+    /// No body at all (WeChat Pay's success).
+    Empty,
 }
 
 /// A configured provider: `POST /webhooks/{name}`.
@@ -149,6 +193,68 @@ enum Scheme {
     Standard(standard::Standard),
     Stripe(stripe::Stripe),
     Adyen(adyen::Adyen),
+    WechatPay(wechatpay::WechatPay),
+    Alipay(alipay::Alipay),
+    Paypal(paypal::Paypal),
+}
+
+/// Everything a `[providers.<name>]` table may set, key files already read
+/// (as `(where it came from, contents)`). Which settings a scheme takes:
+///
+/// | scheme | required | optional |
+/// | --- | --- | --- |
+/// | standard, stripe, adyen | `secrets` | `tolerance_secs` (not adyen) |
+/// | wechatpay | `secrets` (APIv3 keys), `platform_keys` | `tolerance_secs` |
+/// | alipay | `app_id`, `public_keys` | – |
+/// | paypal | `webhook_id` | `cert_url_prefixes` |
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub secrets: Option<Vec<String>>,
+    pub tolerance_secs: Option<u64>,
+    /// WeChat Pay: serial (`Wechatpay-Serial`) → certificate or public key.
+    pub platform_keys: Option<BTreeMap<String, Vec<u8>>>,
+    pub app_id: Option<String>,
+    pub public_keys: Option<Vec<(String, Vec<u8>)>>,
+    pub webhook_id: Option<String>,
+    pub cert_url_prefixes: Option<Vec<String>>,
+}
+
+impl Settings {
+    /// The names of the settings given.
+    fn given(&self) -> Vec<&'static str> {
+        let mut given = Vec::new();
+        let mut note = |set: bool, name| {
+            if set {
+                given.push(name)
+            }
+        };
+        note(self.secrets.is_some(), "secrets");
+        note(self.tolerance_secs.is_some(), "tolerance_secs");
+        note(self.platform_keys.is_some(), "platform_keys");
+        note(self.app_id.is_some(), "app_id");
+        note(self.public_keys.is_some(), "public_keys");
+        note(self.webhook_id.is_some(), "webhook_id");
+        note(self.cert_url_prefixes.is_some(), "cert_url_prefixes");
+        given
+    }
+}
+
+/// The settings each scheme takes (the first ones are required).
+fn scheme_settings(scheme: SchemeKind) -> &'static [&'static str] {
+    match scheme {
+        SchemeKind::Standard | SchemeKind::Stripe => &["secrets", "tolerance_secs"],
+        SchemeKind::Adyen => &["secrets"],
+        SchemeKind::WechatPay => &["secrets", "platform_keys", "tolerance_secs"],
+        SchemeKind::Alipay => &["app_id", "public_keys"],
+        SchemeKind::Paypal => &["webhook_id", "cert_url_prefixes"],
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
 }
 
 /// Timestamp window of the schemes that sign one (Standard Webhooks, Stripe).
@@ -174,13 +280,32 @@ impl Provider {
         &self.warnings
     }
 
-    /// One provider, as a `[providers.<name>]` table describes it. Errors name
-    /// the provider and the field: `provider `shop`: secrets: ...`.
+    /// One provider of an HMAC scheme (standard, stripe, adyen): its
+    /// secrets and tolerance. Errors name the provider and the field:
+    /// `provider `shop`: secrets: ...`.
     pub fn new(
         name: &str,
         scheme: SchemeKind,
         secrets: &[String],
         tolerance_secs: Option<u64>,
+    ) -> Result<Provider, String> {
+        Provider::with_settings(
+            name,
+            scheme,
+            Settings {
+                secrets: Some(secrets.to_vec()),
+                tolerance_secs,
+                ..Settings::default()
+            },
+        )
+    }
+
+    /// One provider, as a `[providers.<name>]` table describes it. Errors name
+    /// the provider and the field: `provider `shop`: secrets: ...`.
+    pub fn with_settings(
+        name: &str,
+        scheme: SchemeKind,
+        settings: Settings,
     ) -> Result<Provider, String> {
         let field = |field: &str, e: String| format!("provider `{name}`: {field}: {e}");
         if name.is_empty()
@@ -190,32 +315,97 @@ impl Provider {
         {
             return Err(format!("provider `{name}`: name must be [a-z0-9_-]+"));
         }
-        if secrets.is_empty() {
+        let takes = scheme_settings(scheme);
+        if let Some(other) = settings.given().into_iter().find(|s| !takes.contains(s)) {
+            let why = match (scheme, other) {
+                (SchemeKind::Adyen, "tolerance_secs") => {
+                    "adyen notifications carry no signed timestamp; remove the setting".to_owned()
+                }
+                _ => format!(
+                    "not a setting of scheme {} (it takes {})",
+                    scheme.as_str(),
+                    takes.join(", ")
+                ),
+            };
+            return Err(field(other, why));
+        }
+        let secrets = settings.secrets.unwrap_or_default();
+        if takes.contains(&"secrets") && secrets.is_empty() {
             return Err(field("secrets", "at least one secret is required".into()));
         }
-        if tolerance_secs == Some(0) {
+        if settings.tolerance_secs == Some(0) {
             return Err(field("tolerance_secs", "must be above 0".into()));
         }
-        let tolerance = tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS);
+        let tolerance = settings.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS);
+        let mut warnings = Vec::new();
+        fn required<T>(
+            value: Option<T>,
+            provider: &str,
+            name: &str,
+            what: &str,
+        ) -> Result<T, String> {
+            value.ok_or_else(|| format!("provider `{provider}`: {name}: required ({what})"))
+        }
+        let setting = |(f, e): wechatpay::SettingError| field(f, e);
         let scheme = match scheme {
             SchemeKind::Standard => Scheme::Standard(
-                standard::Standard::new(secrets, tolerance).map_err(|e| field("secrets", e))?,
+                standard::Standard::new(&secrets, tolerance).map_err(|e| field("secrets", e))?,
             ),
             SchemeKind::Stripe => Scheme::Stripe(
-                stripe::Stripe::new(secrets, tolerance).map_err(|e| field("secrets", e))?,
+                stripe::Stripe::new(&secrets, tolerance).map_err(|e| field("secrets", e))?,
             ),
             SchemeKind::Adyen => {
-                if tolerance_secs.is_some() {
-                    return Err(field(
-                        "tolerance_secs",
-                        "adyen notifications carry no signed timestamp; remove the setting".into(),
-                    ));
-                }
-                Scheme::Adyen(adyen::Adyen::new(secrets).map_err(|e| field("secrets", e))?)
+                Scheme::Adyen(adyen::Adyen::new(&secrets).map_err(|e| field("secrets", e))?)
             }
+            SchemeKind::WechatPay => {
+                let keys: Vec<(String, Vec<u8>)> = required(
+                    settings.platform_keys,
+                    name,
+                    "platform_keys",
+                    "a table of serial = \"key or certificate file\"",
+                )?
+                .into_iter()
+                .collect();
+                let (w, warned) = wechatpay::WechatPay::new(&secrets, &keys, tolerance, unix_now())
+                    .map_err(setting)?;
+                warnings.extend(
+                    warned
+                        .into_iter()
+                        .map(|w| format!("provider `{name}`: {w}")),
+                );
+                Scheme::WechatPay(w)
+            }
+            SchemeKind::Alipay => Scheme::Alipay(
+                alipay::Alipay::new(
+                    &required(settings.app_id, name, "app_id", "the application's app_id")?,
+                    &required(
+                        settings.public_keys,
+                        name,
+                        "public_keys",
+                        "a list of Alipay public key files",
+                    )?,
+                )
+                .map_err(setting)?,
+            ),
+            SchemeKind::Paypal => Scheme::Paypal(
+                paypal::Paypal::new(
+                    &required(
+                        settings.webhook_id,
+                        name,
+                        "webhook_id",
+                        "the webhook's id at PayPal",
+                    )?,
+                    settings.cert_url_prefixes.as_deref(),
+                )
+                .map_err(setting)?,
+            ),
         };
-        let mut warnings = Vec::new();
-        if tolerance > TOLERANCE_WARN_SECS && !matches!(scheme, Scheme::Adyen(_)) {
+        if tolerance > TOLERANCE_WARN_SECS
+            && matches!(
+                scheme,
+                Scheme::Standard(_) | Scheme::Stripe(_) | Scheme::WechatPay(_)
+            )
+        {
             warnings.push(format!(
                 "provider `{name}`: tolerance_secs = {tolerance}: signed deliveries stay replayable for that long (keep it at most {TOLERANCE_WARN_SECS} in production)"
             ));
@@ -224,6 +414,13 @@ impl Provider {
             warnings.push(format!(
                 "provider `{name}`: serves the DEVELOPMENT secret published in the README: anyone can sign deliveries; never use it in production"
             ));
+        }
+        if let Scheme::Paypal(p) = &scheme {
+            if p.allows_plain_http() {
+                warnings.push(format!(
+                    "provider `{name}`: cert_url_prefixes has an http:// prefix: certificates fetched without TLS (for a local test server only)"
+                ));
+            }
         }
         Ok(Provider {
             name: name.to_owned(),
@@ -242,11 +439,42 @@ impl Provider {
             Scheme::Standard(_) => SchemeKind::Standard,
             Scheme::Stripe(_) => SchemeKind::Stripe,
             Scheme::Adyen(_) => SchemeKind::Adyen,
+            Scheme::WechatPay(_) => SchemeKind::WechatPay,
+            Scheme::Alipay(_) => SchemeKind::Alipay,
+            Scheme::Paypal(_) => SchemeKind::Paypal,
+        }
+    }
+
+    /// Whether a delivery's `Content-Type` is what this scheme's PSP posts:
+    /// JSON (`application/json`, `application/*+json`) for every scheme but
+    /// Alipay, whose notifications are `application/x-www-form-urlencoded`.
+    /// Parameters (`; charset=utf-8`) are allowed; anything else is a 415.
+    pub fn accepts_content_type(&self, headers: &http::HeaderMap) -> bool {
+        let Some(ct) = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return false;
+        };
+        let essence = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match self.scheme {
+            Scheme::Alipay(_) => essence == alipay::CONTENT_TYPE,
+            _ => {
+                essence == "application/json"
+                    || (essence.starts_with("application/") && essence.ends_with("+json"))
+            }
         }
     }
 
     /// The PSP's own id of a delivery, where it has one: `webhook-id`
-    /// (Standard Webhooks), the event's `id` (Stripe). Adyen items carry none.
+    /// (Standard Webhooks), the event's `id` (Stripe, PayPal), the
+    /// notification's `id` (WeChat Pay), `notify_id` (Alipay). Adyen items
+    /// carry none.
     /// Kept beside inbox events for searching; never used to deduplicate.
     pub fn psp_event_id(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
         match &self.scheme {
@@ -262,6 +490,9 @@ impl Provider {
                 serde_json::from_slice::<Envelope>(body).ok().map(|e| e.id)
             }
             Scheme::Adyen(_) => None,
+            Scheme::WechatPay(_) => wechatpay::notification_id(body),
+            Scheme::Alipay(_) => alipay::notification_id(body),
+            Scheme::Paypal(_) => paypal::event_id(body),
         }
     }
 
@@ -273,11 +504,24 @@ impl Provider {
     }
 
     /// The body of an answer with this `result` (and `reason`, for a 400):
-    /// `success` is true for a 2xx. Only Adyen differs: it marks a batch
-    /// delivered on exactly `[accepted]`.
+    /// `success` is true for a 2xx. Adyen marks a batch delivered on exactly
+    /// `[accepted]`; Alipay a notification on exactly `success` (anything
+    /// else, `fail` here, is retried); WeChat Pay wants an empty success and
+    /// `{"code":"FAIL","message":…}` with any failure status. Standard,
+    /// Stripe and PayPal read only the status: fencehook's own JSON.
     pub fn ack_body(&self, success: bool, result: &str, reason: Option<&str>) -> AckBody {
         match (&self.scheme, success) {
             (Scheme::Adyen(_), true) => AckBody::Text(adyen::ACCEPTED),
+            (Scheme::Alipay(_), true) => AckBody::Text(alipay::SUCCESS),
+            (Scheme::Alipay(_), false) => AckBody::Text(alipay::FAIL),
+            (Scheme::WechatPay(_), true) => AckBody::Empty,
+            (Scheme::WechatPay(_), false) => AckBody::Json(json!({
+                "code": "FAIL",
+                "message": match reason {
+                    Some(reason) => format!("{result}: {reason}"),
+                    None => result.to_owned(),
+                },
+            })),
             _ => AckBody::Json(match reason {
                 Some(reason) => json!({ "result": result, "reason": reason }),
                 None => json!({ "result": result }),
@@ -287,10 +531,15 @@ impl Provider {
 
     /// Verifies the delivery and maps every item of it. `now` is unix seconds.
     ///
-    /// Standard and Stripe sign the raw bytes, which are checked before the
-    /// body is parsed. Adyen signs fields of each item, so its body is parsed
-    /// first, then every item is verified, then every item is mapped.
-    pub fn accept(
+    /// Standard, Stripe, WeChat Pay and PayPal sign the raw bytes, which are
+    /// checked before the body is parsed (WeChat's resource is decrypted
+    /// after). Adyen signs fields of each item, so its body is parsed first,
+    /// then every item is verified, then every item is mapped; Alipay signs
+    /// the decoded form parameters, so the form is decoded (strictly) first.
+    ///
+    /// Async for PayPal alone, whose certificate may have to be fetched: the
+    /// other schemes never wait, so their future is ready on its first poll.
+    pub async fn accept(
         &self,
         headers: &http::HeaderMap,
         body: &[u8],
@@ -306,6 +555,19 @@ impl Provider {
                 stripe::parse_event(&self.name, body)
             }
             Scheme::Adyen(a) => a.accept(&self.name, body),
+            Scheme::WechatPay(w) => w.accept(&self.name, headers, body, now),
+            Scheme::Alipay(a) => a.accept(&self.name, body),
+            Scheme::Paypal(p) => p.accept(&self.name, headers, body, now).await,
+        }
+    }
+
+    /// PayPal: puts a certificate in the provider's cache as if fetched from
+    /// `url` (for tests whose deliveries name a PayPal URL).
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn preload_paypal_certificate(&self, url: &str, pem: &[u8]) -> Result<(), String> {
+        match &self.scheme {
+            Scheme::Paypal(p) => p.preload_certificate(url, pem),
+            _ => Err(format!("provider `{}` is not a paypal provider", self.name)),
         }
     }
 }
@@ -430,7 +692,7 @@ secrets = ["{ADYEN_KEY}"]
     #[test]
     fn every_providers_file_error_is_one_line_naming_provider_and_field() {
         for (text, field) in [
-            ("[providers.s]\nscheme = \"paypal\"\nsecrets = [\"x\"]", "scheme"),
+            ("[providers.s]\nscheme = \"square\"\nsecrets = [\"x\"]", "scheme"),
             ("[providers.s]\nsecrets = [\"x\"]", "scheme"),
             ("[providers.s]\nscheme = 5\nsecrets = [\"x\"]", "scheme"),
             ("[providers.s]\nscheme = \"stripe\"", "secrets"),
@@ -463,6 +725,219 @@ secrets = ["{ADYEN_KEY}"]
         assert!(!format!("{p:?}").contains("44782DEF"));
     }
 
+    /// One provider of every scheme, the RSA ones with test keys.
+    fn every_scheme() -> Vec<Provider> {
+        let key = testkeys::public_key_pem(0).into_bytes();
+        let rsa = |scheme, settings| Provider::with_settings("r", scheme, settings).unwrap();
+        vec![
+            Provider::generic("whsec_c2VjcmV0LWtleS1vbGQ=").unwrap(),
+            Provider::new("s", SchemeKind::Stripe, &["whsec_x".into()], None).unwrap(),
+            Provider::new("a", SchemeKind::Adyen, &[ADYEN_KEY.into()], None).unwrap(),
+            rsa(
+                SchemeKind::WechatPay,
+                Settings {
+                    secrets: Some(vec!["0123456789abcdef0123456789abcdef".into()]),
+                    platform_keys: Some(BTreeMap::from([("PUB_KEY_ID_1".into(), key.clone())])),
+                    ..Settings::default()
+                },
+            ),
+            rsa(
+                SchemeKind::Alipay,
+                Settings {
+                    app_id: Some("2021000000000000".into()),
+                    public_keys: Some(vec![("k".into(), key)]),
+                    ..Settings::default()
+                },
+            ),
+            rsa(
+                SchemeKind::Paypal,
+                Settings {
+                    webhook_id: Some("WH-1".into()),
+                    ..Settings::default()
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_providers_file_reads_the_rsa_schemes_key_files_relative_to_itself() {
+        let dir = std::env::temp_dir().join(format!(
+            "fencehook-providers-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(dir.join("keys")).unwrap();
+        let serial = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
+        std::fs::write(
+            dir.join("keys/platform.pem"),
+            testkeys::certificate(0, serial, "CN=Tenpay.com", 0, 4_000_000_000),
+        )
+        .unwrap();
+        std::fs::write(dir.join("keys/pub.pem"), testkeys::public_key_pem(1)).unwrap();
+        std::fs::write(dir.join("keys/alipay.txt"), testkeys::public_key_base64(0)).unwrap();
+        let text = format!(
+            r#"
+[providers.wechat]
+scheme = "wechatpay"
+secrets = ["0123456789abcdef0123456789abcdef"]
+platform_keys = {{ "{serial}" = "keys/platform.pem", "PUB_KEY_ID_0001" = "keys/pub.pem" }}
+tolerance_secs = 300
+
+[providers.alipay]
+scheme = "alipay"
+app_id = "2021000000000000"
+public_keys = ["keys/alipay.txt", "keys/pub.pem"]
+
+[providers.paypal]
+scheme = "paypal"
+webhook_id = "WH-1"
+cert_url_prefixes = ["https://api.paypal.com/"]
+"#
+        );
+        let path = dir.join("providers.toml");
+        std::fs::write(&path, &text).unwrap();
+        let providers = load_file(&path).unwrap();
+        let schemes: Vec<_> = providers.iter().map(|p| p.scheme()).collect();
+        assert_eq!(
+            schemes,
+            vec![
+                SchemeKind::Alipay,
+                SchemeKind::Paypal,
+                SchemeKind::WechatPay
+            ]
+        );
+        // A missing file and a certificate under another serial name their field.
+        std::fs::write(&path, text.replace("keys/alipay.txt", "keys/missing.txt")).unwrap();
+        let err = load_file(&path).unwrap_err();
+        assert!(err.contains("provider `alipay`: public_keys:"), "{err}");
+        std::fs::write(&path, text.replace(serial, "ABCDEF")).unwrap();
+        let err = load_file(&path).unwrap_err();
+        assert!(
+            err.contains("provider `wechat`: platform_keys: ABCDEF:"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn each_scheme_takes_its_own_content_type() {
+        let with = |ct: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
+            h
+        };
+        for p in every_scheme() {
+            let form = p.scheme() == SchemeKind::Alipay;
+            assert_eq!(p.accepts_content_type(&with("application/json")), !form);
+            assert_eq!(
+                p.accepts_content_type(&with("application/json; charset=utf-8")),
+                !form
+            );
+            assert_eq!(
+                p.accepts_content_type(&with("application/x-www-form-urlencoded; charset=utf-8")),
+                form
+            );
+            assert!(!p.accepts_content_type(&with("text/plain")));
+            assert!(!p.accepts_content_type(&http::HeaderMap::new()));
+        }
+    }
+
+    #[test]
+    fn each_psp_gets_the_answer_body_it_reads() {
+        let p = every_scheme();
+        let by = |k: SchemeKind| p.iter().find(|p| p.scheme() == k).unwrap();
+        assert_eq!(
+            by(SchemeKind::Alipay).ack_body(true, "processed", None),
+            AckBody::Text("success")
+        );
+        assert_eq!(
+            by(SchemeKind::Alipay).ack_body(false, "invalid_payload", Some("x")),
+            AckBody::Text("fail")
+        );
+        assert_eq!(
+            by(SchemeKind::WechatPay).ack_body(true, "duplicate", None),
+            AckBody::Empty
+        );
+        assert_eq!(
+            by(SchemeKind::WechatPay).ack_body(false, "invalid_payload", Some("amount")),
+            AckBody::Json(json!({"code": "FAIL", "message": "invalid_payload: amount"}))
+        );
+        assert_eq!(
+            by(SchemeKind::Paypal).ack_body(true, "processed", None),
+            AckBody::Json(json!({"result": "processed"}))
+        );
+    }
+
+    #[test]
+    fn rsa_schemes_take_only_their_own_settings() {
+        let key = testkeys::public_key_pem(0).into_bytes();
+        let err = |scheme, settings| Provider::with_settings("p", scheme, settings).unwrap_err();
+        let e = err(
+            SchemeKind::Alipay,
+            Settings {
+                app_id: Some("2021000000000000".into()),
+                public_keys: Some(vec![("k".into(), key.clone())]),
+                secrets: Some(vec!["x".into()]),
+                ..Settings::default()
+            },
+        );
+        assert!(
+            e.starts_with("provider `p`: secrets: not a setting of scheme alipay"),
+            "{e}"
+        );
+        let e = err(SchemeKind::Alipay, Settings::default());
+        assert!(e.starts_with("provider `p`: app_id: required"), "{e}");
+        let e = err(SchemeKind::Paypal, Settings::default());
+        assert!(e.starts_with("provider `p`: webhook_id: required"), "{e}");
+        let e = err(
+            SchemeKind::WechatPay,
+            Settings {
+                secrets: Some(vec!["0123456789abcdef0123456789abcdef".into()]),
+                ..Settings::default()
+            },
+        );
+        assert!(
+            e.starts_with("provider `p`: platform_keys: required"),
+            "{e}"
+        );
+        let e = err(
+            SchemeKind::Stripe,
+            Settings {
+                secrets: Some(vec!["whsec_x".into()]),
+                webhook_id: Some("WH-1".into()),
+                ..Settings::default()
+            },
+        );
+        assert!(
+            e.starts_with("provider `p`: webhook_id: not a setting"),
+            "{e}"
+        );
+        let local = Provider::with_settings(
+            "p",
+            SchemeKind::Paypal,
+            Settings {
+                webhook_id: Some("WH-1".into()),
+                cert_url_prefixes: Some(vec!["http://127.0.0.1:9/".into()]),
+                ..Settings::default()
+            },
+        )
+        .unwrap();
+        assert!(
+            local.warnings()[0].contains("http://"),
+            "{:?}",
+            local.warnings()
+        );
+    }
+
+    #[test]
+    fn debug_output_never_shows_an_apiv3_key() {
+        let p = every_scheme();
+        for p in &p {
+            let shown = format!("{p:?}");
+            assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        }
+    }
+
     #[test]
     fn a_deeply_nested_body_is_a_400_for_every_scheme() {
         let deep = format!("{}{}", "[".repeat(50_000), "]".repeat(50_000));
@@ -476,7 +951,7 @@ secrets = ["{ADYEN_KEY}"]
         ));
         let p = Provider::new("a", SchemeKind::Adyen, &[ADYEN_KEY.into()], None).unwrap();
         assert!(matches!(
-            p.accept(&http::HeaderMap::new(), deep.as_bytes(), 0),
+            ready(p.accept(&http::HeaderMap::new(), deep.as_bytes(), 0)),
             Err(Reject::Invalid(_))
         ));
         // Signed, through the whole of accept: still a 400.
@@ -490,9 +965,17 @@ secrets = ["{ADYEN_KEY}"]
                 .unwrap(),
         );
         assert!(matches!(
-            s.accept(&h, deep.as_bytes(), 1000),
+            ready(s.accept(&h, deep.as_bytes(), 1000)),
             Err(Reject::Invalid(_))
         ));
+    }
+
+    /// The output of a future that must not wait (every scheme but a PayPal
+    /// certificate fetch): the HMAC schemes pay nothing for `accept` being async.
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        use futures_util::FutureExt;
+        f.now_or_never()
+            .expect("verification without a fetch never waits")
     }
 
     proptest::proptest! {
@@ -501,7 +984,11 @@ secrets = ["{ADYEN_KEY}"]
             headers in proptest::collection::vec(
                 (proptest::sample::select(vec![
                     "webhook-id", "webhook-timestamp", "webhook-signature", "stripe-signature",
-                    "content-type",
+                    "content-type", wechatpay::TIMESTAMP_HEADER, wechatpay::NONCE_HEADER,
+                    wechatpay::SIGNATURE_HEADER, wechatpay::SERIAL_HEADER,
+                    paypal::TRANSMISSION_ID_HEADER, paypal::TRANSMISSION_TIME_HEADER,
+                    paypal::TRANSMISSION_SIG_HEADER, paypal::CERT_URL_HEADER,
+                    paypal::AUTH_ALGO_HEADER,
                 ]), proptest::collection::vec(proptest::num::u8::ANY, 0..120)),
                 0..5,
             ),
@@ -514,12 +1001,10 @@ secrets = ["{ADYEN_KEY}"]
                     h.append(name, v);
                 }
             }
-            for p in [
-                Provider::generic("whsec_c2VjcmV0LWtleS1vbGQ=").unwrap(),
-                Provider::new("s", SchemeKind::Stripe, &["whsec_x".into()], None).unwrap(),
-                Provider::new("a", SchemeKind::Adyen, &[ADYEN_KEY.into()], None).unwrap(),
-            ] {
-                let _ = p.accept(&h, &body, now);
+            for p in every_scheme() {
+                // No header can name a URL under PayPal's prefixes here, so
+                // no scheme waits.
+                let _ = ready(p.accept(&h, &body, now));
             }
         }
     }

@@ -4,8 +4,14 @@
 //! Each canonical kind is sent as the native event the provider maps back to
 //! it (see docs/providers.md): refunds and disputes name their payment the
 //! way the PSP does (a Stripe Refund's `payment_intent`, an Adyen item's
-//! `originalReference`).
+//! `originalReference`, a WeChat refund's `transaction_id`, an Alipay
+//! refund's `trade_no`, a PayPal refund's `up` link).
+//!
+//! The RSA schemes have no notification for some kinds (WeChat Pay sends no
+//! payment failure, PayPal no refund failure, ...): asking for one is an
+//! error that names what the PSP does send.
 
+use fencehook::providers::minor_unit_exponent;
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -22,7 +28,7 @@ pub(crate) fn names_a_payment(event_type: &str) -> bool {
 fn parent(args: &SendArgs) -> Result<&str, String> {
     args.payment_transaction_id.as_deref().ok_or_else(|| {
         format!(
-            "--event-type {} takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen)",
+            "--event-type {} takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal)",
             args.event_type
         )
     })
@@ -40,7 +46,7 @@ fn charge_of(payment: &str) -> String {
 /// exists from 2024-10-28).
 pub(crate) fn stripe_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<Value, String> {
     let tx = &args.transaction_id;
-    let currency = args.currency.to_ascii_lowercase();
+    let currency = args.currency().to_ascii_lowercase();
     let payment_intent = |status: &str, received: i64| {
         json!({
             "id": tx, "object": "payment_intent", "amount": args.amount,
@@ -135,7 +141,7 @@ pub(crate) fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
         .map_err(|e| e.to_string())?;
     let mut item = json!({
         "additionalData": {},
-        "amount": {"currency": args.currency, "value": args.amount},
+        "amount": {"currency": args.currency(), "value": args.amount},
         "eventCode": event_code,
         "eventDate": event_date,
         "merchantAccountCode": "FencehookDemoECOM",
@@ -160,5 +166,232 @@ pub(crate) fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
     Ok(json!({
         "live": "false",
         "notificationItems": [{"NotificationRequestItem": item}]
+    }))
+}
+
+/// `--event-type` names a kind the scheme has no notification for.
+fn not_sent(scheme: &str, args: &SendArgs, sends: &str) -> String {
+    format!(
+        "{scheme} sends no notification fencehook books as {}; it sends {sends}",
+        args.event_type
+    )
+}
+
+fn rfc3339(ts: i64) -> Result<String, String> {
+    OffsetDateTime::from_unix_timestamp(ts)
+        .map_err(|e| e.to_string())?
+        .format(&Rfc3339)
+        .map_err(|e| e.to_string())
+}
+
+/// A WeChat Pay notification: the `event_type` and the plaintext `resource`
+/// (JSON) to encrypt, with its `original_type` (also the AAD).
+pub(crate) fn wechatpay_resource(
+    args: &SendArgs,
+    ts: i64,
+) -> Result<(String, Value, &'static str), String> {
+    const SENDS: &str = "payment.succeeded, refund.succeeded, refund.failed";
+    let when = OffsetDateTime::from_unix_timestamp(ts)
+        .map_err(|e| e.to_string())?
+        .to_offset(time::UtcOffset::from_hms(8, 0, 0).map_err(|e| e.to_string())?)
+        .format(&Rfc3339)
+        .map_err(|e| e.to_string())?;
+    let tx = &args.transaction_id;
+    let currency = args.currency();
+    let transaction = || {
+        json!({
+            "appid": "wxd678efh567hg6787", "mchid": "1230000109",
+            "out_trade_no": format!("order-{tx}"), "transaction_id": tx,
+            "trade_type": "JSAPI", "trade_state": "SUCCESS", "trade_state_desc": "支付成功",
+            "bank_type": "OTHERS", "attach": "", "success_time": when,
+            "payer": {"openid": "oUpF8uMuAJO_M2pxb1Q9zNjWeS6o"},
+            "amount": {"total": args.amount, "payer_total": args.amount,
+                "currency": currency, "payer_currency": currency}
+        })
+    };
+    let refund = |status: &str| -> Result<Value, String> {
+        let payment = parent(args)?;
+        let mut r = json!({
+            "mchid": "1230000109", "transaction_id": payment,
+            "out_trade_no": format!("order-{payment}"), "refund_id": tx,
+            "out_refund_no": format!("refund-{tx}"), "refund_status": status,
+            "user_received_account": "支付用户零钱",
+            "amount": {"total": args.amount, "refund": args.amount,
+                "payer_total": args.amount, "payer_refund": args.amount}
+        });
+        if status == "SUCCESS" {
+            r["success_time"] = json!(when);
+        }
+        Ok(r)
+    };
+    Ok(match args.event_type.as_str() {
+        "payment.succeeded" => ("TRANSACTION.SUCCESS".into(), transaction(), "transaction"),
+        "refund.succeeded" => ("REFUND.SUCCESS".into(), refund("SUCCESS")?, "refund"),
+        "refund.failed" => ("REFUND.CLOSED".into(), refund("CLOSED")?, "refund"),
+        other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
+            return Err(not_sent("wechatpay", args, SENDS))
+        }
+        other if other.starts_with("REFUND.") => (
+            other.into(),
+            refund(other.trim_start_matches("REFUND."))?,
+            "refund",
+        ),
+        other => (other.into(), transaction(), "transaction"),
+    })
+}
+
+/// An Alipay notification's parameters (unsigned; alipay::sign_form signs
+/// them). `amount` is in fen; the refund is a full refund of a trade of
+/// that amount (Alipay's `refund_fee` is the trade's refunded total).
+pub(crate) fn alipay_params(
+    args: &SendArgs,
+    app_id: &str,
+    ts: i64,
+) -> Result<Vec<(String, String)>, String> {
+    const SENDS: &str = "payment.succeeded, payment.failed, refund.succeeded";
+    if args.currency() != "CNY" {
+        return Err("alipay notifications are in CNY: --currency CNY".into());
+    }
+    let beijing = OffsetDateTime::from_unix_timestamp(ts)
+        .map_err(|e| e.to_string())?
+        .to_offset(time::UtcOffset::from_hms(8, 0, 0).map_err(|e| e.to_string())?);
+    let when = format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        beijing.year(),
+        u8::from(beijing.month()),
+        beijing.day(),
+        beijing.hour(),
+        beijing.minute(),
+        beijing.second()
+    );
+    let yuan = format!("{}.{:02}", args.amount / 100, args.amount % 100);
+    let (trade_no, status, refund) = match args.event_type.as_str() {
+        "payment.succeeded" => (args.transaction_id.clone(), "TRADE_SUCCESS", false),
+        "payment.failed" => (args.transaction_id.clone(), "TRADE_CLOSED", false),
+        "refund.succeeded" => (parent(args)?.to_owned(), "TRADE_CLOSED", true),
+        other if other.contains('.') => return Err(not_sent("alipay", args, SENDS)),
+        other => (args.transaction_id.clone(), other, false),
+    };
+    let mut params: Vec<(String, String)> = [
+        ("gmt_create", when.as_str()),
+        ("charset", "utf-8"),
+        ("seller_email", "merchant@example.com"),
+        ("subject", "fencehook demo"),
+        ("buyer_id", "2088102170344093"),
+        (
+            "notify_id",
+            uuid::Uuid::new_v4().simple().to_string().as_str(),
+        ),
+        ("notify_type", "trade_status_sync"),
+        ("trade_status", status),
+        ("app_id", app_id),
+        ("seller_id", "2088102169708990"),
+        ("notify_time", when.as_str()),
+        ("version", "1.0"),
+        ("out_trade_no", format!("order-{trade_no}").as_str()),
+        ("total_amount", yuan.as_str()),
+        ("trade_no", trade_no.as_str()),
+        ("auth_app_id", app_id),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let mut add = |k: &str, v: &str| params.push((k.to_owned(), v.to_owned()));
+    match (status, refund) {
+        ("TRADE_SUCCESS" | "TRADE_FINISHED", _) => {
+            add("gmt_payment", &when);
+            add("receipt_amount", &yuan);
+            add("buyer_pay_amount", &yuan);
+            add("invoice_amount", &yuan);
+            add("point_amount", "0.00");
+            add(
+                "fund_bill_list",
+                &format!(r#"[{{"amount":"{yuan}","fundChannel":"ALIPAYACCOUNT"}}]"#),
+            );
+        }
+        (_, true) => {
+            add("gmt_payment", &when);
+            add("gmt_refund", &format!("{when}.000"));
+            add("gmt_close", &when);
+            add("refund_fee", &yuan);
+            add("out_biz_no", &args.transaction_id);
+        }
+        _ => add("gmt_close", &when),
+    }
+    Ok(params)
+}
+
+/// A PayPal event (v2 payments shapes, as the webhooks simulator sends them).
+pub(crate) fn paypal_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<Value, String> {
+    const SENDS: &str =
+        "payment.succeeded, payment.failed, refund.succeeded, dispute.funds_withdrawn";
+    let currency = args.currency();
+    let exponent = minor_unit_exponent(currency)
+        .ok_or_else(|| format!("no minor unit known for currency {currency}"))?;
+    let scale = 10i64.pow(exponent);
+    let value = if exponent == 0 {
+        args.amount.to_string()
+    } else {
+        format!(
+            "{}.{:0width$}",
+            args.amount / scale,
+            args.amount % scale,
+            width = exponent as usize
+        )
+    };
+    let when = rfc3339(ts)?;
+    let api = "https://api.paypal.com/v2";
+    let tx = &args.transaction_id;
+    let amount = json!({"currency_code": currency, "value": value});
+    let capture = |status: &str| {
+        json!({
+            "id": tx, "amount": amount, "final_capture": true, "status": status,
+            "create_time": when, "update_time": when,
+            "supplementary_data": {"related_ids": {"order_id": format!("ORDER-{tx}")}},
+            "links": [
+                {"href": format!("{api}/payments/captures/{tx}"), "rel": "self", "method": "GET"},
+                {"href": format!("{api}/payments/captures/{tx}/refund"), "rel": "refund", "method": "POST"},
+                {"href": format!("{api}/checkout/orders/ORDER-{tx}"), "rel": "up", "method": "GET"}
+            ]
+        })
+    };
+    let refund = |note: Option<&str>| -> Result<Value, String> {
+        let capture_id = parent(args)?;
+        let mut r = json!({
+            "id": tx, "amount": amount, "status": "COMPLETED",
+            "create_time": when, "update_time": when,
+            "links": [
+                {"href": format!("{api}/payments/refunds/{tx}"), "rel": "self", "method": "GET"},
+                {"href": format!("{api}/payments/captures/{capture_id}"), "rel": "up", "method": "GET"}
+            ]
+        });
+        if let Some(note) = note {
+            r["note_to_payer"] = json!(note);
+        }
+        Ok(r)
+    };
+    let (event_type, resource_type, resource) = match args.event_type.as_str() {
+        "payment.succeeded" => ("PAYMENT.CAPTURE.COMPLETED", "capture", capture("COMPLETED")),
+        "payment.failed" => ("PAYMENT.CAPTURE.DENIED", "capture", capture("DECLINED")),
+        "refund.succeeded" => ("PAYMENT.CAPTURE.REFUNDED", "refund", refund(None)?),
+        "dispute.funds_withdrawn" => (
+            "PAYMENT.CAPTURE.REVERSED",
+            "refund",
+            refund(Some("Payment reversed"))?,
+        ),
+        other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
+            return Err(not_sent("paypal", args, SENDS))
+        }
+        other => (other, "capture", capture("PENDING")),
+    };
+    Ok(json!({
+        "id": event_id, "event_version": "1.0", "create_time": when,
+        "resource_type": resource_type, "resource_version": "2.0",
+        "event_type": event_type, "summary": format!("{event_type} (fencehook send)"),
+        "resource": resource,
+        "links": [
+            {"href": format!("https://api.paypal.com/v1/notifications/webhooks-events/{event_id}"),
+             "rel": "self", "method": "GET"}
+        ]
     }))
 }

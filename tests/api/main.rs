@@ -17,5 +17,6 @@ mod load;
 mod operations;
 mod process;
 mod providers;
+mod rsa_providers;
 mod shutdown;
 mod startup;

@@ -1,0 +1,901 @@
+//! PayPal webhooks (`paypal` scheme), verified offline.
+//!
+//! # Signature
+//!
+//! Headers `PAYPAL-TRANSMISSION-ID`, `PAYPAL-TRANSMISSION-TIME`,
+//! `PAYPAL-TRANSMISSION-SIG` (base64), `PAYPAL-CERT-URL` and
+//! `PAYPAL-AUTH-ALGO`, which is pinned: only `SHA256withRSA` (PayPal's Java
+//! SDK hands the sender's value to `Signature.getInstance`; we do not). The
+//! signature is SHA256withRSA (PKCS#1 v1.5) over
+//!
+//! ```text
+//! {transmission_id}|{transmission_time}|{webhook_id}|{crc32}
+//! ```
+//!
+//! where `webhook_id` is this provider's configured webhook id and `crc32`
+//! the CRC-32 (IEEE) of the raw body as an unsigned decimal, with the key of
+//! the certificate at `PAYPAL-CERT-URL`, which must be within its validity
+//! period at `now`.
+//!
+//! # The certificate URL is the sender's
+//!
+//! So it is fetched only when it starts with one of `cert_url_prefixes`
+//! (default `https://api.paypal.com/` and `https://api.sandbox.paypal.com/`):
+//! the prefix, which pins the scheme and the host (a prefix must end its
+//! host with `/`), is the guard, and TLS to PayPal's host authenticates what
+//! is served there. Any other URL is a 401 before any network call. A
+//! fetch follows no redirect, takes at most [`FETCH_TIMEOUT`] and
+//! [`MAX_CERT_BYTES`]; a fetch that fails is a 503 (PayPal retries), a body
+//! that is no certificate a 401. Certificates are cached per URL (at most
+//! [`CACHE_ENTRIES`], oldest out first; concurrent first deliveries share one
+//! fetch); failures are not cached. Fetching is the only `await` of any
+//! scheme's verification.
+//!
+//! # Mapping
+//!
+//! | event_type | booked as | transaction_id | parent | amount |
+//! | --- | --- | --- | --- | --- |
+//! | `PAYMENT.CAPTURE.COMPLETED` | payment.succeeded | the capture's `id` | – | `amount` |
+//! | `PAYMENT.CAPTURE.DENIED`, `PAYMENT.CAPTURE.DECLINED` | payment.failed | the capture's `id` | – | `amount` |
+//! | `PAYMENT.CAPTURE.REFUNDED` | refund.succeeded | the refund's `id` | the capture of its `up` link | `amount` (this refund's) |
+//! | `PAYMENT.CAPTURE.REVERSED` | dispute.funds_withdrawn | the reversal's `id` | the capture of its `up` link | `amount` |
+//! | anything else (`PAYMENT.CAPTURE.PENDING`, `CHECKOUT.*`, …) | ignored | | | |
+//!
+//! A REVERSED is PayPal taking the money back from the merchant ("PayPal
+//! reverses a payment capture": a chargeback or a buyer complaint decided
+//! against the merchant), not a refund the merchant chose, so it is booked
+//! as a dispute: the ledger's `debit` stays what the merchant refunded, and
+//! both count against the capture's amount. Its object carries its own id
+//! (a refund-shaped resource), the dispute's key.
+//!
+//! Amounts are decimal strings converted exactly with the currency's ISO
+//! 4217 exponent (JPY 0, USD 2, KWD 3); a currency outside the table, or
+//! more digits than its exponent, is a 400.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tokio::sync::OnceCell;
+
+use super::fields::{
+    self, check_currency, check_transaction_id, decimal_minor, invalid, minor_unit_exponent, opt,
+    opt_str, req_object, req_str, Object,
+};
+use super::keys::{CertificateInfo, RsaSigner};
+use super::{Item, Reject};
+use crate::domain::{CanonicalEvent, EventKind};
+
+pub const TRANSMISSION_ID_HEADER: &str = "paypal-transmission-id";
+pub const TRANSMISSION_TIME_HEADER: &str = "paypal-transmission-time";
+pub const TRANSMISSION_SIG_HEADER: &str = "paypal-transmission-sig";
+pub const CERT_URL_HEADER: &str = "paypal-cert-url";
+pub const AUTH_ALGO_HEADER: &str = "paypal-auth-algo";
+/// The only `PAYPAL-AUTH-ALGO` accepted.
+pub const AUTH_ALGO: &str = "SHA256withRSA";
+/// Where PayPal serves its signing certificates (live and sandbox).
+pub const DEFAULT_CERT_URL_PREFIXES: &[&str] =
+    &["https://api.paypal.com/", "https://api.sandbox.paypal.com/"];
+/// The longest a certificate fetch may take, connection included.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
+/// The largest certificate body read (a PEM leaf and its chain are ~5 KiB).
+pub const MAX_CERT_BYTES: usize = 64 * 1024;
+/// Certificates kept (per provider); PayPal rotates them yearly.
+pub const CACHE_ENTRIES: usize = 16;
+/// The longest `PAYPAL-CERT-URL` looked at.
+const MAX_URL_LEN: usize = 2048;
+
+type CertClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
+
+#[derive(Clone)]
+pub struct Paypal {
+    webhook_id: String,
+    prefixes: Vec<String>,
+    cache: Arc<CertCache>,
+    client: CertClient,
+}
+
+#[derive(Default)]
+struct CertCache {
+    /// The cells by URL, and the URLs oldest first.
+    entries: Mutex<(HashMap<String, Cell>, VecDeque<String>)>,
+}
+
+impl CertCache {
+    /// The cell of `url`, made (and the oldest dropped beyond the bound) when new.
+    fn cell(&self, url: &str) -> Cell {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (cells, order) = &mut *guard;
+        if let Some(cell) = cells.get(url) {
+            return cell.clone();
+        }
+        while cells.len() >= CACHE_ENTRIES {
+            match order.pop_front() {
+                Some(oldest) => {
+                    cells.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+        let cell = Cell::default();
+        cells.insert(url.to_owned(), cell.clone());
+        order.push_back(url.to_owned());
+        cell
+    }
+
+    /// Drops `url`'s cell if the fetch into it failed (failures are not kept).
+    fn forget_failed(&self, url: &str, cell: &Cell) {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (cells, order) = &mut *guard;
+        if cells
+            .get(url)
+            .is_some_and(|c| Arc::ptr_eq(c, cell) && !c.initialized())
+        {
+            cells.remove(url);
+            order.retain(|u| u != url);
+        }
+    }
+}
+
+impl Paypal {
+    pub fn new(
+        webhook_id: &str,
+        cert_url_prefixes: Option<&[String]>,
+    ) -> Result<Paypal, super::wechatpay::SettingError> {
+        if webhook_id.is_empty() || !webhook_id.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err((
+                "webhook_id",
+                "the webhook's id from PayPal's dashboard (printable ASCII, e.g. WH-… or 1AB23…)"
+                    .into(),
+            ));
+        }
+        let prefixes: Vec<String> = match cert_url_prefixes {
+            Some(p) => p.to_vec(),
+            None => DEFAULT_CERT_URL_PREFIXES
+                .iter()
+                .map(|p| (*p).to_owned())
+                .collect(),
+        };
+        if prefixes.is_empty() {
+            return Err((
+                "cert_url_prefixes",
+                "at least one prefix (or leave it out for PayPal's)".into(),
+            ));
+        }
+        for p in &prefixes {
+            check_prefix(p).map_err(|e| ("cert_url_prefixes", format!("{p}: {e}")))?;
+        }
+        Ok(Paypal {
+            webhook_id: webhook_id.to_owned(),
+            prefixes,
+            cache: Arc::default(),
+            client: cert_client().map_err(|e| ("cert_url_prefixes", e))?,
+        })
+    }
+
+    /// Whether a configured prefix fetches without TLS (a local test server).
+    pub fn allows_plain_http(&self) -> bool {
+        self.prefixes.iter().any(|p| p.starts_with("http://"))
+    }
+
+    /// Verifies (fetching the certificate when it is not cached), then maps.
+    pub async fn accept(
+        &self,
+        provider: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        self.verify(headers, body, now).await?;
+        Ok(vec![parse_event(provider, body)?])
+    }
+
+    pub async fn verify(
+        &self,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<(), Reject> {
+        let unauthorized = |m: &str| Reject::Unauthorized(m.to_owned());
+        let header = |name: &str| -> Result<&str, Reject> {
+            let value = headers
+                .get(name)
+                .ok_or_else(|| Reject::Unauthorized(format!("missing {name} header")))?
+                .to_str()
+                .map_err(|_| Reject::Unauthorized(format!("{name} header is not ASCII")))?;
+            if value.is_empty() {
+                return Err(Reject::Unauthorized(format!("{name} header is empty")));
+            }
+            Ok(value)
+        };
+        if header(AUTH_ALGO_HEADER)? != AUTH_ALGO {
+            return Err(unauthorized("PAYPAL-AUTH-ALGO must be SHA256withRSA"));
+        }
+        let id = header(TRANSMISSION_ID_HEADER)?;
+        let time = header(TRANSMISSION_TIME_HEADER)?;
+        let signature = B64
+            .decode(header(TRANSMISSION_SIG_HEADER)?)
+            .map_err(|_| unauthorized("PAYPAL-TRANSMISSION-SIG is not base64"))?;
+        let url = header(CERT_URL_HEADER)?;
+        if url.len() > MAX_URL_LEN
+            || !url.bytes().all(|b| b.is_ascii_graphic())
+            || !self.prefixes.iter().any(|p| url.starts_with(p.as_str()))
+        {
+            return Err(unauthorized(
+                "PAYPAL-CERT-URL is outside the configured cert_url_prefixes",
+            ));
+        }
+        let cert = self.certificate(url).await?;
+        if !cert.is_valid_at(now) {
+            return Err(unauthorized(
+                "the certificate at PAYPAL-CERT-URL is outside its validity period",
+            ));
+        }
+        if cert.key.verifies(
+            signed_message(id, time, &self.webhook_id, body).as_bytes(),
+            &signature,
+        ) {
+            Ok(())
+        } else {
+            Err(unauthorized("signature does not match"))
+        }
+    }
+
+    /// The certificate at `url`, from the cache or fetched once.
+    async fn certificate(&self, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
+        let cell = self.cache.cell(url);
+        let got = cell
+            .get_or_try_init(|| fetch(&self.client, url))
+            .await
+            .cloned();
+        if got.is_err() {
+            self.cache.forget_failed(url, &cell);
+        }
+        got
+    }
+
+    /// Puts a certificate in the cache as if fetched from `url` (tests and
+    /// unit vectors whose URL is PayPal's, which no test may reach).
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn preload_certificate(&self, url: &str, pem: &[u8]) -> Result<(), String> {
+        let cert = Arc::new(CertificateInfo::parse(pem)?);
+        self.cache
+            .cell(url)
+            .set(cert)
+            .map_err(|_| "already cached".to_owned())
+    }
+}
+
+/// A prefix must be `http(s)://host[:port]/…`: ending the host with `/`
+/// pins it (`https://api.paypal.com` alone would let
+/// `https://api.paypal.com.example/` through).
+fn check_prefix(prefix: &str) -> Result<(), String> {
+    let rest = prefix
+        .strip_prefix("https://")
+        .or_else(|| prefix.strip_prefix("http://"))
+        .ok_or("must start with https:// (or http:// for a local test server)")?;
+    let host_end = rest
+        .find('/')
+        .ok_or("must end the host with / (e.g. https://api.paypal.com/)")?;
+    let host = &rest[..host_end];
+    if host.is_empty()
+        || !host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+    {
+        return Err("the host is not a plain host name (no user, no odd characters)".into());
+    }
+    Ok(())
+}
+
+fn cert_client() -> Result<CertClient, String> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(FETCH_TIMEOUT));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
+        .map_err(|e| format!("cannot set up TLS: {e}"))?
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new()).build(https))
+}
+
+async fn fetch(client: &CertClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
+    let unavailable = |why: String| Reject::Unavailable(format!("PAYPAL-CERT-URL: {why}"));
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| Reject::Unauthorized("PAYPAL-CERT-URL is not a URL".to_owned()))?;
+    let req = http::Request::get(uri)
+        .header(http::header::USER_AGENT, "fencehook")
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| unavailable(e.to_string()))?;
+    let body = tokio::time::timeout(FETCH_TIMEOUT, async {
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| unavailable(crate::error::chain(&e)))?;
+        if resp.status() != http::StatusCode::OK {
+            return Err(unavailable(format!("answered {}", resp.status())));
+        }
+        Limited::new(resp.into_body(), MAX_CERT_BYTES)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .map_err(|e| unavailable(format!("reading the certificate: {e}")))
+    })
+    .await
+    .map_err(|_| unavailable(format!("no answer within {FETCH_TIMEOUT:?}")))??;
+    let cert = CertificateInfo::parse(&body).map_err(|e| {
+        Reject::Unauthorized(format!("PAYPAL-CERT-URL serves no usable certificate: {e}"))
+    })?;
+    Ok(Arc::new(cert))
+}
+
+/// `{transmission_id}|{transmission_time}|{webhook_id}|{crc32}`: what PayPal signs.
+pub fn signed_message(transmission_id: &str, time: &str, webhook_id: &str, body: &[u8]) -> String {
+    format!(
+        "{transmission_id}|{time}|{webhook_id}|{}",
+        crc32fast::hash(body)
+    )
+}
+
+/// The `PAYPAL-TRANSMISSION-SIG` of a delivery, signed as PayPal signs.
+pub fn sign(
+    signer: &RsaSigner,
+    transmission_id: &str,
+    time: &str,
+    webhook_id: &str,
+    body: &[u8],
+) -> String {
+    signer.sign_base64(signed_message(transmission_id, time, webhook_id, body).as_bytes())
+}
+
+/// The event's own id (`id`, `WH-…`), kept beside inbox events.
+pub fn event_id(body: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    value.get("id")?.as_str().map(str::to_owned)
+}
+
+/// Maps a verified event (see the module docs).
+pub fn parse_event(provider: &str, body: &[u8]) -> Result<Item, Reject> {
+    let value = fields::parse_json(body)?;
+    let event = value
+        .as_object()
+        .ok_or_else(|| invalid("body must be a JSON object (a PayPal event)"))?;
+    let event_type = req_str(event, "event_type", "event_type")?;
+    let (kind, names_capture) = match event_type {
+        "PAYMENT.CAPTURE.COMPLETED" => (EventKind::PaymentSucceeded, false),
+        "PAYMENT.CAPTURE.DENIED" | "PAYMENT.CAPTURE.DECLINED" => (EventKind::PaymentFailed, false),
+        "PAYMENT.CAPTURE.REFUNDED" => (EventKind::RefundSucceeded, true),
+        "PAYMENT.CAPTURE.REVERSED" => (EventKind::DisputeFundsWithdrawn, true),
+        _ => {
+            return Ok(Item::Ignored {
+                event_type: event_type.to_owned(),
+            })
+        }
+    };
+    let resource = req_object(event, "resource", "resource")?;
+    let id = req_str(resource, "id", "resource.id")?;
+    check_transaction_id(id)?;
+    let amount = req_object(resource, "amount", "resource.amount")?;
+    let currency = req_str(amount, "currency_code", "resource.amount.currency_code")?;
+    check_currency(currency)?;
+    let exponent = minor_unit_exponent(currency).ok_or_else(|| {
+        invalid(format!(
+            "resource.amount.currency_code {currency} has no minor unit known to fencehook"
+        ))
+    })?;
+    let amount_minor = decimal_minor(
+        req_str(amount, "value", "resource.amount.value")?,
+        exponent,
+        "resource.amount.value",
+    )?;
+    let parent = if names_capture {
+        Some(up_capture(resource)?)
+    } else {
+        None
+    };
+    let when = match opt_str(resource, "update_time", "resource.update_time")? {
+        Some(t) => Some((t, "resource.update_time")),
+        None => opt_str(resource, "create_time", "resource.create_time")?
+            .map(|t| (t, "resource.create_time"))
+            .or(opt_str(event, "create_time", "create_time")?.map(|t| (t, "create_time"))),
+    };
+    let occurred_at = when
+        .map(|(t, path)| {
+            OffsetDateTime::parse(t, &Rfc3339)
+                .map_err(|_| invalid(format!("{path} must be an RFC 3339 timestamp")))
+        })
+        .transpose()?;
+    Ok(Item::Event(CanonicalEvent {
+        provider: provider.to_owned(),
+        transaction_id: id.to_owned(),
+        event_type: kind,
+        amount_minor,
+        currency: currency.to_owned(),
+        parent_transaction_id: parent,
+        occurred_at,
+    }))
+}
+
+/// The capture id of a refund's `links[rel=up]`: the last segment of
+/// `…/v2/payments/captures/{id}`.
+fn up_capture(resource: &Object) -> Result<String, Reject> {
+    const CAPTURES: &str = "/v2/payments/captures/";
+    let links = match opt(resource, "links") {
+        Some(Value::Array(links)) => links,
+        Some(_) => return Err(invalid("resource.links must be an array")),
+        None => {
+            return Err(invalid(
+                "resource.links is required (its `up` link names the capture)",
+            ))
+        }
+    };
+    let up = links
+        .iter()
+        .filter_map(Value::as_object)
+        .find(|l| l.get("rel").and_then(Value::as_str) == Some("up"))
+        .ok_or_else(|| invalid("resource.links has no `up` link to the capture"))?;
+    let href = req_str(up, "href", "resource.links[up].href")?;
+    let id = href
+        .find(CAPTURES)
+        .map(|at| &href[at + CAPTURES.len()..])
+        .map(|rest| rest.split(['?', '#']).next().unwrap_or(""))
+        .filter(|id| !id.is_empty() && !id.contains('/'))
+        .ok_or_else(|| {
+            invalid("resource.links[up].href is not a /v2/payments/captures/{id} URL")
+        })?;
+    check_transaction_id(id)
+        .map_err(|_| invalid("resource.links[up].href names no valid capture id"))?;
+    Ok(id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkeys;
+    use super::*;
+    use proptest::prelude::*;
+
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/paypal");
+    const PROD_CERT_URL: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-1a5f47cb";
+    const TEST_CERT_URL: &str = "https://api.paypal.com/v1/notifications/certs/CERT-fencehook-test";
+    const WEBHOOK_ID: &str = "WH-FENCEHOOK-TEST";
+    const NOW: i64 = 1_700_000_000;
+
+    fn read(name: &str) -> Vec<u8> {
+        std::fs::read(format!("{FIXTURES}/{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    fn headers_of(map: &serde_json::Map<String, Value>) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (name, value) in map {
+            if let Ok(name) = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()) {
+                h.insert(name, value.as_str().unwrap().parse().unwrap());
+            }
+        }
+        h
+    }
+
+    /// A provider that has test key 0's certificate cached at TEST_CERT_URL.
+    fn paypal() -> Paypal {
+        let p = Paypal::new(WEBHOOK_ID, None).unwrap();
+        let cert = testkeys::certificate(
+            0,
+            "0A1B",
+            "CN=messageverificationcerts.paypal.com",
+            0,
+            4_000_000_000,
+        );
+        p.preload_certificate(TEST_CERT_URL, cert.as_bytes())
+            .unwrap();
+        p
+    }
+
+    fn signed(key: usize, url: &str, body: &[u8]) -> http::HeaderMap {
+        let (id, time) = (
+            "b2384410-f8d2-11e8-8f60-2b25b2c5c0f3",
+            "2024-08-02T19:35:04Z",
+        );
+        let mut h = http::HeaderMap::new();
+        h.insert(TRANSMISSION_ID_HEADER, id.parse().unwrap());
+        h.insert(TRANSMISSION_TIME_HEADER, time.parse().unwrap());
+        h.insert(CERT_URL_HEADER, url.parse().unwrap());
+        h.insert(AUTH_ALGO_HEADER, AUTH_ALGO.parse().unwrap());
+        let sig = sign(&testkeys::signer(key), id, time, WEBHOOK_ID, body);
+        h.insert(TRANSMISSION_SIG_HEADER, sig.parse().unwrap());
+        h
+    }
+
+    fn summary(item: &Item) -> (&str, EventKind, Option<&str>, i64, &str) {
+        match item {
+            Item::Event(e) => (
+                &e.transaction_id,
+                e.event_type,
+                e.parent_transaction_id.as_deref(),
+                e.amount_minor,
+                &e.currency,
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn five_real_deliveries_verify_with_paypals_production_certificate() {
+        // Traktormaster/paypal2 paypal2_tests/const.py: simulator deliveries
+        // (webhook id WEBHOOK_ID) signed with PayPal's 2024 certificate.
+        let p = Paypal::new("WEBHOOK_ID", None).unwrap();
+        p.preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
+            .unwrap();
+        type Expected<'a> = Option<(&'a str, EventKind, Option<&'a str>, i64, &'a str)>;
+        let cases: [(&str, Expected); 5] = [
+            (
+                "capture_completed",
+                Some((
+                    "12A34567BC123456S",
+                    EventKind::PaymentSucceeded,
+                    None,
+                    3000,
+                    "USD",
+                )),
+            ),
+            (
+                "capture_refunded",
+                Some((
+                    "1Y107995YT783435V",
+                    EventKind::RefundSucceeded,
+                    Some("0JF852973C016714D"),
+                    99,
+                    "USD",
+                )),
+            ),
+            (
+                "capture_reversed",
+                Some((
+                    "09E71677NS257044M",
+                    EventKind::DisputeFundsWithdrawn,
+                    Some("4L335234718889942"),
+                    251,
+                    "USD",
+                )),
+            ),
+            (
+                "capture_declined",
+                Some((
+                    "7U133281TB3277326",
+                    EventKind::PaymentFailed,
+                    None,
+                    18510,
+                    "USD",
+                )),
+            ),
+            ("capture_pending", None),
+        ];
+        for (name, expected) in cases {
+            let body = read(&format!("{name}.body.json"));
+            let h = headers_of(
+                &serde_json::from_slice(&read(&format!("{name}.headers.json"))).unwrap(),
+            );
+            let time = h[TRANSMISSION_TIME_HEADER].to_str().unwrap();
+            let at = OffsetDateTime::parse(time, &Rfc3339)
+                .unwrap()
+                .unix_timestamp();
+            let items = block_on(p.accept("paypal", &h, &body, at))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            match expected {
+                Some(e) => assert_eq!(summary(&items[0]), e, "{name}"),
+                None => assert!(matches!(items[0], Item::Ignored { .. }), "{name}"),
+            }
+            // Another webhook id, another body, or after the certificate expired: refused.
+            let other = Paypal::new("WH-OTHER", None).unwrap();
+            other
+                .preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
+                .unwrap();
+            assert!(block_on(other.verify(&h, &body, at)).is_err(), "{name}");
+            let mut tampered = body.clone();
+            tampered.push(b'\n');
+            assert!(block_on(p.verify(&h, &tampered, at)).is_err(), "{name}");
+            assert!(
+                block_on(p.verify(&h, &body, 1_741_478_400)).is_err(),
+                "{name}: expired"
+            );
+        }
+    }
+
+    #[test]
+    fn the_java_sdks_sandbox_vector_verifies() {
+        // paypal/PayPal-Java-SDK ValidateCertTest: body, headers, webhook id, certificate.
+        let dir = "sdk_vector_paypal_java";
+        let body = read(&format!("{dir}/body.json"));
+        let map: serde_json::Map<String, Value> =
+            serde_json::from_slice(&read(&format!("{dir}/headers.json"))).unwrap();
+        let h = headers_of(&map);
+        let url = h[CERT_URL_HEADER].to_str().unwrap().to_owned();
+        let p = Paypal::new("96605875FF6516633", None).unwrap();
+        p.preload_certificate(&url, &read(&format!("{dir}/testClientCert.crt")))
+            .unwrap();
+        // 2017-03-30, within the certificate's validity.
+        let at = 1_490_904_245;
+        let items = block_on(p.accept("paypal", &h, &body, at)).unwrap();
+        assert!(
+            matches!(&items[0], Item::Ignored { event_type } if event_type == "BILLING.PLAN.CREATED")
+        );
+    }
+
+    #[test]
+    fn the_constructed_denied_capture_is_a_failed_payment() {
+        let body = read("capture_denied.CONSTRUCTED.body.json");
+        let p = paypal();
+        let items =
+            block_on(p.accept("paypal", &signed(0, TEST_CERT_URL, &body), &body, NOW)).unwrap();
+        assert_eq!(summary(&items[0]).1, EventKind::PaymentFailed);
+    }
+
+    #[test]
+    fn bad_headers_urls_algorithms_and_keys_are_401_before_any_fetch() {
+        let p = paypal();
+        let body = read("capture_completed.body.json");
+        let good = signed(0, TEST_CERT_URL, &body);
+        assert!(block_on(p.verify(&good, &body, NOW)).is_ok());
+        let mut cases = Vec::new();
+        for name in [
+            TRANSMISSION_ID_HEADER,
+            TRANSMISSION_TIME_HEADER,
+            TRANSMISSION_SIG_HEADER,
+            CERT_URL_HEADER,
+            AUTH_ALGO_HEADER,
+        ] {
+            let mut h = good.clone();
+            h.remove(name);
+            cases.push((name.to_owned(), h));
+        }
+        for (name, value) in [
+            (AUTH_ALGO_HEADER, "SHA1withRSA"),
+            (AUTH_ALGO_HEADER, "sha256withrsa"),
+            (TRANSMISSION_SIG_HEADER, "%%%"),
+            (
+                CERT_URL_HEADER,
+                "https://api.paypal.com.example.org/v1/notifications/certs/x",
+            ),
+            (
+                CERT_URL_HEADER,
+                "http://api.paypal.com/v1/notifications/certs/x",
+            ),
+            (
+                CERT_URL_HEADER,
+                "https://evil.example/https://api.paypal.com/",
+            ),
+            (CERT_URL_HEADER, "file:///etc/passwd"),
+            (TRANSMISSION_ID_HEADER, "another-transmission"),
+        ] {
+            let mut h = good.clone();
+            h.insert(name, value.parse().unwrap());
+            cases.push((format!("{name}: {value}"), h));
+        }
+        cases.push(("an unknown key".into(), signed(1, TEST_CERT_URL, &body)));
+        for (name, h) in cases {
+            assert!(
+                matches!(
+                    block_on(p.verify(&h, &body, NOW)),
+                    Err(Reject::Unauthorized(_))
+                ),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreachable_certificate_is_503_and_not_cached() {
+        // A prefix that points at a closed local port: the fetch fails fast.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let prefix = format!("http://127.0.0.1:{port}/");
+        let p = Paypal::new(WEBHOOK_ID, Some(std::slice::from_ref(&prefix))).unwrap();
+        let body = read("capture_completed.body.json");
+        let h = signed(0, &format!("{prefix}certs/1"), &body);
+        assert!(matches!(
+            block_on(p.verify(&h, &body, NOW)),
+            Err(Reject::Unavailable(_))
+        ));
+        assert!(
+            p.cache.entries.lock().unwrap().0.is_empty(),
+            "failures are not kept"
+        );
+    }
+
+    #[test]
+    fn the_cache_is_bounded_oldest_out_first() {
+        let cache = CertCache::default();
+        for i in 0..CACHE_ENTRIES + 3 {
+            cache.cell(&format!("u{i}"));
+        }
+        let (cells, order) = &*cache.entries.lock().unwrap();
+        assert_eq!(cells.len(), CACHE_ENTRIES);
+        assert_eq!(order.len(), CACHE_ENTRIES);
+        assert!(
+            !cells.contains_key("u0") && cells.contains_key(&format!("u{}", CACHE_ENTRIES + 2))
+        );
+    }
+
+    #[test]
+    fn prefixes_must_pin_a_host() {
+        for bad in [
+            "https://api.paypal.com",
+            "ftp://api.paypal.com/",
+            "https://user@api.paypal.com/",
+            "https:///",
+            "api.paypal.com/",
+        ] {
+            assert!(
+                Paypal::new(WEBHOOK_ID, Some(&[bad.to_owned()])).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(Paypal::new(WEBHOOK_ID, Some(&[])).is_err());
+        assert!(Paypal::new("", None).is_err());
+        assert!(Paypal::new(
+            WEBHOOK_ID,
+            Some(&["http://127.0.0.1:8181/certs/".to_owned()])
+        )
+        .is_ok());
+    }
+
+    fn event(event_type: &str, resource: Value) -> Vec<u8> {
+        serde_json::json!({"id": "WH-1", "event_type": event_type, "resource_type": "capture",
+            "create_time": "2024-08-02T19:35:04Z", "resource": resource})
+        .to_string()
+        .into_bytes()
+    }
+
+    fn capture(value: &str, currency: &str) -> Value {
+        serde_json::json!({"id": "5O190127TN364715T", "status": "COMPLETED",
+            "amount": {"currency_code": currency, "value": value}})
+    }
+
+    #[test]
+    fn amounts_use_the_currencys_exponent_exactly() {
+        for (value, currency, minor) in [
+            ("30.00", "USD", 3000),
+            ("1234", "JPY", 1234),
+            ("1.234", "KWD", 1234),
+            ("100", "HUF", 10_000),
+            ("0.5", "EUR", 50),
+        ] {
+            let item = parse_event(
+                "paypal",
+                &event("PAYMENT.CAPTURE.COMPLETED", capture(value, currency)),
+            )
+            .unwrap();
+            assert_eq!(summary(&item).3, minor, "{value} {currency}");
+        }
+        for (value, currency) in [
+            ("20.001", "USD"),
+            ("1e2", "USD"),
+            ("-1", "USD"),
+            ("1,00", "USD"),
+            ("12.5", "JPY"),
+            ("1.2345", "KWD"),
+            ("10.00", "XYZ"),
+            ("10.00", "usd"),
+            ("0.00", "USD"),
+        ] {
+            assert!(
+                matches!(
+                    parse_event(
+                        "paypal",
+                        &event("PAYMENT.CAPTURE.COMPLETED", capture(value, currency))
+                    ),
+                    Err(Reject::Invalid(_))
+                ),
+                "{value} {currency}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refund_must_name_its_capture_in_an_up_link() {
+        let refund = |links: Value| {
+            serde_json::json!({"id": "1Y107995YT783435V", "status": "COMPLETED",
+                "amount": {"currency_code": "USD", "value": "0.99"}, "links": links})
+        };
+        let ok = refund(serde_json::json!([
+            {"href": "https://api.paypal.com/v2/payments/refunds/1Y107995YT783435V", "rel": "self"},
+            {"href": "https://api.paypal.com/v2/payments/captures/0JF852973C016714D", "rel": "up"}
+        ]));
+        let item = parse_event("paypal", &event("PAYMENT.CAPTURE.REFUNDED", ok)).unwrap();
+        assert_eq!(summary(&item).2, Some("0JF852973C016714D"));
+        for links in [
+            serde_json::json!([]),
+            serde_json::json!("up"),
+            serde_json::json!([{"href": "https://api.paypal.com/v2/checkout/orders/1AB", "rel": "up"}]),
+            serde_json::json!([{"href": "https://api.paypal.com/v2/payments/captures/", "rel": "up"}]),
+            serde_json::json!([{"href": "https://api.paypal.com/v2/payments/captures/A/B", "rel": "up"}]),
+            serde_json::json!([{"href": 5, "rel": "up"}]),
+        ] {
+            assert!(
+                matches!(
+                    parse_event(
+                        "paypal",
+                        &event("PAYMENT.CAPTURE.REFUNDED", refund(links.clone()))
+                    ),
+                    Err(Reject::Invalid(_))
+                ),
+                "{links}"
+            );
+        }
+    }
+
+    const PAYPAL_KEYS: &[&str] = &[
+        "id",
+        "amount",
+        "currency_code",
+        "value",
+        "links",
+        "href",
+        "rel",
+        "status",
+        "update_time",
+        "create_time",
+    ];
+
+    proptest! {
+        #[test]
+        fn verify_and_map_never_panic(
+            headers in proptest::collection::vec(
+                (prop::sample::select(vec![TRANSMISSION_ID_HEADER, TRANSMISSION_TIME_HEADER,
+                    TRANSMISSION_SIG_HEADER, CERT_URL_HEADER, AUTH_ALGO_HEADER]),
+                 prop_oneof![Just(TEST_CERT_URL.to_owned()), Just(AUTH_ALGO.to_owned()), "[ -~]{0,80}"]),
+                0..6,
+            ),
+            body in proptest::collection::vec(any::<u8>(), 0..512),
+            now in any::<i64>(),
+        ) {
+            let p = paypal();
+            let mut h = http::HeaderMap::new();
+            for (name, value) in headers {
+                if let Ok(v) = value.parse() {
+                    h.insert(name, v);
+                }
+            }
+            let _ = block_on(p.accept("paypal", &h, &body, now));
+            let _ = parse_event("paypal", &body);
+        }
+
+        #[test]
+        fn signed_arbitrary_events_never_panic(
+            event_type in prop::sample::select(vec!["PAYMENT.CAPTURE.COMPLETED",
+                "PAYMENT.CAPTURE.DENIED", "PAYMENT.CAPTURE.REFUNDED", "PAYMENT.CAPTURE.REVERSED",
+                "PAYMENT.CAPTURE.PENDING"]),
+            resource in crate::providers::testing::arbitrary_json(PAYPAL_KEYS),
+        ) {
+            let p = paypal();
+            let body = event(event_type, resource);
+            let h = signed(0, TEST_CERT_URL, &body);
+            prop_assert!(block_on(p.verify(&h, &body, NOW)).is_ok());
+            let _ = block_on(p.accept("paypal", &h, &body, NOW));
+        }
+    }
+}
