@@ -5,7 +5,8 @@
 #   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
 #   make model  exhaustive model check of the lease + fence protocol (stateright; no services)
-#   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) if missing
+#   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) and the nginx
+#               the deploy test runs, if missing
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -70,9 +71,12 @@ lint:
 	$(CARGO) deny --locked check --hide-inclusion-graph bans licenses sources
 
 # The lint tools, installed only where missing (shellcheck from Debian's packages, the two
-# cargo subcommands from crates.io at the versions their own lock files pin).
+# cargo subcommands from crates.io at the versions their own lock files pin), and nginx for
+# tests/api/deploy.rs, which runs deploy/nginx.conf in front of fencehook (RUNLEVEL=1 keeps
+# the package from starting a system nginx on port 80: the test runs its own).
 tools:
 	@command -v shellcheck >/dev/null || apt-get install -y shellcheck
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || RUNLEVEL=1 apt-get install -y --no-install-recommends nginx
 	@$(CARGO) machete --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-machete
 	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
 

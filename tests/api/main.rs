@@ -5,6 +5,7 @@ mod helpers;
 
 mod chaos;
 mod cluster;
+mod deploy;
 mod edge;
 mod exactly_once;
 mod faults;
