@@ -511,6 +511,32 @@ async fn chaos() {
             n("done"),
             n("dead")
         );
+        let r = env
+            .ctx
+            .db()
+            .await
+            .query_one(
+                "SELECT coalesce(sum(attempts), 0)::bigint, count(*) FILTER (WHERE attempts > 0),
+                        percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+                            ORDER BY extract(epoch FROM finished_at - received_at)::float8),
+                        extract(epoch FROM max(finished_at - received_at))::float8
+                   FROM events",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (spent, retried): (i64, i64) = (r.get(0), r.get(1));
+        let lag: Vec<f64> = r.get::<_, Option<Vec<f64>>>(2).unwrap_or_default();
+        let max: f64 = r.get::<_, Option<f64>>(3).unwrap_or_default();
+        println!("    {spent} attempt(s) spent on failed downstream calls, by {retried} event(s)");
+        if let [p50, p99] = lag[..] {
+            println!(
+                "    lag (finished - received) p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
+                p50 * 1000.0,
+                p99 * 1000.0,
+                max * 1000.0
+            );
+        }
         println!(
             "  drain wait            {:>7.1}s  ({})",
             waited.as_secs_f64(),

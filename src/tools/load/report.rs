@@ -764,8 +764,13 @@ impl InboxReport {
             ));
         }
         if d.transactions < payments {
+            let hint = if d.events == 0 {
+                " (do the targets run in inbox mode, on this database?)"
+            } else {
+                ""
+            };
             out.push(format!(
-                "{} transaction(s) answered 2xx have no event in the database",
+                "{} transaction(s) answered 2xx have no event in the database{hint}",
                 payments - d.transactions
             ));
         }
@@ -1459,6 +1464,32 @@ mod tests {
         );
         assert!(r.problems().is_empty(), "{:?}", r.problems());
         assert!(r.render().contains("drain: not watched"), "{}", r.render());
+    }
+
+    #[test]
+    fn inbox_figures_over_sync_targets_say_what_may_be_wrong() {
+        // Targets that booked (`processed`), and no event of the run stored.
+        let drain = Drain::new(
+            &RunFigures::default(),
+            DrainEnd::Drained,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        );
+        let r = Report::new(
+            &inbox_plan(),
+            sample(None),
+            Duration::from_secs(2),
+            StopReason::Duration,
+            Some(drain),
+        );
+        assert_eq!(r.inbox.as_ref().unwrap().accepted, 0);
+        assert_eq!(
+            r.problems(),
+            vec![
+                "2 transaction(s) answered 2xx have no event in the database (do the targets run in inbox mode, on this database?)"
+                    .to_owned()
+            ]
+        );
     }
 
     #[test]
