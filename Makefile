@@ -4,6 +4,7 @@
 #   make test   unit tests, then the integration tests against real PostgreSQL and Redis
 #   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
+#               (CHAOS_MODE=inbox, or make chaos-inbox: the same in inbox mode)
 #   make model  exhaustive model check of the lease + fence protocol (stateright; no services)
 #   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) and the nginx
 #               the deploy test runs, if missing
@@ -49,10 +50,17 @@ test-integration:
 	$(CARGO) test --locked --features test-support --test api
 
 # Seeded fault schedule against three real instances; CHAOS_SEED=<n> replays a run.
+# CHAOS_MODE=inbox (or `make chaos-inbox`): the instances run in inbox mode, with two more
+# faults (SIGKILL mid-attempt, a downstream answering 500) and a drain check at the end.
 CHAOS_DURATION_SECS ?= 60
+CHAOS_MODE ?= sync
 chaos:
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
-	CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features test-support --test api chaos:: -- --ignored --nocapture
+	CHAOS_MODE=$(CHAOS_MODE) CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features test-support --test api chaos:: -- --ignored --nocapture
+
+.PHONY: chaos-inbox
+chaos-inbox:
+	@$(MAKE) --no-print-directory chaos CHAOS_MODE=inbox
 
 # Every interleaving of three deliveries with lock expiry, Redis data loss and failover,
 # then the same with one guard removed at a time (each must be caught). See tests/model/main.rs.

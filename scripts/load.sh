@@ -4,6 +4,11 @@
 # `fencehook audit --answers`, and one report.
 #
 # Environment (all optional):
+#   LOAD_MODE         sync (default) or inbox: the instances run with FENCEHOOK_MODE=inbox
+#                     (FENCEHOOK_WORKERS workers each, default 4), the load runs with
+#                     --inbox and waits for the drain, and the report gives the accept
+#                     rate, the drain rate and the lag percentiles
+#   LOAD_DRAIN_TIMEOUT  inbox mode: longest wait for the drain after the load, s (default 60)
 #   LOAD_DURATION     seconds of load (default 30)
 #   LOAD_DUPLICATES   copies of each transaction, k (default 4)
 #   LOAD_CONCURRENCY  HTTP requests in flight (default 32)
@@ -22,6 +27,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 INSTANCES=3
+MODE=${LOAD_MODE:-sync}
+DRAIN_TIMEOUT=${LOAD_DRAIN_TIMEOUT:-60}
 DURATION=${LOAD_DURATION:-30}
 DUPLICATES=${LOAD_DUPLICATES:-4}
 CONCURRENCY=${LOAD_CONCURRENCY:-32}
@@ -44,9 +51,13 @@ RUN=fencehook_load_$STAMP
 say() { printf '%s\n' "$*" >&2; }
 die() { say "load: $*"; exit 1; }
 
-for v in DURATION DUPLICATES CONCURRENCY; do
+for v in DURATION DUPLICATES CONCURRENCY DRAIN_TIMEOUT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "LOAD_$v must be a positive integer (got '${!v}')"
 done
+case $MODE in
+  sync | inbox) ;;
+  *) die "LOAD_MODE must be sync or inbox (got '$MODE')" ;;
+esac
 command -v curl >/dev/null 2>&1 || die "curl is needed to probe /readyz and /metrics (apt-get install -y curl)"
 
 # ---------------------------------------------------------------- process bookkeeping
@@ -175,7 +186,10 @@ run_child env DATABASE_URL="$LOAD_URL" "$BIN" migrate --create-database >"$LOG_D
 for ((i = 1; i <= INSTANCES; i++)); do
   # The built-in `generic` provider, whatever FENCEHOOK_PROVIDERS says, so the secret matches.
   # Other FENCEHOOK_* settings in the environment (pool size, TTLs, ...) are passed through.
+  # FENCEHOOK_MODE follows LOAD_MODE; in inbox mode each instance runs its workers
+  # (FENCEHOOK_WORKERS, default 4, passed through when set).
   env -u FENCEHOOK_PROVIDERS DATABASE_URL="$LOAD_URL" REDIS_URL="$REDIS_URL" \
+    FENCEHOOK_MODE="$MODE" \
     FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 \
     FENCEHOOK_REDIS_KEY_PREFIX="$RUN" FENCEHOOK_FENCE_KEY_TTL_SECS=86400 \
     FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_LOG_FORMAT=json \
@@ -196,9 +210,15 @@ done
 
 targets=()
 for port in "${PORTS[@]}"; do targets+=(--target "http://127.0.0.1:$port"); done
-say "load: ${DURATION}s across $INSTANCES instances, k=$DUPLICATES, concurrency $CONCURRENCY"
+mode_args=()
+if [[ $MODE == inbox ]]; then
+  # The load waits (bounded) until the workers have finished every event of the run, so the
+  # audit below sees them booked, and reports the drain from the events table.
+  mode_args=(--inbox --database-url "$LOAD_URL" --drain-timeout "${DRAIN_TIMEOUT}s")
+fi
+say "load: ${DURATION}s across $INSTANCES instances ($MODE mode), k=$DUPLICATES, concurrency $CONCURRENCY"
 load_rc=0
-FENCEHOOK_GENERIC_SECRET=$SECRET run_child "$BIN" load "${targets[@]}" \
+FENCEHOOK_GENERIC_SECRET=$SECRET run_child "$BIN" load "${targets[@]}" "${mode_args[@]}" \
   --duration "${DURATION}s" --duplicates "$DUPLICATES" --concurrency "$CONCURRENCY" \
   --run-id "$STAMP" --answers "$ANSWERS" >"$LOG_DIR/load-report.txt" || load_rc=$?
 
@@ -224,8 +244,10 @@ metric_sum() { # NAME [LABEL="VALUE"]
 }
 
 {
-  printf '== make load: %d instances, %ss, k=%s, concurrency %s | database %s | logs %s/ ==\n\n' \
-    "$INSTANCES" "$DURATION" "$DUPLICATES" "$CONCURRENCY" "$RUN" "$LOG_DIR"
+  mode_note=
+  [[ $MODE == inbox ]] && mode_note=', inbox mode'
+  printf '== make load: %d instances%s, %ss, k=%s, concurrency %s | database %s | logs %s/ ==\n\n' \
+    "$INSTANCES" "$mode_note" "$DURATION" "$DUPLICATES" "$CONCURRENCY" "$RUN" "$LOG_DIR"
   cat "$LOG_DIR/load-report.txt"
   printf '\nserver side (summed over the instances)\n'
   for r in acquired held error; do
@@ -235,6 +257,12 @@ metric_sum() { # NAME [LABEL="VALUE"]
   for m in fencehook_lease_lost_total fencehook_fence_rejected_total fencehook_fence_resync_total; do
     printf '  %-48s %s\n' "$m" "$(metric_sum "$m")"
   done
+  if [[ $MODE == inbox ]]; then
+    for r in "done" retry requeued dead; do
+      printf '  %-48s %s\n' "fencehook_inbox_attempts_total{result=\"$r\"}" \
+        "$(metric_sum fencehook_inbox_attempts_total "result=\"$r\"")"
+    done
+  fi
   for ((i = 1; i <= INSTANCES; i++)); do
     log=$LOG_DIR/instance-$i.log
     printf '  instance %d: exit %s on SIGTERM, %s ERROR and %s WARN log lines (%s)\n' "$i" \

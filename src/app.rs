@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::config::{Config, Mode};
@@ -50,6 +51,9 @@ pub struct App {
     state: Arc<State>,
     /// Re-read on SIGHUP.
     providers_file: Option<std::path::PathBuf>,
+    /// SIGHUP, listened for from the build on: one that arrives as soon as
+    /// the start is logged must not find the default action (exit) in place.
+    hangup: Option<Signal>,
     /// Inbox workers to run beside the listeners.
     workers: usize,
     listener: TcpListener,
@@ -126,6 +130,7 @@ impl App {
         Ok(App {
             state: Arc::new(state),
             providers_file,
+            hangup: listen_for_sighup(),
             listener,
             admin,
             drain: cfg.shutdown_timeout,
@@ -167,10 +172,10 @@ impl App {
             max_connections,
             workers,
             providers_file,
+            hangup,
         } = self;
         let upkeep = tokio::spawn(state.health.clone().upkeep());
-        let reloads =
-            providers_file.map(|path| tokio::spawn(reload_on_sighup(state.clone(), path)));
+        let reloads = tokio::spawn(reload_on_sighup(state.clone(), providers_file, hangup));
         let (workers_stop, workers_stopped) = watch::channel(false);
         let workers_task = state
             .inbox
@@ -223,25 +228,29 @@ impl App {
         let _ = admin_stop_tx.send(true);
         let _ = admin_task.await;
         upkeep.abort();
-        if let Some(reloads) = reloads {
-            reloads.abort();
-        }
+        reloads.abort();
         tracing::info!("stopped");
     }
 }
 
 /// SIGHUP re-reads the providers file: new secrets verify without a restart.
 /// A file that does not parse leaves the providers in force and says why.
-async fn reload_on_sighup(state: Arc<State>, path: std::path::PathBuf) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGHUP; the providers file is read at start only");
-            return;
-        }
+/// Without a file there is nothing to re-read, and SIGHUP is said to be
+/// ignored — not left to its default action, which ends the process
+/// without a drain.
+async fn reload_on_sighup(
+    state: Arc<State>,
+    path: Option<std::path::PathBuf>,
+    hangup: Option<Signal>,
+) {
+    let Some(mut hup) = hangup else {
+        return;
     };
     while hup.recv().await.is_some() {
+        let Some(path) = &path else {
+            tracing::warn!("SIGHUP ignored: no providers file (FENCEHOOK_PROVIDERS) to re-read");
+            continue;
+        };
         let read = tokio::task::spawn_blocking({
             let path = path.clone();
             move || crate::providers::load_file(&path)
@@ -286,6 +295,7 @@ fn inbox_of(cfg: &Config, store: &Store, processor: &Processor, metrics: &Metric
 
 /// `fencehook work`: inbox workers alone, no listeners.
 pub struct Workers {
+    hangup: Option<Signal>,
     inbox: Arc<Inbox>,
     health: Arc<Health>,
     workers: usize,
@@ -321,6 +331,7 @@ impl Workers {
             true,
         ));
         Ok(Workers {
+            hangup: listen_for_sighup(),
             inbox,
             health,
             workers: cfg.inbox.workers.max(1),
@@ -332,6 +343,7 @@ impl Workers {
     /// (bounded by the shutdown timeout).
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let upkeep = tokio::spawn(self.health.clone().upkeep());
+        let hangups = tokio::spawn(ignore_sighup(self.hangup));
         let (stop, stopped) = watch::channel(false);
         let mut task = tokio::spawn(self.inbox.run(self.workers, stopped));
         tokio::select! {
@@ -345,7 +357,27 @@ impl Workers {
             }
         }
         upkeep.abort();
+        hangups.abort();
         tracing::info!("stopped");
+    }
+}
+
+fn listen_for_sighup() -> Option<Signal> {
+    signal(SignalKind::hangup())
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; the providers file is read at start only");
+        })
+        .ok()
+}
+
+/// Workers verify no signatures, so `systemctl reload` has nothing to do;
+/// SIGHUP's default action would end the process without a drain.
+async fn ignore_sighup(hangup: Option<Signal>) {
+    let Some(mut hup) = hangup else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        tracing::warn!("SIGHUP ignored: `fencehook work` has no providers to re-read");
     }
 }
 

@@ -15,7 +15,8 @@
 //!   (the lifecycle decides duplicates, the fence stops a rescued worker).
 //! - Only a failed business step (the downstream's error or timeout) spends
 //!   an attempt. A store or lease backend down, the lease held by another
-//!   worker, or a refund waiting for its payment re-queue the event without
+//!   worker, or a refund waiting for its payment (not booked yet, or failed:
+//!   a failed payment may still succeed) re-queue the event without
 //!   spending one; the refund is dead only at the age limit.
 //! - An idle worker hears of a new event within milliseconds: accepts
 //!   `NOTIFY fencehook_inbox` in their own statement, one `LISTEN` connection
@@ -31,7 +32,7 @@ use tokio::task::JoinSet;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::config::{DbConfig, InboxConfig};
-use crate::domain::{CanonicalEvent, EventKind};
+use crate::domain::{CanonicalEvent, EventKind, Rejection};
 use crate::error::Error;
 use crate::metrics::{InboxAttempt, Metrics};
 use crate::processor::{Outcome, Processor};
@@ -212,9 +213,24 @@ impl Inbox {
             }
             Ok(Outcome::AwaitingPayment) => {
                 // Woken at once when the payment is booked; this is the fallback.
-                let delay = (age / 4).clamp(self.cfg.retry_base, AWAIT_RETRY_MAX);
                 let payment = ev.parent_transaction_id.as_deref().unwrap_or("-");
-                requeue(delay, format!("waiting for payment {payment}"))
+                requeue(
+                    self.await_delay(age),
+                    format!("waiting for payment {payment}"),
+                )
+            }
+            Ok(Outcome::RefundRejected(Rejection::PaymentFailed)) => {
+                // A failed payment can still succeed (the lifecycle moves
+                // `failed` to `succeeded`), and the events of one payment come
+                // in any order: wait for it as for a payment not booked yet
+                // (its success wakes this event), dead only at the age limit.
+                // Sync mode answers 422 here, and the PSP's retry gets the
+                // same second chance.
+                let payment = ev.parent_transaction_id.as_deref().unwrap_or("-");
+                requeue(
+                    self.await_delay(age),
+                    format!("payment {payment} failed; waiting for it to succeed"),
+                )
             }
             Ok(Outcome::RefundRejected(why)) => dead(format!("refund_rejected: {}", why.as_str())),
             Ok(Outcome::PayloadMismatch) => {
@@ -235,6 +251,12 @@ impl Inbox {
             }
             Err(e) => requeue(BACKEND_RETRY, crate::error::chain(&e)),
         }
+    }
+
+    /// Pause of an event waiting for its payment: a quarter of its age,
+    /// from the retry base up to [`AWAIT_RETRY_MAX`].
+    fn await_delay(&self, age: Duration) -> Duration {
+        (age / 4).clamp(self.cfg.retry_base, AWAIT_RETRY_MAX)
     }
 
     /// Exponential backoff from the base, capped, with jitter (half fixed,

@@ -23,8 +23,9 @@
 //!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
 //!   scripts ([`lease::redis`]) and the PostgreSQL backend.
 //! - [`store`]: fenced writes returning outcome enums, SQLSTATE
-//!   classification, migrations ([`store::migrate`]) and the invariant
-//!   checks of `fencehook audit` ([`store::audit`]).
+//!   classification, migrations ([`store::migrate`]), the invariant
+//!   checks of `fencehook audit` ([`store::audit`]) and the drain figures
+//!   of an inbox-mode `fencehook load` ([`store::drain`]).
 //! - [`downstream`]: the optional business call that leaves the database.
 //! - [`health`]: readiness probes and the gauges sampled in the background.
 //! - [`db`]: the PostgreSQL pool builder the store and the lease backend share.

@@ -4,7 +4,8 @@
 //! One invariant cannot be seen in the database alone: that every 2xx the
 //! service answered corresponds to a committed row. It needs the answers the
 //! service gave; the `audit --answers` tool (in the binary) reads them from a
-//! load run and asks [`missing_terminal_rows`] about them.
+//! load run and asks [`missing_terminal_rows`] about them (and, for inbox
+//! mode's `accepted`, [`missing_rows_or_events`]).
 
 use tokio_postgres::NoTls;
 
@@ -229,6 +230,42 @@ pub async fn missing_terminal_rows(
         .await?;
     let mut out = Vec::new();
     // Batches keep each statement's arrays small.
+    for batch in transactions.chunks(5_000) {
+        let providers: Vec<&str> = batch.iter().map(|(p, _)| p.as_str()).collect();
+        let ids: Vec<&str> = batch.iter().map(|(_, t)| t.as_str()).collect();
+        for row in client.query(&stmt, &[&providers, &ids]).await? {
+            out.push(row.get::<_, String>(0));
+        }
+    }
+    Ok(out)
+}
+
+/// Of the given (provider, transaction_id) pairs, answered 2xx `accepted`
+/// (inbox mode), those without a committed `payments` row (in any status: a
+/// worker may not have booked it yet, or gave up) or without a stored event:
+/// one line per offender. The promise of `accepted` is "stored", not "booked".
+pub async fn missing_rows_or_events(
+    url: &str,
+    transactions: &[(String, String)],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let client = connect(url).await?;
+    let stmt = client
+        .prepare(
+            "SELECT a.provider || ':' || a.transaction_id || ' answered accepted, but there is '
+                    || CASE WHEN p.id IS NULL AND e.id IS NULL THEN 'no row and no event'
+                            WHEN p.id IS NULL THEN 'no row'
+                            ELSE 'no event' END
+               FROM unnest($1::text[], $2::text[]) AS a(provider, transaction_id)
+               LEFT JOIN payments p
+                 ON p.provider = a.provider AND p.transaction_id = a.transaction_id
+               LEFT JOIN LATERAL (
+                   SELECT id FROM events
+                    WHERE provider = a.provider AND transaction_id = a.transaction_id
+                    LIMIT 1) e ON true
+              WHERE p.id IS NULL OR e.id IS NULL",
+        )
+        .await?;
+    let mut out = Vec::new();
     for batch in transactions.chunks(5_000) {
         let providers: Vec<&str> = batch.iter().map(|(p, _)| p.as_str()).collect();
         let ids: Vec<&str> = batch.iter().map(|(_, t)| t.as_str()).collect();

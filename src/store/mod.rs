@@ -34,6 +34,7 @@
 //! constraint `amount_out_minor <= amount_minor` backs the code.
 
 pub mod audit;
+pub mod drain;
 pub mod inbox;
 pub mod migrate;
 

@@ -1,7 +1,15 @@
 //! The answers file of `fencehook load --answers FILE`: one JSON
 //! [`AnswerRecord`] per final answer. `fencehook audit --answers FILE` reads
-//! it back and checks that every 2xx (other than `ignored`) has a committed
-//! terminal row — the one invariant the database cannot show alone.
+//! it back and checks that every 2xx (other than `ignored`) is backed by
+//! what it promised — the one invariant the database cannot show alone:
+//!
+//! - `accepted` (inbox mode: stored, booked later) promises a committed
+//!   `payments` row in any status and a stored event;
+//! - every other 2xx (`processed`, `duplicate`, `stale`, ...) promises a
+//!   committed terminal row (`succeeded` / `failed`). In inbox mode a
+//!   `duplicate` is answered for an event accepted before, so that promise
+//!   holds once the workers have drained the inbox: audit after the drain
+//!   (`fencehook load --inbox --database-url` waits for it).
 
 use std::collections::HashSet;
 use std::io::BufRead;
@@ -24,19 +32,52 @@ pub struct AnswerRecord {
 
 impl AnswerRecord {
     /// Whether this answer told the sender "done": a 2xx other than
-    /// `ignored`. Such an answer is a promise that a terminal row is committed.
+    /// `ignored` and `accepted`. Such an answer is a promise that a terminal
+    /// row is committed.
     pub fn claims_durable(&self) -> bool {
-        matches!(self.status, Some(200..=299)) && self.result != "ignored"
+        self.is_2xx() && self.result != "ignored" && self.result != ACCEPTED
+    }
+
+    /// Whether this answer told the sender "stored, will be booked": a 2xx
+    /// `accepted`. Such an answer is a promise that the event and a row (in
+    /// any status) are committed.
+    pub fn claims_accepted(&self) -> bool {
+        self.is_2xx() && self.result == ACCEPTED
+    }
+
+    fn is_2xx(&self) -> bool {
+        matches!(self.status, Some(200..=299))
     }
 }
+
+/// The `result` of inbox mode's answer: durably queued, not yet booked.
+pub const ACCEPTED: &str = "accepted";
 
 /// What an answers file holds that the audit must check.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Answers {
     /// Lines read.
     pub lines: usize,
-    /// Distinct (provider, transaction_id) that were answered 2xx (not `ignored`).
+    /// Distinct (provider, transaction_id) answered 2xx other than
+    /// `ignored` and `accepted`: each must have a terminal row.
     pub durable: Vec<(String, String)>,
+    /// Distinct (provider, transaction_id) answered 2xx `accepted`: each
+    /// must have a row (any status) and an event. A transaction can be in
+    /// both lists (one copy `accepted`, another `duplicate`).
+    pub accepted: Vec<(String, String)>,
+}
+
+impl Answers {
+    /// Distinct transactions answered 2xx (other than `ignored`).
+    pub fn transactions_2xx(&self) -> usize {
+        let durable: HashSet<&(String, String)> = self.durable.iter().collect();
+        durable.len()
+            + self
+                .accepted
+                .iter()
+                .filter(|key| !durable.contains(key))
+                .count()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +111,7 @@ pub fn read_answers(path: &Path) -> Result<Answers, AnswersError> {
 
 fn parse_answers(reader: impl BufRead, shown: &str) -> Result<Answers, AnswersError> {
     let mut seen = HashSet::new();
+    let mut seen_accepted = HashSet::new();
     let mut out = Answers::default();
     for (n, line) in reader.lines().enumerate() {
         let line = line.map_err(|source| AnswersError::Io {
@@ -91,23 +133,42 @@ fn parse_answers(reader: impl BufRead, shown: &str) -> Result<Answers, AnswersEr
             if seen.insert(key.clone()) {
                 out.durable.push(key);
             }
+        } else if record.claims_accepted() {
+            let key = (record.provider, record.transaction_id);
+            if seen_accepted.insert(key.clone()) {
+                out.accepted.push(key);
+            }
         }
     }
     Ok(out)
 }
 
-/// Every transaction answered 2xx (other than `ignored`) has a `payments`
-/// row in a terminal state (`succeeded` or `failed`). A missing row, or one
-/// still `processing`, means the service said "done" before the outcome was
-/// durable.
-pub async fn check(url: &str, answers: &Answers) -> Result<Check, tokio_postgres::Error> {
-    let offenders = audit::missing_terminal_rows(url, &answers.durable).await?;
-    Ok(Check {
-        name: "every_2xx_has_a_terminal_row",
-        description: "every 2xx answered (other than ignored) has a committed succeeded/failed row",
-        total: offenders.len(),
-        violations: offenders.into_iter().take(SHOWN_VIOLATIONS).collect(),
-    })
+/// The two checks of an answers file:
+///
+/// - every transaction answered 2xx (other than `ignored` and `accepted`)
+///   has a `payments` row in a terminal state (`succeeded` or `failed`). A
+///   missing row, or one still `processing`, means the service said "done"
+///   before the outcome was durable;
+/// - every transaction answered `accepted` has a `payments` row (any
+///   status) and a stored event: the service said "stored" only after the
+///   commit.
+pub async fn check(url: &str, answers: &Answers) -> Result<Vec<Check>, tokio_postgres::Error> {
+    let terminal = audit::missing_terminal_rows(url, &answers.durable).await?;
+    let accepted = audit::missing_rows_or_events(url, &answers.accepted).await?;
+    Ok(vec![
+        Check {
+            name: "every_2xx_has_a_terminal_row",
+            description: "every 2xx answered (other than ignored and accepted) has a committed succeeded/failed row",
+            total: terminal.len(),
+            violations: terminal.into_iter().take(SHOWN_VIOLATIONS).collect(),
+        },
+        Check {
+            name: "every_accepted_has_a_row_and_an_event",
+            description: "every 2xx accepted (inbox mode) has a committed row, in any status, and a stored event",
+            total: accepted.len(),
+            violations: accepted.into_iter().take(SHOWN_VIOLATIONS).collect(),
+        },
+    ])
 }
 
 #[cfg(test)]
@@ -137,6 +198,64 @@ mod tests {
                 ("other".to_owned(), "a".to_owned())
             ]
         );
+        assert!(answers.accepted.is_empty());
+        assert_eq!(answers.transactions_2xx(), 2);
+    }
+
+    #[test]
+    fn accepted_promises_a_stored_event_and_the_other_2xx_a_terminal_row() {
+        let text = r#"{"provider":"generic","transaction_id":"a","status":200,"result":"accepted"}
+{"provider":"generic","transaction_id":"a","status":200,"result":"accepted"}
+{"provider":"generic","transaction_id":"b","status":200,"result":"accepted"}
+{"provider":"generic","transaction_id":"b","status":200,"result":"duplicate"}
+{"provider":"generic","transaction_id":"c","status":503,"result":"accepted"}
+{"provider":"generic","transaction_id":"d","status":200,"result":"processed"}
+{"provider":"generic","transaction_id":"e","status":null,"result":"timeout"}
+"#;
+        let answers = parse(text).expect("valid file");
+        assert_eq!(answers.lines, 7);
+        assert_eq!(
+            answers.accepted,
+            vec![
+                ("generic".to_owned(), "a".to_owned()),
+                ("generic".to_owned(), "b".to_owned())
+            ],
+            "once per transaction, and only when answered 2xx"
+        );
+        assert_eq!(
+            answers.durable,
+            vec![
+                ("generic".to_owned(), "b".to_owned()),
+                ("generic".to_owned(), "d".to_owned())
+            ],
+            "a `duplicate` still promises a terminal row"
+        );
+        assert_eq!(answers.transactions_2xx(), 3, "a, b and d");
+    }
+
+    #[test]
+    fn each_answer_claims_what_its_status_and_result_promise() {
+        let record = |status: Option<u16>, result: &str| AnswerRecord {
+            provider: "generic".to_owned(),
+            transaction_id: "t".to_owned(),
+            status,
+            result: result.to_owned(),
+        };
+        for (status, result, durable, accepted) in [
+            (Some(200), "processed", true, false),
+            (Some(200), "duplicate", true, false),
+            (Some(200), "stale", true, false),
+            (Some(200), "accepted", false, true),
+            (Some(202), "accepted", false, true),
+            (Some(200), "ignored", false, false),
+            (Some(409), "in_progress", false, false),
+            (Some(503), "accepted", false, false),
+            (None, "timeout", false, false),
+        ] {
+            let r = record(status, result);
+            assert_eq!(r.claims_durable(), durable, "{status:?} {result}");
+            assert_eq!(r.claims_accepted(), accepted, "{status:?} {result}");
+        }
     }
 
     #[test]

@@ -16,7 +16,8 @@ pub struct AuditArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// A `fencehook load --answers` file: every 2xx in it (other than
-    /// `ignored`) must have a committed succeeded/failed payments row.
+    /// `ignored` and `accepted`) must have a committed succeeded/failed
+    /// payments row; every `accepted` a committed row (any status) and event.
     #[arg(long, value_name = "FILE")]
     pub answers: Option<PathBuf>,
 }
@@ -36,13 +37,13 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
         )
     })?;
     if let Some(answers) = &answers {
-        let check = answers::check(database_url, answers).await.map_err(|e| {
+        let answer_checks = answers::check(database_url, answers).await.map_err(|e| {
             format!(
                 "audit could not read the database: {}",
                 fencehook::error::chain(&e)
             )
         })?;
-        checks.push(check);
+        checks.extend(answer_checks);
     }
     let (payments, entries) = audit::totals(database_url).await.map_err(|e| {
         format!(
@@ -52,11 +53,20 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
     })?;
     println!("audit: {payments} payments, {entries} ledger entries");
     if let Some(answers) = &answers {
-        println!(
+        print!(
             "audit: {} answers read, {} transactions answered 2xx to check",
             answers.lines,
-            answers.durable.len()
+            answers.transactions_2xx()
         );
+        if answers.accepted.is_empty() {
+            println!();
+        } else {
+            println!(
+                " ({} answered accepted, {} with another 2xx)",
+                answers.accepted.len(),
+                answers.durable.len()
+            );
+        }
     }
     let mut clean = true;
     for c in &checks {

@@ -15,6 +15,17 @@
 //! `CHAOS_SEED` replays a run; `CHAOS_DURATION_SECS` (default 60) bounds it.
 //! Ignored in `cargo test`; run by `make chaos`
 //! (`cargo test --test api chaos:: -- --ignored`).
+//!
+//! `CHAOS_MODE=inbox` (`make chaos-inbox`) runs the instances in inbox mode
+//! (`FENCEHOOK_MODE=inbox`, two workers each): deliveries are answered
+//! `accepted` once stored and workers book them, retrying a failed downstream
+//! call with backoff. Two more faults join the schedule: an instance
+//! SIGKILLed while its workers hold leases (mid-attempt) and restarted, and a
+//! downstream that answers 500 for a while. Afterwards the run waits (at most
+//! [`DRAIN_WAIT`]) until no event is queued or processing, then checks that
+//! every event answered 200 has a row and an event, that no event is dead
+//! (with 1000 attempts and the downstream back up, none may die), and the
+//! same ledger and audit checks as sync mode.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -33,6 +44,36 @@ use crate::helpers::{payment, socket_of, Reply, TestContext};
 const INSTANCES: usize = 3;
 const DUPLICATES: usize = 4;
 const TTL_MS: u64 = 1000;
+/// The mock downstream's answer time outside faults.
+const DOWNSTREAM_DELAY: Duration = Duration::from_millis(20);
+/// Inbox mode: longest wait after the load for the workers to finish.
+const DRAIN_WAIT: Duration = Duration::from_secs(90);
+
+/// `CHAOS_MODE`: how the instances answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Book, then answer (`processed`).
+    Sync,
+    /// Store, answer `accepted`, book in the background.
+    Inbox,
+}
+
+impl Mode {
+    fn from_env() -> Mode {
+        match std::env::var("CHAOS_MODE").as_deref() {
+            Err(_) | Ok("" | "sync") => Mode::Sync,
+            Ok("inbox") => Mode::Inbox,
+            Ok(other) => panic!("CHAOS_MODE must be sync or inbox, not {other:?}"),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Sync => "sync",
+            Mode::Inbox => "inbox",
+        }
+    }
+}
 
 #[derive(Default)]
 struct History {
@@ -45,6 +86,7 @@ struct History {
 }
 
 struct Env {
+    mode: Mode,
     ctx: TestContext,
     pg_proxy: FaultProxy,
     redis_proxy: FaultProxy,
@@ -54,7 +96,7 @@ struct Env {
 
 impl Env {
     fn serve_env(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             (
                 "DATABASE_URL",
                 self.ctx.database_url_via(self.pg_proxy.addr()),
@@ -77,7 +119,23 @@ impl Env {
                 "FENCEHOOK_LOG",
                 "warn,fencehook=info,fencehook::http::webhook=warn".to_owned(),
             ),
-        ]
+        ];
+        if self.mode == Mode::Inbox {
+            env.extend([
+                ("FENCEHOOK_MODE", "inbox".to_owned()),
+                ("FENCEHOOK_WORKERS", "2".to_owned()),
+                // Flapping downstream: retried, never given up.
+                ("FENCEHOOK_MAX_ATTEMPTS", "1000".to_owned()),
+                ("FENCEHOOK_RETRY_BASE_MS", "50".to_owned()),
+                ("FENCEHOOK_RETRY_MAX_MS", "1000".to_owned()),
+                // A worker owns a taken event for max hold + TTL; 10 s (not the
+                // default 60 s) so the events of a SIGKILLed worker are taken
+                // again well within the drain wait. Still above the downstream
+                // timeout + TTL, as the configuration requires.
+                ("FENCEHOOK_LEASE_MAX_MS", "10000".to_owned()),
+            ]);
+        }
+        env
     }
 }
 
@@ -92,7 +150,12 @@ async fn chaos() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    println!("chaos: seed {seed} (replay with CHAOS_SEED={seed}), {secs} s, {INSTANCES} instances, k={DUPLICATES}");
+    let mode = Mode::from_env();
+    println!(
+        "chaos: seed {seed} (replay with CHAOS_SEED={seed}{}), {secs} s, {INSTANCES} instances, k={DUPLICATES}, {} mode",
+        if mode == Mode::Inbox { " CHAOS_MODE=inbox" } else { "" },
+        mode.as_str()
+    );
     let mut rng = StdRng::seed_from_u64(seed);
 
     let ctx = TestContext::new().await;
@@ -100,8 +163,9 @@ async fn chaos() {
     let redis_proxy = FaultProxy::start(format!("127.0.0.1:{}", redis.port).parse().unwrap()).await;
     let pg_proxy = FaultProxy::start(socket_of(&ctx.database_url)).await;
     let downstream = MockDownstream::start().await;
-    downstream.set_delay(Duration::from_millis(20));
+    downstream.set_delay(DOWNSTREAM_DELAY);
     let env = Arc::new(Env {
+        mode,
         ctx,
         pg_proxy,
         redis_proxy,
@@ -187,7 +251,11 @@ async fn chaos() {
     while Instant::now() + Duration::from_secs(3) < load_end {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(1500..4000))).await;
         let at = start.elapsed().as_secs_f64();
-        let kind = rng.gen_range(0..6);
+        // Sync mode draws from the first six exactly as before, so its seeds
+        // replay the same schedules.
+        let kinds = if mode == Mode::Inbox { 8 } else { 6 };
+        let kind = rng.gen_range(0..kinds);
+        let mut detail = String::new();
         let name = match kind {
             0 => {
                 let i = rng.gen_range(0..INSTANCES);
@@ -229,7 +297,7 @@ async fn chaos() {
                 env.pg_proxy.restore();
                 "postgres connections cut"
             }
-            _ => {
+            5 => {
                 let _ = env
                     .ctx
                     .db()
@@ -242,12 +310,77 @@ async fn chaos() {
                     .await;
                 "postgres backends terminated"
             }
+            6 => {
+                // Inbox only: kill an instance in the middle of its workers'
+                // attempts. A slow downstream keeps them there; the instance's
+                // own gauge of leases held says when it holds work.
+                let i = rng.gen_range(0..INSTANCES);
+                let slow = Duration::from_millis(rng.gen_range(300..1500));
+                let pause = Duration::from_millis(rng.gen_range(500..2000));
+                env.downstream.set_delay(slow);
+                let p = procs[i].as_ref().unwrap();
+                let mut held = 0.0;
+                let give_up = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < give_up {
+                    held = p.metric("fencehook_leases_held", &[]).await;
+                    if held >= 1.0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let processing = env
+                    .ctx
+                    .count("SELECT count(*) FROM events WHERE status = 'processing'")
+                    .await;
+                p.signal("KILL");
+                procs[i] = None;
+                env.downstream.set_delay(DOWNSTREAM_DELAY);
+                detail = format!(
+                    " (instance {i} held {held} lease(s); {processing} event(s) processing)"
+                );
+                tokio::time::sleep(pause).await;
+                let p = ServeProcess::start(&env.serve_env()).await;
+                bases.write().unwrap()[i] = p.base.clone();
+                procs[i] = Some(p);
+                if held >= 1.0 {
+                    "instance SIGKILL mid-attempt + restart"
+                } else {
+                    "instance SIGKILL (idle) + restart"
+                }
+            }
+            7 => {
+                // Inbox only: the downstream fails for a while; workers retry
+                // with backoff, spending attempts.
+                env.downstream.set_status(500);
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2000))).await;
+                env.downstream.set_status(200);
+                "downstream answering 500"
+            }
+            _ => unreachable!("fault kinds are 0..{kinds}"),
         };
         let mut h = history.lock().unwrap();
         *h.faults.entry(name).or_default() += 1;
-        h.log.push(format!("  t={at:6.1}s  {name}"));
+        h.log.push(format!("  t={at:6.1}s  {name}{detail}"));
     }
     load.await.unwrap();
+
+    // Inbox mode: every delivery has its answer; now the workers finish
+    // what was accepted.
+    let drain = match mode {
+        Mode::Sync => None,
+        Mode::Inbox => Some(wait_for_drain(&env.ctx).await),
+    };
+    // (transaction, event type) → status of every stored event.
+    let events: HashMap<(String, String), String> = env
+        .ctx
+        .db()
+        .await
+        .query("SELECT transaction_id, event_type, status FROM events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect();
 
     // Check the history against the database.
     let h = std::mem::take(&mut *history.lock().unwrap());
@@ -270,11 +403,46 @@ async fn chaos() {
             continue;
         }
         let row: Option<(String, i64)> = env.ctx.payment(tx).await;
-        match row.as_ref().map(|r| r.0.as_str()) {
-            Some("succeeded" | "failed") => {}
-            other => violations.push(format!(
+        match (mode, row.as_ref().map(|r| r.0.as_str())) {
+            (_, Some("succeeded" | "failed")) => {}
+            (Mode::Sync, other) => violations.push(format!(
                 "{tx} {event_type}: answered 200 but the row is {other:?}"
             )),
+            (Mode::Inbox, None) => violations.push(format!(
+                "{tx} {event_type}: answered 200 but there is no row"
+            )),
+            // `accepted` promises a row in any status; once the inbox is
+            // drained with no event dead, every row is booked.
+            (Mode::Inbox, Some(status)) => violations.push(format!(
+                "{tx} {event_type}: answered 200, the inbox drained, but the row is {status}"
+            )),
+        }
+        if mode == Mode::Inbox && !events.contains_key(&(tx.clone(), event_type.clone())) {
+            violations.push(format!(
+                "{tx} {event_type}: answered 200 but no event is stored"
+            ));
+        }
+    }
+    if mode == Mode::Inbox {
+        // With 1000 attempts and the downstream up at the end, nothing may
+        // die; nothing may be left over either.
+        for r in env
+            .ctx
+            .db()
+            .await
+            .query(
+                "SELECT transaction_id, event_type, status, attempts, coalesce(last_error, '')
+                   FROM events WHERE status <> 'done' ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            let (tx, event_type, status): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+            let (attempts, error): (i32, String) = (r.get(3), r.get(4));
+            violations.push(format!(
+                "{tx} {event_type}: event {status} after the drain wait ({attempts} attempt(s); last error: {error})"
+            ));
         }
     }
     let nets: HashMap<String, i64> = env
@@ -329,6 +497,56 @@ async fn chaos() {
     for l in &h.log {
         println!("  {l}");
     }
+    if let Some((waited, drained)) = drain {
+        let by: BTreeMap<&str, usize> = events.values().fold(BTreeMap::new(), |mut m, s| {
+            *m.entry(s.as_str()).or_default() += 1;
+            m
+        });
+        let n = |s: &str| by.get(s).copied().unwrap_or(0);
+        println!("  events stored         {:>8}", events.len());
+        println!(
+            "    queued {}  processing {}  done {}  dead {}",
+            n("queued"),
+            n("processing"),
+            n("done"),
+            n("dead")
+        );
+        let r = env
+            .ctx
+            .db()
+            .await
+            .query_one(
+                "SELECT coalesce(sum(attempts), 0)::bigint, count(*) FILTER (WHERE attempts > 0),
+                        percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+                            ORDER BY extract(epoch FROM finished_at - received_at)::float8),
+                        extract(epoch FROM max(finished_at - received_at))::float8
+                   FROM events",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (spent, retried): (i64, i64) = (r.get(0), r.get(1));
+        let lag: Vec<f64> = r.get::<_, Option<Vec<f64>>>(2).unwrap_or_default();
+        let max: f64 = r.get::<_, Option<f64>>(3).unwrap_or_default();
+        println!("    {spent} attempt(s) spent on failed downstream calls, by {retried} event(s)");
+        if let [p50, p99] = lag[..] {
+            println!(
+                "    lag (finished - received) p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
+                p50 * 1000.0,
+                p99 * 1000.0,
+                max * 1000.0
+            );
+        }
+        println!(
+            "  drain wait            {:>7.1}s  ({})",
+            waited.as_secs_f64(),
+            if drained {
+                "nothing left queued or processing"
+            } else {
+                "TIMED OUT"
+            }
+        );
+    }
     println!("  violations            {:>8}", violations.len());
     for v in violations.iter().take(20) {
         println!("    {v}");
@@ -338,6 +556,24 @@ async fn chaos() {
         "chaos found {} violation(s); replay with CHAOS_SEED={seed}",
         violations.len()
     );
+}
+
+/// Inbox mode: waits (at most [`DRAIN_WAIT`]) until no event is queued or
+/// processing. Returns how long it waited and whether the inbox drained.
+async fn wait_for_drain(ctx: &TestContext) -> (Duration, bool) {
+    let started = Instant::now();
+    loop {
+        let unfinished = ctx
+            .count("SELECT count(*) FROM events WHERE status IN ('queued', 'processing')")
+            .await;
+        if unfinished == 0 {
+            return (started.elapsed(), true);
+        }
+        if started.elapsed() >= DRAIN_WAIT {
+            return (started.elapsed(), false);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The events of one payment's life, in a random order: a payment (5 %

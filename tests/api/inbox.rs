@@ -508,3 +508,55 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     assert!(out.contains("deleted 2 event(s)"), "{out}");
     assert_eq!(ctx.count("SELECT count(*) FROM events").await, 0);
 }
+
+/// A failed payment can still succeed (the lifecycle moves `failed` to
+/// `succeeded`), so a refund taken while its payment's row says `failed`
+/// waits for it like for a payment not booked yet; it is not given up.
+/// Found by `CHAOS_MODE=inbox make chaos` (seed 1): a refund accepted between
+/// a payment's failure and its success was dead, and never booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refund_of_a_failed_payment_waits_for_its_success_instead_of_dying() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.inbox_config(2)).await;
+    let mut failed = payment("pay_fails_first", 1000);
+    failed["event_type"] = json!("payment.failed");
+    assert_eq!(app.deliver(&failed).await.result(), "accepted");
+    wait_for("the failure booked", Duration::from_secs(10), || async {
+        matches!(ctx.payment("pay_fails_first").await, Some((s, _)) if s == "failed")
+    })
+    .await;
+
+    let mut refund = payment("re_after_failure", 300);
+    refund["event_type"] = json!("refund.succeeded");
+    refund["payment_transaction_id"] = json!("pay_fails_first");
+    assert_eq!(app.deliver(&refund).await.result(), "accepted");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        event_status(&ctx, "re_after_failure").await,
+        [("queued".to_owned(), 0)],
+        "waiting, no attempt spent"
+    );
+
+    assert_eq!(
+        app.deliver(&payment("pay_fails_first", 1000))
+            .await
+            .result(),
+        "accepted"
+    );
+    wait_for(
+        "the refund booked once its payment succeeded",
+        Duration::from_secs(10),
+        || booked(&ctx, "re_after_failure"),
+    )
+    .await;
+    assert_eq!(
+        event_status(&ctx, "re_after_failure").await,
+        [("done".to_owned(), 0)]
+    );
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE status = 'dead'")
+            .await,
+        0
+    );
+    ctx.assert_audit_clean().await;
+}

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::helpers::process::ServeProcess;
+use crate::helpers::process::{ServeProcess, WorkProcess};
 use crate::helpers::{closed_port, payment, wait_for, TestContext, SECRET};
 
 fn env(ctx: &TestContext) -> Vec<(&'static str, String)> {
@@ -196,4 +196,34 @@ async fn sighup_re_reads_the_providers_file_and_keeps_the_old_one_when_the_new_i
         1.0
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `systemctl reload` sends SIGHUP whatever the settings: without a providers
+/// file (serve) or any providers at all (work) it is said to be ignored, and
+/// the process keeps serving — SIGHUP's default action would end it at once,
+/// without a drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sighup_without_a_providers_file_is_ignored_by_serve_and_work() {
+    let ctx = TestContext::new().await;
+    let mut serve = ServeProcess::start(&env(&ctx)).await;
+    let mut work = WorkProcess::start(&env(&ctx)).await;
+    serve.signal("HUP");
+    work.signal("HUP");
+    for (name, logs) in [("serve", &serve.logs), ("work", &work.logs)] {
+        wait_for(
+            &format!("{name} says SIGHUP is ignored"),
+            Duration::from_secs(10),
+            || async {
+                logs.lock()
+                    .unwrap()
+                    .iter()
+                    .any(|l| l.contains("SIGHUP ignored"))
+            },
+        )
+        .await;
+    }
+    assert_eq!(serve.wait_exit(Duration::from_millis(200)).await, None);
+    assert_eq!(work.wait_exit(Duration::from_millis(200)).await, None);
+    assert_eq!(serve.deliver(&payment("tx_after_hup", 7)).await.status, 200);
+    assert_eq!(ctx.entries().await, 1);
 }

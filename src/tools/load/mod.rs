@@ -15,7 +15,14 @@
 //! and each retry wait at [`MAX_RETRY_WAIT`], so the drain after the deadline
 //! is bounded too. Targets must be loopback addresses: this is a bench tool,
 //! and a mistyped URL must not send signed payment traffic elsewhere.
+//!
+//! With `--inbox` the targets run in inbox mode: a 2xx (`accepted`) means
+//! "stored", and booking happens later. The report then gives the accept
+//! rate, and with `--database-url` the load waits (at most
+//! `--drain-timeout`) until the workers have finished every event of the run,
+//! and reports the drain rate and the lag from the `events` table ([`drain`]).
 
+mod drain;
 mod report;
 
 use std::future::Future;
@@ -49,6 +56,8 @@ pub const MAX_RETRIES: u32 = 20;
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// Longest request timeout.
 pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest `--drain-timeout`.
+pub const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// Highest `--rate`, deliveries per second.
 pub const MAX_RATE: f64 = 1_000_000.0;
 /// Longest wait before a retry, whatever `Retry-After` says: keeps the drain
@@ -113,6 +122,19 @@ pub struct LoadArgs {
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The targets run in inbox mode (`FENCEHOOK_MODE=inbox`): report the
+    /// accept rate and, with --database-url, wait for the drain and report it.
+    #[arg(long)]
+    pub inbox: bool,
+    /// With --inbox: the targets' database, read after the load to wait until
+    /// every event of the run is done or dead, and to report the drain rate
+    /// and lag. Ignored without --inbox.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// With --inbox and --database-url: longest wait for the drain after the
+    /// load (e.g. 60s, 2m; a bare number is seconds).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
 }
 
 /// A flag that cannot be used, and why.
@@ -173,6 +195,12 @@ pub struct Plan {
     pub run_id: String,
     pub request_timeout: Duration,
     pub answers: Option<PathBuf>,
+    /// The targets run in inbox mode.
+    pub inbox: bool,
+    /// Inbox mode only: where to watch the drain (kept out of `{:?}`: a URL
+    /// may carry a password).
+    database_url: Option<Secret>,
+    pub drain_timeout: Duration,
 }
 
 impl Plan {
@@ -252,6 +280,19 @@ impl Plan {
             }
             None => uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
         };
+        if args.drain_timeout.is_zero() || args.drain_timeout > MAX_DRAIN_TIMEOUT {
+            return Err(bad("drain-timeout", "must be above 0 and at most 24h"));
+        }
+        // The URL matters only in inbox mode: DATABASE_URL is often set for
+        // other reasons, and a sync run must not refuse to start over it.
+        let database_url = match &args.database_url {
+            Some(url) if args.inbox => {
+                url.parse::<tokio_postgres::Config>()
+                    .map_err(|e| bad("database-url", format!("not a PostgreSQL URL: {e}")))?;
+                Some(Secret(url.clone()))
+            }
+            _ => None,
+        };
         Ok(Plan {
             targets,
             endpoints,
@@ -267,12 +308,20 @@ impl Plan {
             run_id,
             request_timeout: args.request_timeout,
             answers: args.answers.clone(),
+            inbox: args.inbox,
+            database_url,
+            drain_timeout: args.drain_timeout,
         })
+    }
+
+    /// What every transaction id of this run starts with.
+    pub fn transaction_prefix(&self) -> String {
+        format!("load-{}-", self.run_id)
     }
 
     /// The id of transaction `n` of this run.
     pub fn transaction_id(&self, n: u64) -> String {
-        format!("load-{}-{n}", self.run_id)
+        format!("{}{n}", self.transaction_prefix())
     }
 
     /// The target of copy `copy` of transaction `n`: round robin per copy,
@@ -394,7 +443,8 @@ struct Shared {
 }
 
 /// Runs one load: launches transactions until a bound is hit or `stop`
-/// resolves, waits for every delivery in flight to end, and returns the report.
+/// resolves, waits for every delivery in flight to end, in inbox mode with a
+/// database waits for the drain too (see [`drain`]), and returns the report.
 pub async fn run(
     plan: Plan,
     stop: impl Future<Output = ()>,
@@ -422,7 +472,8 @@ pub async fn run(
         events,
     });
 
-    let stopped_by = launch(&shared, started, stop).await;
+    tokio::pin!(stop);
+    let stopped_by = launch(&shared, started, stop.as_mut()).await;
 
     // The event sender lives in `Shared`, which every transaction task holds:
     // once ours is dropped, the collector ends exactly when the last delivery
@@ -432,7 +483,27 @@ pub async fn run(
     let stats = collector
         .await
         .map_err(|e| LoadError::Collector(e.to_string()))?;
-    Ok(Report::new(&plan, stats, started.elapsed(), stopped_by))
+    let elapsed = started.elapsed();
+    let drain = match (plan.inbox, &plan.database_url) {
+        (true, Some(url)) => {
+            // `stop` has resolved when the run was interrupted: it must not be
+            // polled again, and the drain is only looked at, not waited for.
+            let interrupted = stopped_by == StopReason::Interrupted;
+            let timeout = if interrupted {
+                Duration::ZERO
+            } else {
+                plan.drain_timeout
+            };
+            let until = async {
+                if !interrupted {
+                    stop.as_mut().await;
+                }
+            };
+            Some(drain::wait(&plan, &url.0, timeout, until, progress).await)
+        }
+        _ => None,
+    };
+    Ok(Report::new(&plan, stats, elapsed, stopped_by, drain))
 }
 
 /// The launch loop: one transaction after another, each once `k` request
@@ -701,10 +772,38 @@ mod tests {
             (&["--run-id", "has space"][..], "run-id"),
             (&["--run-id", ""][..], "run-id"),
             (&["--provider", "a/b"][..], "provider"),
+            (&["--drain-timeout", "0s"][..], "drain-timeout"),
+            (&["--drain-timeout", "25h"][..], "drain-timeout"),
+            (
+                &["--inbox", "--database-url", "not a url"][..],
+                "database-url",
+            ),
         ] {
             let err = plan(args).unwrap_err();
             assert_eq!(err.flag, flag, "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn the_database_url_is_kept_for_inbox_runs_only_and_out_of_debug_output() {
+        let url = "postgres://postgres:hunter2@127.0.0.1:5432/fencehook";
+        let inbox = plan(&["--inbox", "--database-url", url]).unwrap();
+        assert!(inbox.inbox);
+        assert!(inbox.database_url.is_some());
+        assert_eq!(inbox.drain_timeout, Duration::from_secs(60));
+        assert!(!format!("{inbox:?}").contains("hunter2"));
+        // DATABASE_URL is often set for other tools; a sync run ignores it,
+        // even when it would not parse.
+        let sync = plan(&["--database-url", "not a url"]).unwrap();
+        assert!(!sync.inbox);
+        assert!(sync.database_url.is_none());
+        assert_eq!(
+            inbox.transaction_prefix(),
+            format!("load-{}-", inbox.run_id)
+        );
+        assert!(inbox
+            .transaction_id(7)
+            .starts_with(&inbox.transaction_prefix()));
     }
 
     #[test]

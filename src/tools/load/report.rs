@@ -17,8 +17,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use super::drain::{Drain, DrainEnd};
 use super::Plan;
-use crate::tools::answers::AnswerRecord;
+use crate::tools::answers::{AnswerRecord, ACCEPTED};
 
 /// Highest latency the histogram holds, in µs (the longest request timeout;
 /// longer values are clamped, and they time out anyway).
@@ -58,6 +59,10 @@ impl Answer {
 
     fn is_200(&self) -> bool {
         self.status() == Some(200)
+    }
+
+    fn is_2xx(&self) -> bool {
+        matches!(self.status(), Some(200..=299))
     }
 }
 
@@ -180,6 +185,8 @@ pub(super) struct Stats {
     retried: BTreeMap<AnswerKey, u64>,
     deliveries: u64,
     deliveries_200: u64,
+    /// Final answers 2xx: in inbox mode, the deliveries accepted.
+    deliveries_2xx: u64,
     first_try_200: u64,
     transactions: u64,
     /// Transactions with at least one delivery ended 200.
@@ -187,6 +194,9 @@ pub(super) struct Stats {
     /// Transactions answered `processed` more than once: exactly-once broken
     /// as the sender sees it.
     processed_twice: u64,
+    /// Transactions answered `accepted` more than once: one event stored
+    /// twice, as the sender sees it (inbox mode).
+    accepted_twice: u64,
     first_error: Option<String>,
     answers: Option<AnswerWriter>,
 }
@@ -207,10 +217,12 @@ impl Stats {
             retried: BTreeMap::new(),
             deliveries: 0,
             deliveries_200: 0,
+            deliveries_2xx: 0,
             first_try_200: 0,
             transactions: 0,
             payments: 0,
             processed_twice: 0,
+            accepted_twice: 0,
             first_error: None,
             answers,
         }
@@ -262,12 +274,19 @@ impl Stats {
         self.transactions += 1;
         let mut any_200 = false;
         let mut processed = 0;
+        let mut accepted = 0;
         for d in &deliveries {
             self.deliveries += 1;
             *self
                 .finals
                 .entry((d.answer.status(), d.answer.result().to_owned()))
                 .or_default() += 1;
+            if d.answer.is_2xx() {
+                self.deliveries_2xx += 1;
+                if d.answer.result() == ACCEPTED {
+                    accepted += 1;
+                }
+            }
             if d.answer.is_200() {
                 any_200 = true;
                 self.deliveries_200 += 1;
@@ -281,6 +300,7 @@ impl Stats {
         }
         self.payments += u64::from(any_200);
         self.processed_twice += u64::from(processed > 1);
+        self.accepted_twice += u64::from(accepted > 1);
         if let Some(w) = &mut self.answers {
             for d in &deliveries {
                 w.write(&AnswerRecord {
@@ -408,6 +428,25 @@ pub struct Report {
     /// The first transport error, to say why requests failed.
     pub first_error: Option<String>,
     pub answers_file: Option<AnswersFile>,
+    /// Inbox mode only (`--inbox`); absent from a sync run's JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inbox: Option<InboxReport>,
+}
+
+/// What an inbox-mode run adds: the accept rate, and the drain.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InboxReport {
+    /// Deliveries whose final answer was 2xx (`accepted`, or `duplicate` for
+    /// an event accepted before).
+    pub accepted_deliveries: u64,
+    /// `accepted_deliveries` per second over the run: the accept rate.
+    pub accept_rate: f64,
+    /// Deliveries answered `accepted` (one per event stored).
+    pub accepted: u64,
+    /// Transactions answered `accepted` more than once (must be 0).
+    pub accepted_twice: u64,
+    /// The drain; `None` without `--database-url`.
+    pub drain: Option<Drain>,
 }
 
 fn per_sec(count: u64, secs: f64) -> f64 {
@@ -434,6 +473,7 @@ impl Report {
         stats: Stats,
         elapsed: Duration,
         stopped_by: StopReason,
+        drain: Option<Drain>,
     ) -> Report {
         let secs = elapsed.as_secs_f64();
         let h = &stats.latency;
@@ -449,6 +489,20 @@ impl Report {
             max_us: stats.latency_max_us,
             mean_us: if h.is_empty() { 0.0 } else { h.mean() },
         };
+        let inbox = plan.inbox.then(|| InboxReport {
+            accepted_deliveries: stats.deliveries_2xx,
+            accept_rate: per_sec(stats.deliveries_2xx, secs),
+            accepted: stats
+                .finals
+                .iter()
+                .filter(|((status, result), _)| {
+                    matches!(status, Some(200..=299)) && result == ACCEPTED
+                })
+                .map(|(_, n)| n)
+                .sum(),
+            accepted_twice: stats.accepted_twice,
+            drain,
+        });
         Report {
             run_id: plan.run_id.clone(),
             provider: plan.provider.clone(),
@@ -493,6 +547,7 @@ impl Report {
                 lines: w.lines,
                 error: w.error,
             }),
+            inbox,
         }
     }
 
@@ -520,6 +575,9 @@ impl Report {
         {
             out.push(format!("the answers file {path} is incomplete: {e}"));
         }
+        if let Some(inbox) = &self.inbox {
+            out.extend(inbox.problems(self.payments));
+        }
         out
     }
 
@@ -535,9 +593,14 @@ impl Report {
         let rate = self
             .rate
             .map_or("unlimited".to_owned(), |r| format!("{r}/s"));
+        let mode = if self.inbox.is_some() {
+            " | inbox mode"
+        } else {
+            ""
+        };
         let _ = writeln!(
             o,
-            "fencehook load: run {} | provider {} | {} target(s) | concurrency {} | rate {rate} | k={} | max {} retries",
+            "fencehook load: run {} | provider {} | {} target(s) | concurrency {} | rate {rate} | k={} | max {} retries{mode}",
             self.run_id,
             self.provider,
             self.targets.len(),
@@ -559,15 +622,27 @@ impl Report {
             thousands(self.deliveries),
             rate1(self.deliveries_per_sec)
         );
-        let _ = writeln!(
-            o,
-            "  {:<26}{:>12}  {:>12}/s   of {} transactions; {} without a 200",
-            "payments (ended 200)",
-            thousands(self.payments),
-            rate1(self.payments_per_sec),
-            thousands(self.transactions),
-            thousands(self.transactions_without_200)
-        );
+        if let Some(inbox) = &self.inbox {
+            let _ = writeln!(
+                o,
+                "  {:<26}{:>12}  {:>12}/s   accept rate; {} answered `accepted`, {} transactions without a 2xx",
+                "deliveries answered 2xx",
+                thousands(inbox.accepted_deliveries),
+                rate1(inbox.accept_rate),
+                thousands(inbox.accepted),
+                thousands(self.transactions_without_200)
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "  {:<26}{:>12}  {:>12}/s   of {} transactions; {} without a 200",
+                "payments (ended 200)",
+                thousands(self.payments),
+                rate1(self.payments_per_sec),
+                thousands(self.transactions),
+                thousands(self.transactions_without_200)
+            );
+        }
         let _ = writeln!(
             o,
             "  {:<26}{:>12}  {:>12}/s   {} of them retries",
@@ -630,18 +705,156 @@ impl Report {
                     .map_or(String::new(), |e| format!(", INCOMPLETE: {e}"))
             );
         }
+        if let Some(inbox) = &self.inbox {
+            render_drain(&mut o, inbox.drain.as_ref());
+        }
         let _ = writeln!(o);
-        if self.processed_twice == 0 {
-            let _ = writeln!(
-                o,
-                "exactly-once, as the sender sees it: no transaction answered `processed` twice"
-            );
+        match &self.inbox {
+            None if self.processed_twice == 0 => {
+                let _ = writeln!(
+                    o,
+                    "exactly-once, as the sender sees it: no transaction answered `processed` twice"
+                );
+            }
+            Some(inbox) if inbox.accepted_twice == 0 => {
+                let _ = writeln!(
+                    o,
+                    "stored once, as the sender sees it: no transaction answered `accepted` twice"
+                );
+            }
+            _ => {}
         }
         for p in self.problems() {
             let _ = writeln!(o, "PROBLEM: {p}");
         }
         o
     }
+}
+
+impl InboxReport {
+    /// What makes an inbox run a failure beyond a sync run's problems: an
+    /// event stored twice as the sender sees it, and — when the drain was
+    /// watched — a database that could not be read, events left unfinished
+    /// at the timeout, dead events, or transactions answered 2xx (of
+    /// `payments`) without an event.
+    fn problems(&self, payments: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.accepted_twice > 0 {
+            out.push(format!(
+                "{} transaction(s) answered `accepted` more than once",
+                self.accepted_twice
+            ));
+        }
+        let Some(d) = &self.drain else { return out };
+        if let Some(e) = &d.error {
+            out.push(format!("could not read the run's events: {e}"));
+            return out;
+        }
+        if d.ended == DrainEnd::Timeout {
+            out.push(format!(
+                "{} event(s) still queued or processing after --drain-timeout {}",
+                d.unfinished,
+                secs(d.drain_timeout_secs)
+            ));
+        }
+        if d.dead > 0 {
+            out.push(format!(
+                "{} event(s) dead: the workers gave up on them (fencehook events --status dead)",
+                d.dead
+            ));
+        }
+        if d.transactions < payments {
+            let hint = if d.events == 0 {
+                " (do the targets run in inbox mode, on this database?)"
+            } else {
+                ""
+            };
+            out.push(format!(
+                "{} transaction(s) answered 2xx have no event in the database{hint}",
+                payments - d.transactions
+            ));
+        }
+        out
+    }
+}
+
+/// The drain section of an inbox run's table.
+fn render_drain(o: &mut String, drain: Option<&Drain>) {
+    let _ = writeln!(o);
+    let Some(d) = drain else {
+        let _ = writeln!(
+            o,
+            "  drain: not watched (give --database-url or DATABASE_URL to wait for the workers and report it)"
+        );
+        return;
+    };
+    if let Some(e) = &d.error {
+        let _ = writeln!(o, "  drain: could not read the run's events: {e}");
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "  drain of the run's events ({} after the load, {} at most: {})",
+        secs(d.waited_secs),
+        secs(d.drain_timeout_secs),
+        d.ended.as_str()
+    );
+    let _ = writeln!(
+        o,
+        "      {:<22}{:>12}   of {} transactions",
+        "events",
+        thousands(d.events),
+        thousands(d.transactions)
+    );
+    let _ = writeln!(o, "      {:<22}{:>12}", "done", thousands(d.done));
+    let _ = writeln!(o, "      {:<22}{:>12}", "dead", thousands(d.dead));
+    let _ = writeln!(
+        o,
+        "      {:<22}{:>12}",
+        "queued or processing",
+        thousands(d.unfinished)
+    );
+    match (d.drain_rate, d.span_secs) {
+        (Some(rate), Some(span)) => {
+            let _ = writeln!(
+                o,
+                "      {:<22}{:>12}/s   {} finished in {}, first acceptance to last finish",
+                "drain rate",
+                rate1(rate),
+                thousands(d.done + d.dead),
+                secs(span)
+            );
+        }
+        _ => {
+            let _ = writeln!(o, "      {:<22}{:>12}", "drain rate", "-");
+        }
+    }
+    match &d.lag {
+        Some(l) => {
+            let _ = writeln!(
+                o,
+                "      lag per finished event, ms (finished_at - received_at)"
+            );
+            let _ = writeln!(
+                o,
+                "      {:>10} {:>10} {:>10} {:>10}",
+                "p50", "p90", "p99", "max"
+            );
+            let _ = writeln!(
+                o,
+                "      {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+                l.p50_ms, l.p90_ms, l.p99_ms, l.max_ms
+            );
+        }
+        None => {
+            let _ = writeln!(o, "      lag: no event finished");
+        }
+    }
+}
+
+/// Seconds with two decimals and a unit.
+fn secs(s: f64) -> String {
+    format!("{s:.2} s")
 }
 
 fn render_counts(o: &mut String, counts: &[AnswerCount]) {
@@ -678,6 +891,7 @@ fn rate1(r: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fencehook::store::drain::{LagSecs, RunFigures};
 
     fn ok(result: &str, latency_us: u64) -> Answer {
         Answer::Http {
@@ -696,7 +910,11 @@ mod tests {
     }
 
     fn plan() -> Plan {
-        let cli = <LoadCli as clap::Parser>::try_parse_from([
+        plan_with(&[])
+    }
+
+    fn plan_with(extra: &[&str]) -> Plan {
+        let mut argv = vec![
             "load",
             "--secret",
             "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=",
@@ -708,9 +926,113 @@ mod tests {
             "2",
             "--run-id",
             "t",
-        ])
-        .expect("flags parse");
+        ];
+        argv.extend_from_slice(extra);
+        let cli = <LoadCli as clap::Parser>::try_parse_from(argv).expect("flags parse");
         Plan::from_args(&cli.load).expect("valid")
+    }
+
+    fn inbox_plan() -> Plan {
+        plan_with(&[
+            "--inbox",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/db",
+            "--drain-timeout",
+            "30s",
+        ])
+    }
+
+    /// Two transactions with k=2 against inbox-mode targets: the first
+    /// accepted plus a duplicate; the second accepted after a 503 and a
+    /// retry, its other copy timed out.
+    fn inbox_sample() -> Stats {
+        let mut s = Stats::new(2, "generic".to_owned(), None);
+        let unavailable = Answer::Http {
+            status: 503,
+            result: "unavailable".to_owned(),
+            latency_us: 500,
+        };
+        for e in [
+            Event::Launched { deliveries: 2 },
+            Event::Response {
+                target: 0,
+                answer: ok("accepted", 1_000),
+                retried: false,
+            },
+            Event::Response {
+                target: 1,
+                answer: ok("duplicate", 1_500),
+                retried: false,
+            },
+            Event::Transaction {
+                transaction_id: "load-t-0".to_owned(),
+                deliveries: vec![
+                    Delivery {
+                        answer: ok("accepted", 1_000),
+                        retries: 0,
+                    },
+                    Delivery {
+                        answer: ok("duplicate", 1_500),
+                        retries: 0,
+                    },
+                ],
+            },
+            Event::Launched { deliveries: 2 },
+            Event::Response {
+                target: 1,
+                answer: unavailable,
+                retried: true,
+            },
+            Event::Response {
+                target: 0,
+                answer: Answer::Timeout,
+                retried: false,
+            },
+            Event::Response {
+                target: 1,
+                answer: ok("accepted", 2_000),
+                retried: false,
+            },
+            Event::Transaction {
+                transaction_id: "load-t-1".to_owned(),
+                deliveries: vec![
+                    Delivery {
+                        answer: ok("accepted", 2_000),
+                        retries: 1,
+                    },
+                    Delivery {
+                        answer: Answer::Timeout,
+                        retries: 0,
+                    },
+                ],
+            },
+        ] {
+            s.record(e);
+        }
+        s
+    }
+
+    /// Both events booked: received at 0 and 1 s, finished 0.5 s and 2 s later.
+    fn drained() -> Drain {
+        let figures = RunFigures {
+            events: 2,
+            transactions: 2,
+            done: 2,
+            span_secs: Some(3.0),
+            lag: Some(LagSecs {
+                p50: 1.25,
+                p90: 1.85,
+                p99: 1.985,
+                max: 2.0,
+            }),
+            ..RunFigures::default()
+        };
+        Drain::new(
+            &figures,
+            DrainEnd::Drained,
+            Duration::from_millis(1_500),
+            Duration::from_secs(30),
+        )
     }
 
     #[derive(clap::Parser)]
@@ -792,6 +1114,7 @@ mod tests {
             sample(None),
             Duration::from_secs(2),
             StopReason::Duration,
+            None,
         );
         assert_eq!(r.transactions, 2);
         assert_eq!(r.deliveries, 4);
@@ -852,6 +1175,7 @@ mod tests {
             sample(None),
             Duration::from_secs(1),
             StopReason::Duration,
+            None,
         );
         let l = &r.latency;
         assert_eq!(l.count, 4, "the timeout has no latency");
@@ -879,7 +1203,13 @@ mod tests {
                 },
             ],
         });
-        let r = Report::new(&plan(), s, Duration::from_secs(1), StopReason::Transactions);
+        let r = Report::new(
+            &plan(),
+            s,
+            Duration::from_secs(1),
+            StopReason::Transactions,
+            None,
+        );
         assert_eq!(r.processed_twice, 1);
         assert!(r.problems()[0].contains("more than once"));
         assert!(r.render().contains("PROBLEM"));
@@ -900,7 +1230,13 @@ mod tests {
                 retries: 0,
             }],
         });
-        let r = Report::new(&plan(), s, Duration::from_secs(1), StopReason::Interrupted);
+        let r = Report::new(
+            &plan(),
+            s,
+            Duration::from_secs(1),
+            StopReason::Interrupted,
+            None,
+        );
         assert_eq!(r.transactions_without_200, 1);
         assert_eq!(r.first_error.as_deref(), Some("connection refused"));
         assert_eq!(
@@ -920,7 +1256,13 @@ mod tests {
         if let Some(w) = &mut stats.answers {
             w.finish();
         }
-        let r = Report::new(&plan(), stats, Duration::from_secs(1), StopReason::Duration);
+        let r = Report::new(
+            &plan(),
+            stats,
+            Duration::from_secs(1),
+            StopReason::Duration,
+            None,
+        );
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         let records: Vec<AnswerRecord> = text
@@ -948,6 +1290,7 @@ mod tests {
             sample(None),
             Duration::from_secs(2),
             StopReason::Duration,
+            None,
         );
         let json = r.to_json();
         assert!(!json.contains('\n'));
@@ -966,6 +1309,7 @@ mod tests {
             sample(None),
             Duration::from_secs(2),
             StopReason::Duration,
+            None,
         )
         .render();
         for needle in [
@@ -983,6 +1327,194 @@ mod tests {
         ] {
             assert!(table.contains(needle), "missing {needle:?} in\n{table}");
         }
+    }
+
+    #[test]
+    fn an_inbox_run_reports_the_accept_rate_the_drain_rate_and_the_lag() {
+        let r = Report::new(
+            &inbox_plan(),
+            inbox_sample(),
+            Duration::from_secs(2),
+            StopReason::Duration,
+            Some(drained()),
+        );
+        let inbox = r.inbox.as_ref().expect("an inbox run has inbox figures");
+        assert_eq!(inbox.accepted_deliveries, 3, "two accepted, one duplicate");
+        assert_eq!(inbox.accept_rate, 1.5, "3 deliveries answered 2xx in 2 s");
+        assert_eq!(inbox.accepted, 2);
+        assert_eq!(inbox.accepted_twice, 0);
+        let d = inbox.drain.as_ref().unwrap();
+        assert_eq!(d.drain_rate, Some(2.0 / 3.0), "2 finished over 3 s");
+        assert_eq!(d.lag.unwrap().p50_ms, 1_250.0);
+        assert_eq!(d.lag.unwrap().max_ms, 2_000.0);
+        assert!(r.problems().is_empty(), "{:?}", r.problems());
+
+        let table = r.render();
+        for needle in [
+            "k=2 | max 5 retries | inbox mode",
+            "deliveries answered 2xx",
+            "1.5/s   accept rate; 2 answered `accepted`, 0 transactions without a 2xx",
+            "drain of the run's events (1.50 s after the load, 30.00 s at most: drained)",
+            "0.7/s   2 finished in 3.00 s, first acceptance to last finish",
+            "lag per finished event, ms (finished_at - received_at)",
+            "p50        p90        p99        max",
+            "1250.0     1850.0     1985.0     2000.0",
+            "200 accepted",
+            "503 unavailable",
+            "stored once, as the sender sees it: no transaction answered `accepted` twice",
+        ] {
+            assert!(table.contains(needle), "missing {needle:?} in\n{table}");
+        }
+        assert!(!table.contains("payments (ended 200)"), "{table}");
+        assert!(!table.contains("exactly-once"), "{table}");
+    }
+
+    #[test]
+    fn the_json_report_of_an_inbox_run_has_the_drain_and_a_sync_run_has_no_inbox_key() {
+        let r = Report::new(
+            &inbox_plan(),
+            inbox_sample(),
+            Duration::from_secs(2),
+            StopReason::Duration,
+            Some(drained()),
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(v["inbox"]["accept_rate"], 1.5);
+        assert_eq!(v["inbox"]["accepted"], 2);
+        let d = &v["inbox"]["drain"];
+        assert_eq!(d["ended"], "drained");
+        assert_eq!(d["events"], 2);
+        assert_eq!(d["done"], 2);
+        assert_eq!(d["dead"], 0);
+        assert_eq!(d["unfinished"], 0);
+        assert_eq!(d["span_secs"], 3.0);
+        assert_eq!(d["lag"]["p99_ms"], 1985.0);
+        assert_eq!(d["error"], serde_json::Value::Null);
+
+        let sync = Report::new(
+            &plan(),
+            sample(None),
+            Duration::from_secs(2),
+            StopReason::Duration,
+            None,
+        );
+        let v: serde_json::Value = serde_json::from_str(&sync.to_json()).unwrap();
+        assert!(v.get("inbox").is_none(), "{v}");
+    }
+
+    #[test]
+    fn dead_unfinished_or_missing_events_and_a_second_accept_are_problems() {
+        let mut stats = inbox_sample();
+        stats.record(Event::Transaction {
+            transaction_id: "load-t-2".to_owned(),
+            deliveries: vec![
+                Delivery {
+                    answer: ok("accepted", 1),
+                    retries: 0,
+                },
+                Delivery {
+                    answer: ok("accepted", 1),
+                    retries: 0,
+                },
+            ],
+        });
+        let figures = RunFigures {
+            events: 2,
+            transactions: 2,
+            queued: 1,
+            done: 0,
+            dead: 1,
+            span_secs: Some(1.0),
+            ..RunFigures::default()
+        };
+        let drain = Drain::new(
+            &figures,
+            DrainEnd::Timeout,
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+        );
+        let r = Report::new(
+            &inbox_plan(),
+            stats,
+            Duration::from_secs(1),
+            StopReason::Duration,
+            Some(drain),
+        );
+        let problems = r.problems();
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(problems[0].contains("answered `accepted` more than once"));
+        assert!(problems[1]
+            .contains("1 event(s) still queued or processing after --drain-timeout 30.00 s"));
+        assert!(problems[2].contains("1 event(s) dead"));
+        assert!(problems[3].contains("1 transaction(s) answered 2xx have no event"));
+        let table = r.render();
+        assert!(table.contains("timed out"), "{table}");
+        assert!(table.contains("lag: no event finished"), "{table}");
+        assert!(!table.contains("stored once"), "{table}");
+    }
+
+    #[test]
+    fn an_inbox_run_without_a_database_says_the_drain_was_not_watched() {
+        let r = Report::new(
+            &plan_with(&["--inbox"]),
+            inbox_sample(),
+            Duration::from_secs(2),
+            StopReason::Duration,
+            None,
+        );
+        assert!(r.problems().is_empty(), "{:?}", r.problems());
+        assert!(r.render().contains("drain: not watched"), "{}", r.render());
+    }
+
+    #[test]
+    fn inbox_figures_over_sync_targets_say_what_may_be_wrong() {
+        // Targets that booked (`processed`), and no event of the run stored.
+        let drain = Drain::new(
+            &RunFigures::default(),
+            DrainEnd::Drained,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        );
+        let r = Report::new(
+            &inbox_plan(),
+            sample(None),
+            Duration::from_secs(2),
+            StopReason::Duration,
+            Some(drain),
+        );
+        assert_eq!(r.inbox.as_ref().unwrap().accepted, 0);
+        assert_eq!(
+            r.problems(),
+            vec![
+                "2 transaction(s) answered 2xx have no event in the database (do the targets run in inbox mode, on this database?)"
+                    .to_owned()
+            ]
+        );
+    }
+
+    #[test]
+    fn a_drain_that_could_not_be_read_is_a_problem() {
+        let mut drain = Drain::new(
+            &RunFigures::default(),
+            DrainEnd::Error,
+            Duration::ZERO,
+            Duration::from_secs(30),
+        );
+        drain.error = Some("connection refused".to_owned());
+        let r = Report::new(
+            &inbox_plan(),
+            inbox_sample(),
+            Duration::from_secs(2),
+            StopReason::Duration,
+            Some(drain),
+        );
+        assert_eq!(
+            r.problems(),
+            vec!["could not read the run's events: connection refused".to_owned()]
+        );
+        assert!(r
+            .render()
+            .contains("drain: could not read the run's events: connection refused"));
     }
 
     #[test]
