@@ -47,6 +47,10 @@ const HELD_RETRY: Duration = Duration::from_millis(200);
 /// wakes it at once; this is the fallback).
 const AWAIT_RETRY_MAX: Duration = Duration::from_secs(60);
 
+/// How often the first worker looks for events whose lock ran out while
+/// there is other work (idle, it looks every time it finds none).
+const RESCUE_EVERY: Duration = Duration::from_secs(1);
+
 pub struct Inbox {
     store: Store,
     /// The sync processor, without an in-flight wait: a worker that finds
@@ -107,24 +111,25 @@ impl Inbox {
     }
 
     async fn work(self: Arc<Self>, n: usize, mut stop: watch::Receiver<bool>) {
+        let mut last_rescue = tokio::time::Instant::now();
         loop {
             if *stop.borrow() {
                 return;
             }
+            // The first worker looks for events whose worker died: when it
+            // finds nothing to do, and at least every RESCUE_EVERY under a
+            // backlog (their events must not wait for the queue to empty).
+            if n == 0 && last_rescue.elapsed() >= RESCUE_EVERY {
+                last_rescue = tokio::time::Instant::now();
+                self.rescue().await;
+            }
             match self.store.take(self.lock).await {
                 Ok(Some(taken)) => self.attempt(taken).await,
                 Ok(None) => {
-                    // The first worker looks for events whose worker died.
                     if n == 0 {
-                        match self.store.rescue().await {
-                            Ok(0) | Err(_) => {}
-                            Ok(rescued) => {
-                                tracing::warn!(
-                                    rescued,
-                                    "events taken again: their worker's lock ran out"
-                                );
-                                continue;
-                            }
+                        last_rescue = tokio::time::Instant::now();
+                        if self.rescue().await {
+                            continue;
                         }
                     }
                     tokio::select! {
@@ -140,6 +145,18 @@ impl Inbox {
                         _ = stop.changed() => {}
                     }
                 }
+            }
+        }
+    }
+
+    /// Puts events whose worker's lock ran out back in the queue; whether
+    /// there were any.
+    async fn rescue(&self) -> bool {
+        match self.store.rescue().await {
+            Ok(0) | Err(_) => false,
+            Ok(rescued) => {
+                tracing::warn!(rescued, "events taken again: their worker's lock ran out");
+                true
             }
         }
     }
@@ -161,11 +178,21 @@ impl Inbox {
                     .await;
             }
         }
-        if let Err(e) = self.store.settle(taken.id, &settle).await {
-            // The event stays `processing` until its lock runs out; then a
-            // worker takes it again and the lifecycle finds what was done.
-            tracing::warn!(event = taken.id, error = %crate::error::chain(&e),
-                "could not record an attempt's result; the event will be taken again");
+        match self.store.settle(&taken, &settle).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // Our lock ran out mid-attempt and the event was taken again
+                // (or replayed): the newer attempt's result stands; what we
+                // booked, if anything, was fenced.
+                tracing::warn!(event = taken.id, ?settle,
+                    "an attempt outlived its lock; its result is not recorded over the newer attempt's");
+            }
+            Err(e) => {
+                // The event stays `processing` until its lock runs out; then a
+                // worker takes it again and the lifecycle finds what was done.
+                tracing::warn!(event = taken.id, error = %crate::error::chain(&e),
+                    "could not record an attempt's result; the event will be taken again");
+            }
         }
     }
 

@@ -45,6 +45,10 @@ pub struct Taken {
     /// Attempts spent before this one.
     pub attempts: i32,
     pub received_at: OffsetDateTime,
+    /// The lock this take set: the attempt's result is recorded only while
+    /// the event still carries it. A worker that stalled past its lock, whose
+    /// event was taken again, records nothing over the new attempt.
+    pub locked_until: OffsetDateTime,
 }
 
 /// How an attempt ended, for the event's row.
@@ -115,7 +119,7 @@ const TAKE: &str = "\
 UPDATE events SET status = 'processing', locked_until = now() + $1 * interval '1 millisecond'
  WHERE id = (SELECT id FROM events WHERE status = 'queued' AND next_attempt_at <= now()
               ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING id, canonical, attempts, received_at";
+RETURNING id, canonical, attempts, received_at, locked_until";
 
 /// Events whose worker's lock ran out (it died, or stalled): due again.
 const RESCUE: &str = "\
@@ -128,7 +132,7 @@ SELECT count(*) FROM again";
 
 const DONE: &str = "\
 UPDATE events SET status = 'done', finished_at = now(), locked_until = NULL
- WHERE id = $1 AND status = 'processing'";
+ WHERE id = $1 AND status = 'processing' AND locked_until = $2";
 
 /// Wakes the refunds and disputes waiting for a payment that was just booked.
 const WAKE_CHILDREN: &str = "\
@@ -145,12 +149,12 @@ UPDATE events SET status = 'queued', attempts = attempts + 1, locked_until = NUL
        next_attempt_at = now() + $2 * interval '1 millisecond', last_error = $3,
        errors = errors || jsonb_build_array(jsonb_build_object(
            'at', now(), 'attempt', attempts + 1, 'error', $3::text))
- WHERE id = $1 AND status = 'processing'";
+ WHERE id = $1 AND status = 'processing' AND locked_until = $4";
 
 const REQUEUE: &str = "\
 UPDATE events SET status = 'queued', locked_until = NULL,
        next_attempt_at = now() + $2 * interval '1 millisecond', last_error = $3
- WHERE id = $1 AND status = 'processing'";
+ WHERE id = $1 AND status = 'processing' AND locked_until = $4";
 
 /// Gives up on an event; its object's row, if no event ever settled it, is
 /// marked `dead` too.
@@ -160,11 +164,13 @@ WITH ev AS (
            attempts = attempts + $3,
            errors = CASE WHEN $3 = 1 THEN errors || jsonb_build_array(jsonb_build_object(
                'at', now(), 'attempt', attempts + 1, 'error', $2::text)) ELSE errors END
-     WHERE id = $1 AND status = 'processing'
-    RETURNING provider, transaction_id)
-UPDATE payments p SET status = 'dead', updated_at = now()
-  FROM ev WHERE p.provider = ev.provider AND p.transaction_id = ev.transaction_id
-   AND p.status IN ('queued', 'processing')";
+     WHERE id = $1 AND status = 'processing' AND locked_until = $4
+    RETURNING provider, transaction_id),
+pay AS (
+    UPDATE payments p SET status = 'dead', updated_at = now()
+      FROM ev WHERE p.provider = ev.provider AND p.transaction_id = ev.transaction_id
+       AND p.status IN ('queued', 'processing'))
+SELECT count(*) FROM ev";
 
 const COUNTS: &str = "\
 SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
@@ -234,6 +240,7 @@ impl Store {
             event,
             attempts: row.get(2),
             received_at: row.get(3),
+            locked_until: row.get(4),
         }))
     }
 
@@ -244,31 +251,39 @@ impl Store {
         Ok(client.query_one(&stmt, &[]).await?.get(0))
     }
 
-    /// Records how an attempt ended.
-    pub async fn settle(&self, id: i64, settle: &Settle) -> Result<(), StoreError> {
+    /// Records how an attempt ended; `false` when the event no longer
+    /// carries this take's lock (it ran out and another worker took it, or a
+    /// replay re-queued it): then the newer attempt's result stands.
+    pub async fn settle(&self, taken: &Taken, settle: &Settle) -> Result<bool, StoreError> {
         let client = self.pool.get().await?;
         let ms = |d: &Duration| d.as_millis() as f64;
-        match settle {
+        let (id, lock) = (&taken.id, &taken.locked_until);
+        let rows = match settle {
             Settle::Done => {
                 let stmt = client.prepare_cached(DONE).await?;
-                client.execute(&stmt, &[&id]).await?;
+                client.execute(&stmt, &[id, lock]).await?
             }
             Settle::Retry { delay, error } => {
                 let stmt = client.prepare_cached(RETRY).await?;
-                client.execute(&stmt, &[&id, &ms(delay), error]).await?;
+                client
+                    .execute(&stmt, &[id, &ms(delay), error, lock])
+                    .await?
             }
             Settle::Requeue { delay, reason } => {
                 let stmt = client.prepare_cached(REQUEUE).await?;
-                client.execute(&stmt, &[&id, &ms(delay), reason]).await?;
+                client
+                    .execute(&stmt, &[id, &ms(delay), reason, lock])
+                    .await?
             }
             Settle::Dead { error, spent } => {
                 let stmt = client.prepare_cached(DEAD).await?;
-                client
-                    .execute(&stmt, &[&id, error, &i32::from(*spent)])
+                let row = client
+                    .query_one(&stmt, &[id, error, &i32::from(*spent), lock])
                     .await?;
+                row.get::<_, i64>(0) as u64
             }
-        }
-        Ok(())
+        };
+        Ok(rows > 0)
     }
 
     /// Makes the queued refunds and disputes of a just-booked payment due now.

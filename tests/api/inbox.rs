@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::metrics::{INBOX_ATTEMPTS_TOTAL, INBOX_LAG_SECONDS, INBOX_ROWS};
-use fencehook::store::inbox::Replay;
+use fencehook::store::inbox::{Replay, Settle};
 use fencehook::store::Store;
 use serde_json::json;
 
@@ -29,6 +29,29 @@ async fn event_status(ctx: &TestContext, tx: &str) -> Vec<(String, i32)> {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect()
+}
+
+/// Waits until a worker has looked at `tx` and put it back to wait for its
+/// payment; then checks no attempt was spent on it.
+async fn wait_until_put_back_to_wait(ctx: &TestContext, tx: &str, reason: &str) {
+    wait_for(
+        "put back to wait for its payment",
+        Duration::from_secs(10),
+        || async {
+            ctx.count(&format!(
+                "SELECT count(*) FROM events WHERE transaction_id = '{tx}'
+                AND status = 'queued' AND last_error LIKE '{reason}'"
+            ))
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        event_status(ctx, tx).await,
+        [("queued".to_owned(), 0)],
+        "waiting, no attempt spent"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -234,11 +257,7 @@ async fn a_refund_accepted_before_its_payment_waits_without_spending_attempts() 
     refund["event_type"] = json!("refund.succeeded");
     refund["payment_transaction_id"] = json!("pay_inbox");
     assert_eq!(app.deliver(&refund).await.result(), "accepted");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        event_status(&ctx, "re_inbox").await,
-        [("queued".to_owned(), 0)]
-    );
+    wait_until_put_back_to_wait(&ctx, "re_inbox", "waiting for payment pay_inbox").await;
     assert_eq!(
         app.deliver(&payment("pay_inbox", 1000)).await.result(),
         "accepted"
@@ -352,13 +371,31 @@ async fn a_worker_stopped_with_work_in_flight_loses_nothing() {
             .any(|l| l.contains("letting the current attempts end")),
         "A ended its attempts before it stopped"
     );
-    let _b = WorkProcess::start(&env).await;
-    wait_for("all six events done", Duration::from_secs(30), || async {
-        ctx.count("SELECT count(*) FROM events WHERE status = 'done'")
-            .await
-            == 6
-    })
-    .await;
+    let b = WorkProcess::start(&env).await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ctx
+        .count("SELECT count(*) FROM events WHERE status = 'done'")
+        .await
+        < 6
+    {
+        if tokio::time::Instant::now() > end {
+            let rows: Vec<String> = ctx
+                .db()
+                .await
+                .query("SELECT format('%s %s %s %s %s', transaction_id, status, attempts, locked_until, last_error) FROM events ORDER BY id", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            panic!(
+                "not all six events done in 30 s: {rows:#?}\nA: {:#?}\nB: {:#?}",
+                a.logs.lock().unwrap(),
+                b.logs.lock().unwrap()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(ctx.entries().await, 6, "each booked once");
     ctx.assert_audit_clean().await;
 }
@@ -390,10 +427,13 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     refund["event_type"] = json!("refund.succeeded");
     refund["payment_transaction_id"] = json!("pay_ops");
     app.deliver(&refund).await;
-    wait_for("both booked", Duration::from_secs(10), || async {
-        booked(&ctx, "pay_ops").await && booked(&ctx, "re_ops").await
+    wait_for("both events done", Duration::from_secs(10), || async {
+        ctx.count("SELECT count(*) FROM events WHERE status = 'done'")
+            .await
+            == 2
     })
     .await;
+    assert!(booked(&ctx, "pay_ops").await && booked(&ctx, "re_ops").await);
     let url = ctx.database_url.clone();
 
     let (code, out, err) = fencehook_binary(
@@ -530,12 +570,12 @@ async fn a_refund_of_a_failed_payment_waits_for_its_success_instead_of_dying() {
     refund["event_type"] = json!("refund.succeeded");
     refund["payment_transaction_id"] = json!("pay_fails_first");
     assert_eq!(app.deliver(&refund).await.result(), "accepted");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        event_status(&ctx, "re_after_failure").await,
-        [("queued".to_owned(), 0)],
-        "waiting, no attempt spent"
-    );
+    wait_until_put_back_to_wait(
+        &ctx,
+        "re_after_failure",
+        "payment pay_fails_first failed; waiting for it to succeed",
+    )
+    .await;
 
     assert_eq!(
         app.deliver(&payment("pay_fails_first", 1000))
@@ -544,19 +584,118 @@ async fn a_refund_of_a_failed_payment_waits_for_its_success_instead_of_dying() {
         "accepted"
     );
     wait_for(
-        "the refund booked once its payment succeeded",
+        "the refund done once its payment succeeded",
         Duration::from_secs(10),
-        || booked(&ctx, "re_after_failure"),
+        || async { event_status(&ctx, "re_after_failure").await == [("done".to_owned(), 0)] },
     )
     .await;
-    assert_eq!(
-        event_status(&ctx, "re_after_failure").await,
-        [("done".to_owned(), 0)]
-    );
+    assert!(booked(&ctx, "re_after_failure").await);
     assert_eq!(
         ctx.count("SELECT count(*) FROM events WHERE status = 'dead'")
             .await,
         0
     );
     ctx.assert_audit_clean().await;
+}
+
+/// A worker that stalls past its lock, while another takes the event again,
+/// must not record its result over the newer attempt: each take's lock is
+/// the attempt's token, and settling checks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_that_outlived_its_lock_records_nothing_over_the_newer_one() {
+    let ctx = TestContext::new().await;
+    // Accept only: this test is the worker.
+    let app = ctx.spawn(ctx.inbox_config(0)).await;
+    assert_eq!(
+        app.deliver(&payment("tx_two_takes", 55)).await.result(),
+        "accepted"
+    );
+    let store = Store::new(&ctx.config().db).unwrap();
+    let stalled = store
+        .take(Duration::from_millis(50))
+        .await
+        .unwrap()
+        .expect("the first take");
+    wait_for(
+        "the first lock rescued",
+        Duration::from_secs(10),
+        || async { store.rescue().await.unwrap() == 1 },
+    )
+    .await;
+    let newer = store
+        .take(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("taken again");
+    assert_eq!(newer.id, stalled.id);
+    let dead = Settle::Dead {
+        error: "the stalled worker's verdict".to_owned(),
+        spent: true,
+    };
+    assert!(
+        !store.settle(&stalled, &dead).await.unwrap(),
+        "the stale attempt is not recorded"
+    );
+    assert_eq!(
+        event_status(&ctx, "tx_two_takes").await,
+        [("processing".to_owned(), 0)]
+    );
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM payments WHERE status = 'dead'")
+            .await,
+        0
+    );
+    let retry = Settle::Retry {
+        delay: Duration::from_millis(1),
+        error: "the newer attempt's".to_owned(),
+    };
+    assert!(store.settle(&newer, &retry).await.unwrap());
+    assert_eq!(
+        event_status(&ctx, "tx_two_takes").await,
+        [("queued".to_owned(), 1)]
+    );
+}
+
+/// Events whose worker died are put back while the other workers have a
+/// backlog, not only once the queue is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_orphaned_event_is_rescued_while_a_backlog_keeps_the_workers_busy() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    downstream.set_delay(Duration::from_millis(300));
+    let mut cfg = ctx.inbox_config(0);
+    cfg.downstream_url = Some(downstream.url());
+    let accepting = ctx.spawn(cfg.clone()).await;
+    assert_eq!(
+        accepting.deliver(&payment("tx_orphan", 9)).await.result(),
+        "accepted"
+    );
+    // Its worker died holding it: processing, with a lock that ran out.
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET status = 'processing', locked_until = now() - interval '1 second'
+              WHERE transaction_id = 'tx_orphan'",
+        )
+        .await
+        .unwrap();
+    for i in 0..40 {
+        let r = accepting
+            .deliver(&payment(&format!("tx_backlog_{i}"), 10 + i))
+            .await;
+        assert_eq!(r.result(), "accepted");
+    }
+    cfg.inbox.workers = 1;
+    let _worker = ctx.spawn(cfg).await;
+    wait_for("the orphan rescued", Duration::from_secs(8), || async {
+        event_status(&ctx, "tx_orphan").await[0].0 != "processing"
+    })
+    .await;
+    let waiting = ctx
+        .count("SELECT count(*) FROM events WHERE status = 'queued' AND transaction_id LIKE 'tx_backlog_%'")
+        .await;
+    assert!(
+        waiting >= 10,
+        "rescued with the backlog still there ({waiting} queued)"
+    );
 }
