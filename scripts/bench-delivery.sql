@@ -7,7 +7,7 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE('succeeded'::text, payments.status),
        event_type = COALESCE('payment.succeeded'::text, payments.event_type),
-       updated_at = now()
+       updated_at = EXCLUDED.updated_at
  WHERE payments.status = ANY('{processing}'::text[])
    AND payments.fence < EXCLUDED.fence
    AND payments.fingerprint = EXCLUDED.fingerprint

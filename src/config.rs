@@ -16,6 +16,11 @@ use crate::providers::{self, Provider};
 pub enum LeaseBackendKind {
     Redis,
     Postgres,
+    /// No lease at all: the UNIQUE constraint and the one-statement claim
+    /// only. Exists for `make bench`'s baseline row, in builds with the
+    /// `bench-baseline` feature; refused otherwise. Unsafe with a downstream.
+    #[value(hide = true)]
+    UniqueOnly,
 }
 
 impl LeaseBackendKind {
@@ -24,6 +29,7 @@ impl LeaseBackendKind {
         match self {
             LeaseBackendKind::Redis => "redis",
             LeaseBackendKind::Postgres => "postgres",
+            LeaseBackendKind::UniqueOnly => "unique-only",
         }
     }
 }
@@ -515,6 +521,20 @@ impl ServeArgs {
     }
 
     fn lease_config(&self) -> Result<LeaseConfig, ConfigError> {
+        if self.lease_backend == LeaseBackendKind::UniqueOnly {
+            if !cfg!(feature = "bench-baseline") {
+                return Err(bad(
+                    "FENCEHOOK_LEASE_BACKEND",
+                    "unique-only exists only in benchmark builds (feature bench-baseline); use redis or postgres",
+                ));
+            }
+            if self.downstream_url.is_some() {
+                return Err(bad(
+                    "FENCEHOOK_LEASE_BACKEND",
+                    "unique-only has no lease to take over a crashed holder's claim: it is for inline benchmarks without FENCEHOOK_DOWNSTREAM_URL",
+                ));
+            }
+        }
         // One URL, or a comma-separated list of Redis Cluster seed nodes.
         for node in self.redis_url.split(',').map(str::trim) {
             if node.starts_with("rediss://") {
@@ -669,6 +689,26 @@ mod tests {
             .expect("flags parse")
             .serve
             .validate()
+    }
+
+    #[test]
+    fn the_unique_only_baseline_is_refused_outside_benchmark_builds_and_with_a_downstream() {
+        let e = parse(&["--lease-backend", "unique-only"]);
+        if cfg!(feature = "bench-baseline") {
+            assert!(e.is_ok(), "{e:?}");
+        } else {
+            let e = e.unwrap_err();
+            assert_eq!(e.setting, "FENCEHOOK_LEASE_BACKEND");
+            assert!(e.reason.contains("benchmark builds"), "{}", e.reason);
+        }
+        let e = parse(&[
+            "--lease-backend",
+            "unique-only",
+            "--downstream-url",
+            "http://127.0.0.1:1/book",
+        ])
+        .unwrap_err();
+        assert_eq!(e.setting, "FENCEHOOK_LEASE_BACKEND");
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub enum RawAcquire {
 enum Backend {
     Redis(RedisLease),
     Postgres(PgLease),
+    /// `unique-only`: no lease store; see [`LeaseBackendKind::UniqueOnly`].
+    UniqueOnly,
 }
 
 /// The lease store, whichever backend keeps it; cheap to clone.
@@ -76,6 +78,7 @@ impl Lease {
         let backend = match cfg.backend {
             LeaseBackendKind::Redis => Backend::Redis(RedisLease::new(cfg)?),
             LeaseBackendKind::Postgres => Backend::Postgres(PgLease::new(cfg, db)?),
+            LeaseBackendKind::UniqueOnly => Backend::UniqueOnly,
         };
         Ok(Lease {
             inner: Arc::new(LeaseInner {
@@ -114,6 +117,8 @@ impl Lease {
         let raw = match &self.inner.backend {
             Backend::Redis(r) => self.bounded(budget, r.acquire(key, owner)).await,
             Backend::Postgres(p) => self.bounded(budget, p.acquire(key, owner)).await,
+            // Every copy "holds" token 1: only the database decides.
+            Backend::UniqueOnly => Ok(RawAcquire::Acquired { token: 1 }),
         };
         let token = match raw {
             Err(e) => {
@@ -177,6 +182,7 @@ impl Lease {
                 let cancelled = match &lease.inner.backend {
                     Backend::Redis(r) => lease.bounded(budget, r.cancel(&key, owner)).await,
                     Backend::Postgres(p) => lease.bounded(budget, p.cancel(&key, owner)).await,
+                    Backend::UniqueOnly => Ok(false),
                 };
                 if let Ok(true) = cancelled {
                     tracing::info!(provider = %key.provider, transaction_id = %key.transaction_id,
@@ -190,7 +196,7 @@ impl Lease {
     /// `idle`, returning how many (0 with Redis, whose keys expire by themselves).
     pub async fn prune(&self, idle: Duration) -> Result<i64, LeaseError> {
         match &self.inner.backend {
-            Backend::Redis(_) => Ok(0),
+            Backend::Redis(_) | Backend::UniqueOnly => Ok(0),
             Backend::Postgres(p) => p.prune(idle).await,
         }
     }
@@ -212,6 +218,7 @@ impl Lease {
         match &self.inner.backend {
             Backend::Redis(r) => self.bounded(budget, r.renew(key, owner, token)).await,
             Backend::Postgres(p) => self.bounded(budget, p.renew(key, owner, token)).await,
+            Backend::UniqueOnly => Ok(true),
         }
     }
 
@@ -226,6 +233,7 @@ impl Lease {
         match &self.inner.backend {
             Backend::Redis(r) => self.bounded(budget, r.release(key, owner, token)).await,
             Backend::Postgres(p) => self.bounded(budget, p.release(key, owner, token)).await,
+            Backend::UniqueOnly => Ok(true),
         }
     }
 
@@ -247,6 +255,8 @@ impl Lease {
                 self.bounded(budget, p.resync(key, owner, token, db_fence))
                     .await
             }
+            // Nothing to raise: a claim that lost is answered as lost.
+            Backend::UniqueOnly => Ok(None),
         }
     }
 
@@ -256,6 +266,7 @@ impl Lease {
         match &self.inner.backend {
             Backend::Redis(r) => self.bounded(budget, r.ping()).await,
             Backend::Postgres(p) => self.bounded(budget, p.ping()).await,
+            Backend::UniqueOnly => Ok(()),
         }
     }
 }

@@ -18,12 +18,14 @@ use crate::config::{DbConfig, LeaseConfig};
 use crate::db::{self, PoolSpec};
 
 /// Takes a free or expired lease, raising the token; returns nothing when held.
+/// The clock is read once, in the proposed row: the conflict clause compares
+/// with `EXCLUDED.expires_at - ttl` (that same instant) and calls no function.
 const ACQUIRE: &str = "\
 INSERT INTO leases AS l (provider, transaction_id, owner, token, expires_at)
 VALUES ($1, $2, $3, 1, clock_timestamp() + $4 * interval '1 millisecond')
 ON CONFLICT (provider, transaction_id) DO UPDATE
    SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at
- WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+ WHERE l.owner IS NULL OR l.expires_at <= EXCLUDED.expires_at - $4 * interval '1 millisecond'
 RETURNING token";
 
 /// Milliseconds left on a lease held by someone else.

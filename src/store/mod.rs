@@ -177,7 +177,10 @@ pub fn classify(e: &tokio_postgres::Error) -> DbErrorKind {
 const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM payments \
      WHERE provider = $1 AND transaction_id = $2";
 
-/// The fenced upsert. Parameters: $1 provider, $2 transaction_id, $3 kind,
+/// The fenced upsert. No function in its conflict clause: `updated_at` comes
+/// from the proposed row's default (`EXCLUDED`), the same transaction time
+/// `now()` gives, so a sharded engine that refuses functions there (Citus)
+/// takes it unchanged (docs/scaling.md). Parameters: $1 provider, $2 transaction_id, $3 kind,
 /// $4 parent_transaction_id, $5 event_type, $6 amount_minor, $7 currency,
 /// $8 fingerprint, $9 status of a new row, $10 token, $11 occurred_at,
 /// $12 the statuses the row may have (text[]), $13 the status an existing
@@ -190,7 +193,7 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE($13::text, payments.status),
        event_type = COALESCE($14::text, payments.event_type),
-       updated_at = now()
+       updated_at = EXCLUDED.updated_at
  WHERE payments.status = ANY($12::text[])
    AND payments.fence < EXCLUDED.fence
    AND payments.fingerprint = EXCLUDED.fingerprint
@@ -246,7 +249,8 @@ const QUARANTINE: &str = "\
 INSERT INTO quarantined_items (provider, transaction_id, reason, item, item_sha256)
 VALUES ($1, $2, $3, $4, encode(sha256(convert_to($4, 'UTF8')), 'hex'))
 ON CONFLICT ON CONSTRAINT quarantined_items_provider_item_key DO UPDATE
-   SET times_seen = quarantined_items.times_seen + 1, last_seen_at = now(), reason = EXCLUDED.reason
+   SET times_seen = quarantined_items.times_seen + 1, last_seen_at = EXCLUDED.last_seen_at,
+       reason = EXCLUDED.reason
 RETURNING times_seen";
 
 /// The pooled PostgreSQL store.

@@ -378,6 +378,7 @@ async fn an_expired_counter_is_fast_forwarded_past_the_database_fence(backend: L
             })
             .await;
         }
+        LeaseBackendKind::UniqueOnly => unreachable!("not a lease store"),
     }
     downstream.set_status(200);
     let r = app.deliver(&p).await;
@@ -391,3 +392,66 @@ async fn an_expired_counter_is_fast_forwarded_past_the_database_fence(backend: L
 }
 
 crate::helpers::both_backends!(an_expired_counter_is_fast_forwarded_past_the_database_fence);
+
+/// The PostgreSQL backend's `leases` table is unlogged (V6): a crash, or a
+/// failover to a standby, leaves it empty. Emptied while a holder is stalled
+/// in its downstream call, the next copy's counter starts again at 1 — below
+/// the stored fence — is raised past it by the resync, and books; the stalled
+/// holder's write is refused by the fence. One entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_emptied_lease_table_loses_no_fence_and_books_once() {
+    let ctx = TestContext::new().await;
+    let persistence: i8 = ctx
+        .db()
+        .await
+        .query_one(
+            "SELECT relpersistence::\"char\" FROM pg_class WHERE relname = 'leases'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(persistence as u8, b'u', "leases is unlogged");
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config_for(LeaseBackendKind::Postgres);
+    cfg.downstream_url = Some(downstream.url());
+    cfg.inflight_wait = Duration::ZERO;
+    let app = Arc::new(ctx.spawn(cfg).await);
+    downstream.gate_token(1);
+    let p = payment("tx_leases_wiped", 640);
+    let stalled = tokio::spawn({
+        let (app, p) = (app.clone(), p.clone());
+        async move { app.deliver(&p).await }
+    });
+    wait_for(
+        "the first holder in its downstream call",
+        Duration::from_secs(10),
+        || async { !downstream.calls().is_empty() },
+    )
+    .await;
+    // What a crash of PostgreSQL does to an unlogged table.
+    ctx.db()
+        .await
+        .batch_execute("TRUNCATE leases")
+        .await
+        .unwrap();
+    let second = app.deliver(&p).await;
+    assert_eq!(
+        (second.status, second.result()),
+        (200, "processed"),
+        "{second:?}"
+    );
+    downstream.open_gate();
+    let first = stalled.await.unwrap();
+    assert_eq!(
+        (first.status, first.result()),
+        (409, "lease_lost"),
+        "{first:?}"
+    );
+    assert_eq!(
+        ctx.payment("tx_leases_wiped").await,
+        Some(("succeeded".to_owned(), 2))
+    );
+    assert_eq!(ctx.entries().await, 1);
+    ctx.assert_audit_clean().await;
+}

@@ -54,6 +54,7 @@ async fn live(ctx: &TestContext, backend: LeaseBackendKind, tx: &str) -> bool {
             .await
             .unwrap()
             .is_some(),
+        LeaseBackendKind::UniqueOnly => unreachable!("not a lease store"),
     }
 }
 
@@ -79,6 +80,7 @@ async fn steal(ctx: &TestContext, backend: LeaseBackendKind, tx: &str) {
                 .await
                 .unwrap();
         }
+        LeaseBackendKind::UniqueOnly => unreachable!("not a lease store"),
     }
 }
 
