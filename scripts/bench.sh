@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # bench.sh - `make bench`: fencehook's throughput measured on this machine, in one run.
 #
-#   (a) the PostgreSQL ceiling: pgbench running fencehook's own per-delivery SQL (the fast-path
-#       lookup and the one-statement fenced claim + ledger entry), durable commits, prepared
-#       statements, at 1..32 clients; the best client count counts;
-#   (b) one `fencehook serve` with Redis leases, and (c) one with the PostgreSQL lease backend,
-#       each driven by `fencehook load` at k = 1, 4 and 16 copies per transaction.
+#   (a) PostgreSQL ceilings, pgbench at 8 and 16 clients (durable commits, prepared statements):
+#       - the 4-round-trip reference: the lookup, a stand-in round trip (SELECT 1) where the
+#         service acquires its lease, the one-statement claim, a stand-in where it releases it;
+#         the best of 8 and 16 clients is "the ceiling" every service row is divided by;
+#       - the service's own SQL alone (lookup + claim: 2 round trips);
+#       - the claim alone (1 round trip: the same work as one statement).
+#   (b) one `fencehook serve` per row, driven by `fencehook load` at k = 1, 4, 16 copies per
+#       transaction: Redis leases, PostgreSQL leases, and the "UNIQUE constraint only" baseline
+#       (no lease at all; a build with the bench-baseline feature);
+#   (c) inbox mode: accepting with no workers (the accept rate), then `fencehook work` draining
+#       what was accepted (the drain rate);
+#   (d) memory per idle keep-alive connection: 1,000 of them opened on one instance.
 #
-# Writes docs/benchmarks.md (machine, commands, one table) and docs/benchmarks.svg (throughput
-# and p99 by k for both backends). Raw outputs stay in target/bench/.
+# Each run gets its own database (no run slows another with its rows) and Redis key prefix.
+# Writes docs/benchmarks.md (machine, commands, tables, targets) and docs/benchmarks.svg; raw
+# outputs stay in target/bench/.
 #
 # Environment (optional): BENCH_DURATION (s per fencehook run, default 15), BENCH_PGBENCH_SECS
 # (s per pgbench run, default 8), BENCH_CONCURRENCY (load concurrency, default 32), PG_URL,
@@ -23,10 +31,12 @@ PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 SECRET=whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 CARGO=${CARGO:-cargo}
-BIN=${CARGO_TARGET_DIR:-target}/release/fencehook
+RELEASE=${CARGO_TARGET_DIR:-target}/release/fencehook
 OUT=target/bench
+BIN=$OUT/fencehook
+BASELINE_BIN=$OUT/fencehook-baseline
 STAMP=$(date +%Y%m%d_%H%M%S)_$$
-DB=fencehook_bench_$STAMP
+DB_PREFIX=fencehook_bench_$STAMP
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "bench: $*"; exit 1; }
@@ -35,21 +45,28 @@ for tool in pgbench psql curl python3 redis-cli; do
 done
 
 mkdir -p "$OUT" docs
-say "== make bench: building release =="
+rm -f "$OUT"/*.json "$OUT"/*.txt
+# The baseline build first: the service build is the one left in target/release.
+say "== make bench: building release (baseline build, then the service) =="
+"$CARGO" build --locked --release --features bench-baseline >&2
+cp "$RELEASE" "$BASELINE_BIN"
 "$CARGO" build --locked --release >&2
+cp "$RELEASE" "$BIN"
 
 eval "$(DATABASE_URL="$PG_URL" REDIS_URL="$REDIS_URL" scripts/services.sh env)"
 ADMIN_DB_URL=$DATABASE_URL
-DB_URL="${ADMIN_DB_URL%/*}/$DB"
+db_url() { printf '%s/%s_%s' "${ADMIN_DB_URL%/*}" "$DB_PREFIX" "$1"; }
 
-SERVER_PID=
+PIDS=()
 cleanup() {
-  local rc=$?
-  if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-  psql "$ADMIN_DB_URL" -qc "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null 2>&1 || true
+  local rc=$? pid
+  for pid in "${PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  for db in $(psql "$ADMIN_DB_URL" -Atc "SELECT datname FROM pg_database WHERE datname LIKE '${DB_PREFIX}_%'" 2>/dev/null); do
+    psql "$ADMIN_DB_URL" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
+  done
   redis-cli -u "$REDIS_URL" --scan --pattern "bench-$STAMP-*" 2>/dev/null | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null 2>&1 || true
   exit $rc
 }
@@ -57,58 +74,140 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-"$BIN" migrate --create-database --database-url "$DB_URL" >&2
+new_db() { "$BIN" migrate --create-database --database-url "$(db_url "$1")" >"$OUT/migrate-$1.log" 2>&1 || die "migrate $1: $(tail -n 3 "$OUT/migrate-$1.log")"; }
 
-# ---------------------------------------------------------------- (a) the PostgreSQL ceiling
+# ---------------------------------------------------------------- (a) the PostgreSQL ceilings
 # scripts/bench-delivery.sql is the SQL the store sends for a new payment (k = 1, inline path),
-# with pgbench variables for the parameters; a unit test in src/store keeps it in step.
-say "== (a) pgbench ceiling: ${PGBENCH_SECS}s per client count =="
-: >"$OUT/pgbench.txt"
-for c in 1 2 4 8 16 32; do
-  tps=$(pgbench -n -M prepared -c "$c" -j "$((c < 2 ? c : 2))" -T "$PGBENCH_SECS" -f scripts/bench-delivery.sql "$DB_URL" 2>/dev/null |
-    sed -nE 's/^tps = ([0-9.]+) \(without initial connection time\)/\1/p')
-  say "   clients $c: $tps tps"
-  echo "$c $tps" >>"$OUT/pgbench.txt"
+# with pgbench variables for the parameters; a unit test in src/store keeps it in step. The
+# reference and the claim alone are derived from it here.
+LOOKUP_LINE=3
+awk -v l=$LOOKUP_LINE 'NR == l {print; print "SELECT 1;"; next} {print} END {print "SELECT 1;"}' \
+  scripts/bench-delivery.sql >"$OUT/reference.sql"
+awk -v l=$LOOKUP_LINE 'NR != l' scripts/bench-delivery.sql >"$OUT/claim.sql"
+cp scripts/bench-delivery.sql "$OUT/service.sql"
+grep -q '^SELECT id, kind, status' <(sed -n ${LOOKUP_LINE}p scripts/bench-delivery.sql) ||
+  die "scripts/bench-delivery.sql: line $LOOKUP_LINE is no longer the lookup; fix LOOKUP_LINE"
+new_db pgbench
+for script in reference service claim; do
+  for c in 8 16; do
+    tps=$(pgbench -n -M prepared -c "$c" -j 2 -T "$PGBENCH_SECS" -f "$OUT/$script.sql" "$(db_url pgbench)" 2>/dev/null |
+      sed -nE 's/^tps = ([0-9.]+) \(without initial connection time\)/\1/p')
+    say "== (a) pgbench $script, $c clients: $tps tps"
+    echo "$script $c $tps" >>"$OUT/pgbench.txt"
+  done
 done
 
-# ---------------------------------------------------------------- (b), (c) fencehook
+# ---------------------------------------------------------------- (b), (c), (d) fencehook
 # shellcheck source=scripts/instance.sh
 . scripts/instance.sh
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }   # utime + stime, in clock ticks
 hwm_kb() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
-run_one() {   # backend k
-  local backend=$1 k=$2 log="$OUT/serve-$1-k$2.log"
-  FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 FENCEHOOK_LOG_FORMAT=json \
+# start_serve NAME BINARY BACKEND [VAR=VALUE...]: sets SERVER_PID and PORT.
+start_serve() {
+  local name=$1 bin=$2 backend=$3 log="$OUT/serve-$1.log"
+  shift 3
+  new_db "$name"
+  env FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 FENCEHOOK_LOG_FORMAT=json \
     FENCEHOOK_LOG=warn,fencehook=info,fencehook::http::webhook=warn \
     FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_GENERIC_SECRET=$SECRET \
-    FENCEHOOK_LEASE_BACKEND=$backend FENCEHOOK_REDIS_KEY_PREFIX="bench-$STAMP-$backend-$k" \
-    DATABASE_URL=$DB_URL REDIS_URL=$REDIS_URL "$BIN" serve 2>"$log" &
+    FENCEHOOK_LEASE_BACKEND="$backend" FENCEHOOK_REDIS_KEY_PREFIX="bench-$STAMP-$name" \
+    DATABASE_URL="$(db_url "$name")" REDIS_URL="$REDIS_URL" "$@" "$bin" serve 2>"$log" &
   SERVER_PID=$!
-  wait_instance "$SERVER_PID" "$log" $((SECONDS + 30)) || die "the $backend instance did not come up"
-  local port=$INSTANCE_PORT
-  local t0 t1
-  t0=$(ticks "$SERVER_PID")
-  "$BIN" load --target "http://127.0.0.1:$port" --secret "$SECRET" --duration "${DURATION}s" \
-    --duplicates "$k" --concurrency "$CONCURRENCY" --failed-share 0 --json >"$OUT/load-$backend-k$k.json" 2>/dev/null || true
-  t1=$(ticks "$SERVER_PID")
-  echo "{\"cpu_ticks\": $((t1 - t0)), \"clk_tck\": $(getconf CLK_TCK), \"peak_rss_kb\": $(hwm_kb "$SERVER_PID")}" \
-    >"$OUT/proc-$backend-k$k.json"
-  kill -TERM "$SERVER_PID"
-  wait "$SERVER_PID" || true
-  SERVER_PID=
+  PIDS+=("$SERVER_PID")
+  wait_instance "$SERVER_PID" "$log" $((SECONDS + 30)) || die "the $name instance did not come up"
+  PORT=$INSTANCE_PORT
 }
 
-for backend in redis postgres; do
+stop_serve() {
+  kill -TERM "$SERVER_PID"
+  wait "$SERVER_PID" || true
+}
+
+# drive NAME K [load flags...]: one load run against PORT, with the server's CPU and peak RSS.
+drive() {
+  local name=$1 k=$2 t0 t1
+  shift 2
+  t0=$(ticks "$SERVER_PID")
+  "$BIN" load --target "http://127.0.0.1:$PORT" --secret "$SECRET" --duration "${DURATION}s" \
+    --duplicates "$k" --concurrency "$CONCURRENCY" --failed-share 0 --json "$@" \
+    >"$OUT/load-$name.json" 2>"$OUT/load-$name.err" || true
+  t1=$(ticks "$SERVER_PID")
+  echo "{\"cpu_ticks\": $((t1 - t0)), \"clk_tck\": $(getconf CLK_TCK), \"peak_rss_kb\": $(hwm_kb "$SERVER_PID")}" \
+    >"$OUT/proc-$name.json"
+}
+
+for backend in redis postgres unique-only; do
+  bin=$BIN
+  [[ $backend == unique-only ]] && bin=$BASELINE_BIN
   for k in 1 4 16; do
-    say "== fencehook, $backend leases, k=$k: ${DURATION}s at concurrency $CONCURRENCY =="
-    run_one "$backend" "$k"
+    say "== (b) fencehook, $backend, k=$k: ${DURATION}s at concurrency $CONCURRENCY =="
+    start_serve "$backend-k$k" "$bin" "$backend"
+    drive "$backend-k$k" "$k"
+    stop_serve
   done
 done
+
+say "== (c) inbox: accepting ${DURATION}s with no workers, then fencehook work draining =="
+start_serve inbox "$BIN" redis FENCEHOOK_MODE=inbox FENCEHOOK_WORKERS=0
+drive inbox 1 --inbox
+stop_serve
+queued=$(psql "$(db_url inbox)" -Atc "SELECT count(*) FROM events WHERE status = 'queued'")
+env FENCEHOOK_LOG_FORMAT=json FENCEHOOK_LOG=warn FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_MODE=inbox \
+  FENCEHOOK_WORKERS=4 FENCEHOOK_REDIS_KEY_PREFIX="bench-$STAMP-inbox" \
+  DATABASE_URL="$(db_url inbox)" REDIS_URL="$REDIS_URL" "$BIN" work 2>"$OUT/work-inbox.log" &
+WORK_PID=$!
+PIDS+=("$WORK_PID")
+deadline=$((SECONDS + 300))
+until [[ $(psql "$(db_url inbox)" -Atc "SELECT count(*) FROM events WHERE status IN ('queued', 'processing')") == 0 ]]; do
+  ((SECONDS < deadline)) || die "the inbox did not drain in 300 s"
+  sleep 0.5
+done
+kill -TERM "$WORK_PID"
+wait "$WORK_PID" || true
+psql "$(db_url inbox)" -Atc "SELECT json_build_object('queued_at_start', $queued,
+    'done', count(*) FILTER (WHERE status = 'done'), 'dead', count(*) FILTER (WHERE status = 'dead'),
+    'span_secs', extract(epoch FROM max(finished_at) - min(finished_at)))
+  FROM events" >"$OUT/drain-inbox.json"
+say "   $(cat "$OUT/drain-inbox.json")"
+
+say "== (d) memory per idle keep-alive connection =="
+start_serve idle "$BIN" redis FENCEHOOK_MAX_CONNECTIONS=2000
+python3 - "$PORT" "$SERVER_PID" >"$OUT/idle-connections.json" <<'EOF'
+import json, socket, sys, time
+port, pid = int(sys.argv[1]), sys.argv[2]
+def rss_kb():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+request = (b"POST /webhooks/none HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 2\r\n\r\n{}")
+def open_idle(n):
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(request)
+        s.recv(4096)            # the 404: the connection is now an idle keep-alive one
+        socks.append(s)
+    return socks
+warm = open_idle(50)             # allocator and runtime warmed up
+time.sleep(0.5)
+before = rss_kb()
+socks = open_idle(1000)
+time.sleep(0.5)
+after = rss_kb()
+print(json.dumps({"connections": 1000, "rss_before_kb": before, "rss_after_kb": after,
+                  "per_connection_bytes": (after - before) * 1024 / 1000}))
+for s in socks + warm:
+    s.close()
+EOF
+stop_serve
+say "   $(cat "$OUT/idle-connections.json")"
 
 # ---------------------------------------------------------------- report
 MACHINE="$(nproc) cores ($(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)), $(free -g | awk '/^Mem:/ {print $2}') GiB"
 VERSIONS="PostgreSQL $(psql "$ADMIN_DB_URL" -Atc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-cli -u "$REDIS_URL" info server | sed -nE 's/^redis_version:(.*)\r?$/\1/p' | tr -d '\r')"
 python3 scripts/bench_report.py "$OUT" "$MACHINE" "$VERSIONS" "$DURATION" "$PGBENCH_SECS" "$CONCURRENCY" \
-  "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')"
 say "== wrote docs/benchmarks.md and docs/benchmarks.svg =="

@@ -10,65 +10,141 @@ from pathlib import Path
 out, machine, versions, duration, pgbench_secs, concurrency, commit = sys.argv[1:8]
 out = Path(out)
 
-pg = [line.split() for line in (out / "pgbench.txt").read_text().splitlines() if len(line.split()) == 2]
-pg = [(int(c), float(t)) for c, t in pg]
-best_clients, ceiling = max(pg, key=lambda r: r[1])
+pg = {}
+for line in (out / "pgbench.txt").read_text().splitlines():
+    parts = line.split()
+    if len(parts) == 3 and parts[2]:
+        pg.setdefault(parts[0], []).append((int(parts[1]), float(parts[2])))
 
-rows = []
-for backend in ("redis", "postgres"):
-    for k in (1, 4, 16):
-        load = json.loads((out / f"load-{backend}-k{k}.json").read_text())
-        proc = json.loads((out / f"proc-{backend}-k{k}.json").read_text())
-        deliveries = load["deliveries"] or 1
-        cpu_s = proc["cpu_ticks"] / proc["clk_tck"]
-        rows.append({
-            "backend": backend,
-            "k": k,
-            "rps": load["deliveries_per_sec"],
-            "pps": load["payments_per_sec"],
-            "p50": load["latency"]["p50_us"] / 1000,
-            "p99": load["latency"]["p99_us"] / 1000,
-            "first_try": load["first_try_200_share"] * 100,
-            "cpu_us": cpu_s / deliveries * 1e6,
-            "rss_mb": proc["peak_rss_kb"] / 1024,
-            "ratio": load["payments_per_sec"] / ceiling if ceiling else 0,
-            "without_200": load["transactions_without_200"],
-        })
 
-md = []
-md.append("# Benchmarks\n")
-md.append("Measured by `make bench` (scripts/bench.sh) in one run on this machine; "
-          "regenerate with `make bench`.\n")
-md.append(f"- machine: {machine}; {versions}; PostgreSQL, Redis, the service and the load "
-          "generator all share these cores")
-md.append(f"- commit: `{commit}`, release build")
-md.append(f"- (a) ceiling: `pgbench -n -M prepared -T {pgbench_secs} -f target/bench/delivery.sql` at "
-          "1, 2, 4, 8, 16, 32 clients — fencehook's own per-delivery SQL for a new payment (the "
-          "fast-path lookup, then the one-statement fenced claim + ledger entry), durable commits")
-md.append(f"- (b)/(c): one `fencehook serve`, `fencehook load --duration {duration}s --concurrency "
-          f"{concurrency} --duplicates k --failed-share 0`; CPU per delivery is the server process's "
-          "user+system time divided by deliveries; peak RSS is the server's VmHWM\n")
-md.append("pgbench ceiling by client count (transactions/s): " +
-          ", ".join(f"{c}: {t:,.0f}" for c, t in pg) +
-          f" — **best {ceiling:,.0f} at {best_clients} clients**.\n")
-md.append("| lease backend | k | deliveries/s | payments/s | p50 ms | p99 ms | 200 without retry | CPU µs/delivery | peak RSS MB | payments/s ÷ ceiling |")
+def best(script):
+    runs = pg.get(script, [])
+    return max(runs, key=lambda r: r[1]) if runs else (0, 0.0)
+
+
+ceiling_clients, ceiling = best("reference")
+
+SERIES = ("redis", "postgres", "unique-only")
+LABEL = {"redis": "Redis leases", "postgres": "PostgreSQL leases",
+         "unique-only": "UNIQUE constraint only (no lease)", "inbox": "inbox, accepting (0 workers)"}
+
+
+def row(name, series, k):
+    path = out / f"load-{name}.json"
+    if not path.exists() or not path.read_text().strip():
+        return None
+    load = json.loads(path.read_text())
+    proc = json.loads((out / f"proc-{name}.json").read_text())
+    deliveries = load["deliveries"] or 1
+    cpu_s = proc["cpu_ticks"] / proc["clk_tck"]
+    inbox = load.get("inbox") or {}
+    pps = inbox.get("accept_rate", load["payments_per_sec"]) if series == "inbox" else load["payments_per_sec"]
+    return {
+        "series": series, "k": k,
+        "rps": load["deliveries_per_sec"], "pps": pps,
+        "p50": load["latency"]["p50_us"] / 1000, "p99": load["latency"]["p99_us"] / 1000,
+        "first_try": load["first_try_200_share"] * 100,
+        "cpu_us": cpu_s / deliveries * 1e6, "rss_mb": proc["peak_rss_kb"] / 1024,
+        "ratio": pps / ceiling if ceiling else 0.0,
+        "without_200": load["transactions_without_200"],
+    }
+
+
+rows = [r for r in (row(f"{s}-k{k}", s, k) for s in SERIES for k in (1, 4, 16)) if r]
+inbox_row = row("inbox", "inbox", 1)
+drain = json.loads((out / "drain-inbox.json").read_text()) if (out / "drain-inbox.json").exists() else None
+idle = json.loads((out / "idle-connections.json").read_text()) if (out / "idle-connections.json").exists() else None
+
+
+def find(series, k):
+    return next((r for r in rows if r["series"] == series and r["k"] == k), None)
+
+
+md = ["# Benchmarks\n",
+      "Measured by `make bench` (scripts/bench.sh) in one run on this machine; regenerate with "
+      "`make bench`. Everything below the notes marker is kept across runs.\n",
+      f"- machine: {machine}; {versions}; PostgreSQL, Redis, the service and the load generator "
+      "all share these cores",
+      f"- commit: `{commit}`, release build",
+      f"- (a) PostgreSQL ceilings: `pgbench -n -M prepared -c 8|16 -j 2 -T {pgbench_secs}`, durable "
+      "commits, on fencehook's own SQL for a new payment (scripts/bench-delivery.sql, checked "
+      "against the store by a unit test)",
+      f"- (b) one `fencehook serve` per row (its own database and Redis prefix), "
+      f"`fencehook load --duration {duration}s --concurrency {concurrency} --duplicates k "
+      "--failed-share 0`; CPU per delivery is the server's user+system time divided by "
+      "deliveries; peak RSS is the server's VmHWM",
+      "- (c) inbox: `serve` with `FENCEHOOK_MODE=inbox FENCEHOOK_WORKERS=0` driven as in (b) with "
+      "`--inbox` (the accept rate), then `fencehook work` (4 workers) draining what was accepted",
+      "- (d) 1,000 idle keep-alive connections (each after one request) opened on one instance; "
+      "the growth of its VmRSS divided by 1,000\n",
+      "## (a) Ceilings\n",
+      "| transaction | round trips | 8 clients | 16 clients |",
+      "| --- | ---: | ---: | ---: |"]
+for script, what, trips in (("reference", "**the reference**: lookup, stand-in (acquire), claim, stand-in (release)", 4),
+                            ("service", "the service's SQL alone: lookup, claim", 2),
+                            ("claim", "the claim alone (the same work as one statement)", 1)):
+    by = dict(pg.get(script, []))
+    md.append(f"| {what} | {trips} | {by.get(8, 0):,.0f} | {by.get(16, 0):,.0f} |")
+md.append(f"\n**The ceiling: {ceiling:,.0f} transactions/s** (the reference, {ceiling_clients} clients). "
+          "The service makes the same four round trips per new payment (two to PostgreSQL, two to "
+          "the lease store), so this is what it could do if it cost nothing itself.\n")
+
+md.append("## (b) The service\n")
+md.append("| lease | k | deliveries/s | payments/s | p50 ms | p99 ms | 200 first try | CPU µs/delivery | peak RSS MB | payments/s ÷ ceiling |")
 md.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
-    md.append(f"| {r['backend']} | {r['k']} | {r['rps']:,.0f} | {r['pps']:,.0f} | {r['p50']:.1f} | "
+    md.append(f"| {LABEL[r['series']]} | {r['k']} | {r['rps']:,.0f} | {r['pps']:,.0f} | {r['p50']:.1f} | "
               f"{r['p99']:.1f} | {r['first_try']:.1f} % | {r['cpu_us']:.0f} | {r['rss_mb']:.1f} | "
               f"{r['ratio']:.2f} |")
 md.append("")
-md.append("![throughput and p99 by k](benchmarks.svg)\n")
+md.append("![payments/s and p99 by k](benchmarks.svg)\n")
 missing = [r for r in rows if r["without_200"]]
 if missing:
     md.append("Transactions that never got a 200 in a run: " +
-              ", ".join(f"{r['backend']} k={r['k']}: {r['without_200']}" for r in missing) + "\n")
+              ", ".join(f"{r['series']} k={r['k']}: {r['without_200']}" for r in missing) + "\n")
 
-# The chart: payments/s (bars) and p99 (dots) by k, one colour per backend.
-W, H, L, B = 720, 360, 70, 50
-colors = {"redis": "#c0392b", "postgres": "#2c6fbb"}
-max_pps = max(r["pps"] for r in rows) * 1.15 or 1
-max_p99 = max(r["p99"] for r in rows) * 1.15 or 1
+md.append("## (c) Inbox\n")
+if inbox_row:
+    md.append(f"- accepting, no workers: **{inbox_row['pps']:,.0f} deliveries/s accepted**, p50 "
+              f"{inbox_row['p50']:.1f} ms, p99 {inbox_row['p99']:.1f} ms, CPU "
+              f"{inbox_row['cpu_us']:.0f} µs/delivery ({inbox_row['ratio']:.2f} of the ceiling)")
+if drain and drain.get("span_secs"):
+    rate = drain["done"] / drain["span_secs"] if drain["span_secs"] else 0
+    md.append(f"- draining {drain['queued_at_start']:,} accepted events with `fencehook work` (4 "
+              f"workers): **{rate:,.0f} events/s** ({drain['done']:,} done, {drain['dead']} dead, "
+              f"first to last in {drain['span_secs']:.1f} s)")
+md.append("")
+
+md.append("## (d) Memory\n")
+if idle:
+    md.append(f"- one idle keep-alive connection costs **{idle['per_connection_bytes'] / 1024:.1f} KiB** "
+              f"of resident memory ({idle['rss_before_kb'] / 1024:.1f} MB with 50 connections, "
+              f"{idle['rss_after_kb'] / 1024:.1f} MB with 1,050)")
+rss_max = max((r["rss_mb"] for r in rows), default=0)
+md.append(f"- the largest peak RSS of any run in (b): {rss_max:.1f} MB\n")
+
+md.append("## Targets\n")
+checks = []
+redis1, pg1, storm = find("redis", 1), find("postgres", 1), find("redis", 4)
+if redis1:
+    checks.append(("Redis leases, k=1: ≥ 0.75 × the ceiling", redis1["ratio"] >= 0.75, f"{redis1['ratio']:.2f}"))
+if pg1:
+    checks.append(("PostgreSQL leases, k=1: ≥ 0.6 × the ceiling", pg1["ratio"] >= 0.6, f"{pg1['ratio']:.2f}"))
+if storm:
+    checks.append(("duplicate storm k=4: ≥ 95 % answered 200 first time", storm["first_try"] >= 95, f"{storm['first_try']:.1f} %"))
+checks.append(("peak RSS ≤ 50 MB", rss_max <= 50, f"{rss_max:.1f} MB"))
+md.append("| target | met | measured |")
+md.append("| --- | --- | ---: |")
+for what, ok, got in checks:
+    md.append(f"| {what} | {'yes' if ok else '**no**'} | {got} |")
+md.append("")
+
+# The chart: payments/s (bars) and p99 (dots) by k, one colour per series.
+W, H, L, B = 760, 380, 70, 60
+colors = {"redis": "#c0392b", "postgres": "#2c6fbb", "unique-only": "#7f8c8d"}
+series = [s for s in SERIES if any(r["series"] == s for r in rows)]
+max_pps = max([r["pps"] for r in rows] + [ceiling]) * 1.15 or 1
+max_p99 = max(r["p99"] for r in rows) * 1.15 if rows else 1
 plot_w, plot_h = W - L - 70, H - B - 40
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        f'<rect width="{W}" height="{H}" fill="white"/>',
@@ -78,41 +154,40 @@ svg.append(f'<line x1="{L}" y1="{y0}" x2="{L+plot_w}" y2="{y0}" stroke="black"/>
 svg.append(f'<line x1="{L}" y1="{y0}" x2="{L}" y2="{y0-plot_h}" stroke="black"/>')
 svg.append(f'<line x1="{L+plot_w}" y1="{y0}" x2="{L+plot_w}" y2="{y0-plot_h}" stroke="black"/>')
 for i in range(5):
-    v = max_pps * i / 4
     y = y0 - plot_h * i / 4
-    svg.append(f'<text x="{L-6}" y="{y+4}" text-anchor="end">{v:,.0f}</text>')
-    p = max_p99 * i / 4
-    svg.append(f'<text x="{L+plot_w+6}" y="{y+4}">{p:.0f} ms</text>')
+    svg.append(f'<text x="{L-6}" y="{y+4}" text-anchor="end">{max_pps * i / 4:,.0f}</text>')
+    svg.append(f'<text x="{L+plot_w+6}" y="{y+4}">{max_p99 * i / 4:.0f} ms</text>')
 svg.append(f'<text x="14" y="{y0-plot_h/2}" transform="rotate(-90 14 {y0-plot_h/2})" text-anchor="middle">payments/s</text>')
 group_w = plot_w / 3
+bw = group_w / (len(series) + 1)
 for gi, k in enumerate((1, 4, 16)):
     gx = L + group_w * gi
     svg.append(f'<text x="{gx+group_w/2}" y="{y0+18}" text-anchor="middle">k = {k}</text>')
-    for bi, backend in enumerate(("redis", "postgres")):
-        r = next(r for r in rows if r["backend"] == backend and r["k"] == k)
-        bw = group_w / 4
-        x = gx + group_w / 4 + bi * bw
+    for bi, s in enumerate(series):
+        r = find(s, k)
+        if not r:
+            continue
+        x = gx + bw / 2 + bi * bw
         h = plot_h * r["pps"] / max_pps
-        svg.append(f'<rect x="{x:.1f}" y="{y0-h:.1f}" width="{bw-4:.1f}" height="{h:.1f}" fill="{colors[backend]}" opacity="0.8"/>')
+        svg.append(f'<rect x="{x:.1f}" y="{y0-h:.1f}" width="{bw-4:.1f}" height="{h:.1f}" fill="{colors[s]}" opacity="0.8"/>')
         svg.append(f'<text x="{x+(bw-4)/2:.1f}" y="{y0-h-4:.1f}" text-anchor="middle" font-size="10">{r["pps"]:,.0f}</text>')
         py = y0 - plot_h * r["p99"] / max_p99
-        svg.append(f'<circle cx="{x+(bw-4)/2:.1f}" cy="{py:.1f}" r="5" fill="black" stroke="{colors[backend]}" stroke-width="3"/>')
+        svg.append(f'<circle cx="{x+(bw-4)/2:.1f}" cy="{py:.1f}" r="5" fill="black" stroke="{colors[s]}" stroke-width="3"/>')
 ceil_y = y0 - plot_h * ceiling / max_pps
-if ceiling <= max_pps:
-    svg.append(f'<line x1="{L}" y1="{ceil_y:.1f}" x2="{L+plot_w}" y2="{ceil_y:.1f}" stroke="gray" stroke-dasharray="5,4"/>')
-    svg.append(f'<text x="{L+4}" y="{ceil_y-4:.1f}" fill="gray">pgbench ceiling {ceiling:,.0f}/s</text>')
-for i, backend in enumerate(("redis", "postgres")):
-    svg.append(f'<rect x="{L+10+i*150}" y="{H-20}" width="12" height="12" fill="{colors[backend]}"/>')
-    svg.append(f'<text x="{L+28+i*150}" y="{H-10}">{backend} leases</text>')
+svg.append(f'<line x1="{L}" y1="{ceil_y:.1f}" x2="{L+plot_w}" y2="{ceil_y:.1f}" stroke="gray" stroke-dasharray="5,4"/>')
+svg.append(f'<text x="{L+plot_w-4}" y="{ceil_y-4:.1f}" fill="gray" text-anchor="end">4-round-trip ceiling {ceiling:,.0f}/s</text>')
+for i, s in enumerate(series):
+    svg.append(f'<rect x="{L+10+i*230}" y="{H-24}" width="12" height="12" fill="{colors[s]}"/>')
+    svg.append(f'<text x="{L+28+i*230}" y="{H-14}">{LABEL[s]}</text>')
 svg.append('</svg>')
 
 Path("docs/benchmarks.svg").write_text("\n".join(svg) + "\n")
 bench_md = Path("docs/benchmarks.md")
-notes = ""
+marker = "<!-- notes: kept across runs -->"
+notes = marker + "\n"
 if bench_md.exists():
     text = bench_md.read_text()
-    marker = "<!-- notes: kept across runs -->"
     if marker in text:
         notes = text[text.index(marker):]
-bench_md.write_text("\n".join(md) + "\n" + (notes or "<!-- notes: kept across runs -->\n"))
+bench_md.write_text("\n".join(md) + "\n" + notes)
 print("\n".join(md))

@@ -18,10 +18,15 @@
 //!   worker, or a refund waiting for its payment (not booked yet, or failed:
 //!   a failed payment may still succeed) re-queue the event without
 //!   spending one; the refund is dead only at the age limit.
-//! - An idle worker hears of a new event within milliseconds: accepts
-//!   `NOTIFY fencehook_inbox` in their own statement, one `LISTEN` connection
-//!   per process wakes the workers; polling every second is only the fallback.
+//! - An idle worker hears of a new event within milliseconds: after an
+//!   accept commits, a `NOTIFY fencehook_inbox` follows in a statement of its
+//!   own (one in flight per process, accepts meanwhile folded into the next:
+//!   in the accept's transaction it would serialize every accept's commit),
+//!   and one `LISTEN` connection per process wakes the workers; this
+//!   process's own workers are woken at once. Polling every second is only
+//!   the fallback, for a NOTIFY lost with its process.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +66,47 @@ pub struct Inbox {
     db: DbConfig,
     /// How long a worker owns an event it took (past it another may).
     lock: Duration,
-    wake: Notify,
+    /// This process's idle workers wait on it.
+    wake: Arc<Notify>,
+    notifier: Arc<Notifier>,
+}
+
+/// Sends the NOTIFY that follows accepts: at most one in flight, the accepts
+/// that commit meanwhile folded into the next one.
+struct Notifier {
+    store: Store,
+    /// An accept committed since the last NOTIFY was sent.
+    pending: AtomicBool,
+    /// A task is sending NOTIFYs.
+    sending: AtomicBool,
+}
+
+impl Notifier {
+    fn accepted(self: &Arc<Self>) {
+        self.pending.store(true, Ordering::SeqCst);
+        if self.sending.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let notifier = self.clone();
+        tokio::spawn(async move {
+            loop {
+                while notifier.pending.swap(false, Ordering::SeqCst) {
+                    if let Err(e) = notifier.store.notify_inbox().await {
+                        // Workers elsewhere find the event at their next poll.
+                        tracing::debug!(error = %crate::error::chain(&e), "inbox NOTIFY not sent");
+                    }
+                }
+                notifier.sending.store(false, Ordering::SeqCst);
+                // An accept that came between the last swap and the store
+                // above found `sending` still set: take it up.
+                if !notifier.pending.load(Ordering::SeqCst)
+                    || notifier.sending.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+        });
+    }
 }
 
 impl Inbox {
@@ -73,6 +118,11 @@ impl Inbox {
         db: DbConfig,
         lock: Duration,
     ) -> Inbox {
+        let notifier = Arc::new(Notifier {
+            store: store.clone(),
+            pending: AtomicBool::new(false),
+            sending: AtomicBool::new(false),
+        });
         Inbox {
             store,
             processor,
@@ -80,7 +130,8 @@ impl Inbox {
             cfg,
             db,
             lock,
-            wake: Notify::new(),
+            wake: Arc::new(Notify::new()),
+            notifier,
         }
     }
 
@@ -92,7 +143,12 @@ impl Inbox {
         body: &str,
     ) -> Result<Accepted, Error> {
         let fp = ev.fingerprint();
-        Ok(self.store.accept(ev, &fp, psp_event_id, body).await?)
+        let accepted = self.store.accept(ev, &fp, psp_event_id, body).await?;
+        if accepted == Accepted::New {
+            self.wake.notify_waiters();
+            self.notifier.accepted();
+        }
+        Ok(accepted)
     }
 
     /// Runs `workers` workers and the listener until `stop` turns true; each

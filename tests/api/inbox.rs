@@ -61,10 +61,23 @@ async fn an_accepted_event_wakes_idle_workers_and_is_booked() {
     // means a notification woke them.
     let mut cfg = ctx.inbox_config(2);
     cfg.inbox.idle_poll = Duration::from_secs(60);
-    let app = ctx.spawn(cfg).await;
+    let app = ctx.spawn(cfg.clone()).await;
+    // Another instance's workers hear of it through PostgreSQL's NOTIFY,
+    // sent after the accept's commit.
+    let mut accept_only = cfg;
+    accept_only.inbox.workers = 0;
+    let elsewhere = ctx.spawn(accept_only).await;
     // Give the workers a moment to find nothing and go to sleep (if they
     // have not yet, the test proves less; it cannot fail wrongly).
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = elsewhere.deliver(&payment("tx_inbox_0", 4100)).await;
+    assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
+    wait_for(
+        "done, woken by the NOTIFY of another instance",
+        Duration::from_secs(20),
+        || async { event_status(&ctx, "tx_inbox_0").await == [("done".to_owned(), 0)] },
+    )
+    .await;
     let r = app.deliver(&payment("tx_inbox_1", 4200)).await;
     assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
     wait_for(
@@ -74,13 +87,13 @@ async fn an_accepted_event_wakes_idle_workers_and_is_booked() {
     )
     .await;
     assert!(booked(&ctx, "tx_inbox_1").await);
-    assert_eq!(ctx.entries().await, 1);
+    assert_eq!(ctx.entries().await, 2);
     let r = app.deliver(&payment("tx_inbox_1", 4200)).await;
     assert_eq!((r.status, r.result()), (200, "duplicate"));
     let r = app.deliver(&payment("tx_inbox_1", 4201)).await;
     assert_eq!((r.status, r.result()), (422, "payload_mismatch"));
     assert!(app.metric(INBOX_LAG_SECONDS, &[]) >= 0.0);
-    assert_eq!(app.metric(INBOX_ATTEMPTS_TOTAL, &[("result", "done")]), 1.0);
+    assert_eq!(app.metric(INBOX_ATTEMPTS_TOTAL, &[("result", "done")]), 2.0);
     ctx.assert_audit_clean().await;
 }
 
