@@ -485,14 +485,12 @@ pub async fn command(args: &LoadArgs, stop: impl Future<Output = ()>) -> Result<
 /// One transaction: what its deliveries announce.
 struct Transaction {
     n: u64,
-    id: String,
     delivery_id: String,
     notice: Notice,
 }
 
 impl Transaction {
     fn new(plan: &Plan, n: u64, rng: &mut impl Rng) -> Transaction {
-        let id = plan.transaction_id(n);
         let event_type = if rng.gen_bool(plan.failed_share) {
             "payment.failed"
         } else {
@@ -502,13 +500,12 @@ impl Transaction {
             n,
             delivery_id: plan.delivery_id(n),
             notice: Notice {
-                transaction_id: id.clone(),
+                transaction_id: plan.transaction_id(n),
                 amount: rng.gen_range(1..=MAX_AMOUNT),
                 currency: default_currency(plan.scheme).to_owned(),
                 event_type: event_type.to_owned(),
                 payment_transaction_id: None,
             },
-            id,
         }
     }
 }
@@ -684,7 +681,7 @@ async fn run_transaction(shared: Arc<Shared>, tx: Transaction, permits: Vec<Owne
     });
     let deliveries = join_all(copies).await;
     let _ = shared.events.send(Event::Transaction {
-        transaction_id: tx.id,
+        transaction_id: tx.notice.transaction_id,
         deliveries,
     });
 }
@@ -1035,7 +1032,7 @@ mod tests {
             let fencehook::providers::Item::Event(ev) = item else {
                 panic!("payment events are acted on")
             };
-            assert_eq!(ev.transaction_id, tx.id);
+            assert_eq!(ev.transaction_id, tx.notice.transaction_id);
             assert!((1..=MAX_AMOUNT).contains(&ev.amount_minor));
             assert_eq!(ev.currency, "EUR");
             let v: serde_json::Value = serde_json::from_slice(body).unwrap();

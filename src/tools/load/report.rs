@@ -1541,6 +1541,46 @@ mod tests {
     }
 
     #[test]
+    fn a_success_without_a_label_is_counted_and_the_table_says_exactly_once_is_not_visible() {
+        let mut s = Stats::new(2, "wechat".to_owned(), None);
+        s.record(Event::Transaction {
+            transaction_id: "t".to_owned(),
+            deliveries: vec![
+                Delivery {
+                    answer: ok(UNLABELLED_SUCCESS, 1),
+                    retries: 0,
+                },
+                Delivery {
+                    answer: ok(UNLABELLED_SUCCESS, 1),
+                    retries: 0,
+                },
+            ],
+        });
+        let r = Report::new(
+            &plan(),
+            s,
+            Duration::from_secs(1),
+            StopReason::Transactions,
+            None,
+        );
+        assert_eq!(r.unlabelled_2xx, 2);
+        assert_eq!(r.payments, 1);
+        assert!(r.problems().is_empty(), "{:?}", r.problems());
+        let table = r.render();
+        assert!(
+            table.contains(
+                "exactly-once cannot be seen by the sender: 2 deliveries answered 2xx `success`"
+            ),
+            "{table}"
+        );
+        assert!(
+            !table.contains("exactly-once, as the sender sees it"),
+            "{table}"
+        );
+        assert!(table.contains("provider generic (standard)"), "{table}");
+    }
+
+    #[test]
     fn numbers_get_thousands_separators() {
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(999), "999");
