@@ -102,13 +102,17 @@ clean:
 # make load: three `fencehook serve` instances on a fresh database and Redis key prefix,
 # `fencehook load` across them (k copies of every transaction, racing), then
 # `fencehook audit --answers`; one report, everything stopped and dropped afterwards.
-# Knobs: LOAD_DURATION (s, default 30), LOAD_DUPLICATES (4), LOAD_CONCURRENCY (32). See docs/load.md.
+# Knobs: LOAD_DURATION (s, default 30), LOAD_DUPLICATES (4), LOAD_CONCURRENCY (32), LOAD_MODE
+# (sync | inbox), LOAD_SCHEME (standard | wechatpay | alipay | paypal; a throwaway key), LOAD_CERT_PORT
+# (paypal's certificate, default 18099). See docs/load.md.
 .PHONY: load
 load:
 	@PG_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' DEV_SECRET='$(DEV_SECRET)' CARGO='$(CARGO)' scripts/load.sh
 
-# make bench: the pgbench ceiling of fencehook's per-delivery SQL, then one instance with Redis
-# leases and one with PostgreSQL leases at k = 1, 4, 16; writes docs/benchmarks.md + .svg.
+# make bench: the pgbench ceilings of fencehook's per-delivery SQL (the 4-round-trip reference,
+# the service's SQL, the claim alone), then one instance per row — Redis leases, PostgreSQL leases,
+# UNIQUE constraint only — at k = 1, 4, 16, inbox accept and drain, memory per idle connection;
+# writes docs/benchmarks.md + .svg.
 .PHONY: bench
 bench:
 	@PG_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' CARGO='$(CARGO)' scripts/bench.sh

@@ -9,6 +9,10 @@
 #                     --inbox and waits for the drain, and the report gives the accept
 #                     rate, the drain rate and the lag percentiles
 #   LOAD_DRAIN_TIMEOUT  inbox mode: longest wait for the drain after the load, s (default 60)
+#   LOAD_SCHEME       standard (default: the built-in generic provider), or wechatpay, alipay,
+#                     paypal: a throwaway RSA key (openssl) plays the PSP, the instances and
+#                     the load read one providers file naming its public half, and for paypal
+#                     the load serves the certificate on LOAD_CERT_PORT (default 18099)
 #   LOAD_DURATION     seconds of load (default 30)
 #   LOAD_DUPLICATES   copies of each transaction, k (default 4)
 #   LOAD_CONCURRENCY  HTTP requests in flight (default 32)
@@ -28,6 +32,8 @@ cd "$(dirname "$0")/.."
 
 INSTANCES=3
 MODE=${LOAD_MODE:-sync}
+SCHEME=${LOAD_SCHEME:-standard}
+CERT_PORT=${LOAD_CERT_PORT:-18099}
 DRAIN_TIMEOUT=${LOAD_DRAIN_TIMEOUT:-60}
 DURATION=${LOAD_DURATION:-30}
 DUPLICATES=${LOAD_DUPLICATES:-4}
@@ -40,6 +46,7 @@ CARGO=${CARGO:-cargo}
 BIN=${CARGO_TARGET_DIR:-target}/release/fencehook
 LOG_DIR=target/load
 ANSWERS=$LOG_DIR/answers.jsonl
+PSP_DIR=$LOG_DIR/psp   # LOAD_SCHEME's key, certificate and providers file, for one run
 STOP_WAIT_SECS=20   # above the instances' default FENCEHOOK_SHUTDOWN_TIMEOUT_MS (10 s)
 START_WAIT_SECS=30
 
@@ -51,12 +58,18 @@ RUN=fencehook_load_$STAMP
 say() { printf '%s\n' "$*" >&2; }
 die() { say "load: $*"; exit 1; }
 
-for v in DURATION DUPLICATES CONCURRENCY DRAIN_TIMEOUT; do
+for v in DURATION DUPLICATES CONCURRENCY DRAIN_TIMEOUT CERT_PORT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "LOAD_$v must be a positive integer (got '${!v}')"
 done
 case $MODE in
   sync | inbox) ;;
   *) die "LOAD_MODE must be sync or inbox (got '$MODE')" ;;
+esac
+case $SCHEME in
+  standard) ;;
+  wechatpay | alipay | paypal)
+    command -v openssl >/dev/null 2>&1 || die "openssl is needed to make LOAD_SCHEME=$SCHEME's key" ;;
+  *) die "LOAD_SCHEME must be standard, wechatpay, alipay or paypal (got '$SCHEME')" ;;
 esac
 command -v curl >/dev/null 2>&1 || die "curl is needed to probe /readyz and /metrics (apt-get install -y curl)"
 
@@ -135,6 +148,7 @@ cleanup() {
   fi
   # The fence keys outlive the run by a day (the shortest TTL the server accepts); they are
   # ours alone by their prefix.
+  rm -rf "$PSP_DIR"
   if [[ ${LOAD_KEEP_DB:-0} != 1 ]] && redis-cli --no-auth-warning -u "$REDIS_URL" ping >/dev/null 2>&1; then
     keys=$(redis-cli --no-auth-warning -u "$REDIS_URL" --scan --pattern "$RUN:*" | tee "$LOG_DIR/redis-keys.txt" | wc -l)
     xargs -r -n 1000 redis-cli --no-auth-warning -u "$REDIS_URL" unlink <"$LOG_DIR/redis-keys.txt" >/dev/null
@@ -159,6 +173,44 @@ if command -v flock >/dev/null 2>&1; then
 fi
 rm -f "$LOG_DIR"/instance-*.log "$LOG_DIR"/instance-*.metrics "$ANSWERS" \
   "$LOG_DIR"/load-report.txt "$LOG_DIR"/audit.txt "$LOG_DIR"/report.txt
+rm -rf "$PSP_DIR"
+
+# ---------------------------------------------------------------- the PSP
+
+# The instances and the load read the same providers file; the built-in `generic` provider
+# is used, whatever FENCEHOOK_PROVIDERS says, when LOAD_SCHEME is standard, so that the
+# secret matches.
+PROVIDERS_ENV=(-u FENCEHOOK_PROVIDERS)
+PSP_ARGS=()
+if [[ $SCHEME != standard ]]; then
+  # A throwaway key for this run only: the providers file names its public half, the load
+  # signs with it, the EXIT trap deletes it.
+  mkdir -p "$PSP_DIR"
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PSP_DIR/psp.key" 2>/dev/null ||
+    die "openssl could not make a key"
+  openssl pkey -in "$PSP_DIR/psp.key" -pubout -out "$PSP_DIR/psp.pub.pem"
+  PSP_ARGS=(--providers "$PSP_DIR/providers.toml" --provider psp --private-key "$PSP_DIR/psp.key")
+  case $SCHEME in
+    wechatpay)
+      serial=PUB_KEY_ID_0000000000000000000000000000000000
+      printf '[providers.psp]\nscheme = "wechatpay"\nsecrets = ["%s"]\nplatform_keys = { "%s" = "psp.pub.pem" }\n' \
+        "$(openssl rand -hex 16)" "$serial" >"$PSP_DIR/providers.toml"
+      PSP_ARGS+=(--serial "$serial")
+      ;;
+    alipay)
+      printf '[providers.psp]\nscheme = "alipay"\napp_id = "2021000000000000"\npublic_keys = ["psp.pub.pem"]\n' \
+        >"$PSP_DIR/providers.toml"
+      ;;
+    paypal)
+      openssl req -x509 -new -key "$PSP_DIR/psp.key" -subj /CN=messageverificationcerts.paypal.com \
+        -days 1 -out "$PSP_DIR/psp.crt" 2>/dev/null || die "openssl could not make a certificate"
+      printf '[providers.psp]\nscheme = "paypal"\nwebhook_id = "WH-LOAD"\ncert_url_prefixes = ["http://127.0.0.1:%s/"]\n' \
+        "$CERT_PORT" >"$PSP_DIR/providers.toml"
+      PSP_ARGS+=(--cert-url "http://127.0.0.1:$CERT_PORT/certs/psp.crt" --serve-cert "$PSP_DIR/psp.crt")
+      ;;
+  esac
+  PROVIDERS_ENV=(FENCEHOOK_PROVIDERS="$PSP_DIR/providers.toml")
+fi
 
 # ---------------------------------------------------------------- build and services
 
@@ -184,11 +236,10 @@ run_child env DATABASE_URL="$LOAD_URL" "$BIN" migrate --create-database >"$LOG_D
 # shellcheck source=scripts/instance.sh
 . scripts/instance.sh
 for ((i = 1; i <= INSTANCES; i++)); do
-  # The built-in `generic` provider, whatever FENCEHOOK_PROVIDERS says, so the secret matches.
-  # Other FENCEHOOK_* settings in the environment (pool size, TTLs, ...) are passed through.
-  # FENCEHOOK_MODE follows LOAD_MODE; in inbox mode each instance runs its workers
-  # (FENCEHOOK_WORKERS, default 4, passed through when set).
-  env -u FENCEHOOK_PROVIDERS DATABASE_URL="$LOAD_URL" REDIS_URL="$REDIS_URL" \
+  # The providers of LOAD_SCHEME (above). Other FENCEHOOK_* settings in the environment (pool
+  # size, TTLs, ...) are passed through. FENCEHOOK_MODE follows LOAD_MODE; in inbox mode
+  # each instance runs its workers (FENCEHOOK_WORKERS, default 4, passed through when set).
+  env "${PROVIDERS_ENV[@]}" DATABASE_URL="$LOAD_URL" REDIS_URL="$REDIS_URL" \
     FENCEHOOK_MODE="$MODE" \
     FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 \
     FENCEHOOK_REDIS_KEY_PREFIX="$RUN" FENCEHOOK_FENCE_KEY_TTL_SECS=86400 \
@@ -216,9 +267,10 @@ if [[ $MODE == inbox ]]; then
   # audit below sees them booked, and reports the drain from the events table.
   mode_args=(--inbox --database-url "$LOAD_URL" --drain-timeout "${DRAIN_TIMEOUT}s")
 fi
-say "load: ${DURATION}s across $INSTANCES instances ($MODE mode), k=$DUPLICATES, concurrency $CONCURRENCY"
+say "load: ${DURATION}s across $INSTANCES instances ($MODE mode, $SCHEME), k=$DUPLICATES, concurrency $CONCURRENCY"
 load_rc=0
-FENCEHOOK_GENERIC_SECRET=$SECRET run_child "$BIN" load "${targets[@]}" "${mode_args[@]}" \
+run_child env "${PROVIDERS_ENV[@]}" FENCEHOOK_GENERIC_SECRET="$SECRET" \
+  "$BIN" load "${targets[@]}" "${mode_args[@]}" "${PSP_ARGS[@]}" \
   --duration "${DURATION}s" --duplicates "$DUPLICATES" --concurrency "$CONCURRENCY" \
   --run-id "$STAMP" --answers "$ANSWERS" >"$LOG_DIR/load-report.txt" || load_rc=$?
 
@@ -246,8 +298,8 @@ metric_sum() { # NAME [LABEL="VALUE"]
 {
   mode_note=
   [[ $MODE == inbox ]] && mode_note=', inbox mode'
-  printf '== make load: %d instances%s, %ss, k=%s, concurrency %s | database %s | logs %s/ ==\n\n' \
-    "$INSTANCES" "$mode_note" "$DURATION" "$DUPLICATES" "$CONCURRENCY" "$RUN" "$LOG_DIR"
+  printf '== make load: %d instances%s, scheme %s, %ss, k=%s, concurrency %s | database %s | logs %s/ ==\n\n' \
+    "$INSTANCES" "$mode_note" "$SCHEME" "$DURATION" "$DUPLICATES" "$CONCURRENCY" "$RUN" "$LOG_DIR"
   cat "$LOG_DIR/load-report.txt"
   printf '\nserver side (summed over the instances)\n'
   for r in acquired held error; do

@@ -30,8 +30,9 @@
 //!   does not hold up the other items (Adyen would re-send the whole batch).
 //! - One delivery may map to several items: every item of an Adyen batch, and
 //!   every succeeded refund of a Stripe `charge.refunded`.
-//! - Secrets never leave this module: [`Provider`]'s `Debug` hides them and no
-//!   [`Reject`] message contains one.
+//! - Secrets never leave this module but through [`Provider::first_secret`],
+//!   which only the tools that play the PSP read (`fencehook send`, `load`):
+//!   [`Provider`]'s `Debug` hides them and no [`Reject`] message contains one.
 
 pub mod adyen;
 pub mod alipay;
@@ -176,6 +177,18 @@ pub struct Provider {
     scheme: Scheme,
     /// Settings that are allowed but probably a mistake, said at start.
     warnings: Vec<String>,
+    /// What a sender playing this provider's PSP signs with, as the file
+    /// names it: the scheme's own types keep only the decoded keys.
+    psp_side: PspSide,
+}
+
+/// The settings of a provider's table that its PSP signs or shapes
+/// deliveries with (see [`Provider::first_secret`]).
+#[derive(Clone, Default)]
+struct PspSide {
+    first_secret: Option<String>,
+    app_id: Option<String>,
+    webhook_id: Option<String>,
 }
 
 impl std::fmt::Debug for Provider {
@@ -329,6 +342,11 @@ impl Provider {
             };
             return Err(field(other, why));
         }
+        let psp_side = PspSide {
+            first_secret: settings.secrets.as_ref().and_then(|s| s.first().cloned()),
+            app_id: settings.app_id.clone(),
+            webhook_id: settings.webhook_id.clone(),
+        };
         let secrets = settings.secrets.unwrap_or_default();
         if takes.contains(&"secrets") && secrets.is_empty() {
             return Err(field("secrets", "at least one secret is required".into()));
@@ -426,6 +444,7 @@ impl Provider {
             name: name.to_owned(),
             scheme,
             warnings,
+            psp_side,
         })
     }
 
@@ -443,6 +462,26 @@ impl Provider {
             Scheme::Alipay(_) => SchemeKind::Alipay,
             Scheme::Paypal(_) => SchemeKind::Paypal,
         }
+    }
+
+    /// The first of `secrets`, as written: the key a PSP signs new deliveries
+    /// with (standard, stripe, adyen) or encrypts their resource with
+    /// (wechatpay's APIv3 key); the others verify during a rotation. For the
+    /// tools that play the PSP (`fencehook send`, `load`); the service never
+    /// reads it back. `None` for the schemes without secrets.
+    pub fn first_secret(&self) -> Option<&str> {
+        self.psp_side.first_secret.as_deref()
+    }
+
+    /// alipay: the `app_id` a notification must carry. `None` for other schemes.
+    pub fn app_id(&self) -> Option<&str> {
+        self.psp_side.app_id.as_deref()
+    }
+
+    /// paypal: the `webhook_id` that is part of what PayPal signs. `None`
+    /// for other schemes.
+    pub fn webhook_id(&self) -> Option<&str> {
+        self.psp_side.webhook_id.as_deref()
     }
 
     /// Whether a delivery's `Content-Type` is what this scheme's PSP posts:

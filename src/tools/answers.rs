@@ -10,6 +10,12 @@
 //!   `duplicate` is answered for an event accepted before, so that promise
 //!   holds once the workers have drained the inbox: audit after the drain
 //!   (`fencehook load --inbox --database-url` waits for it).
+//!
+//! A PSP that reads a success in its own words gets one without a `result`
+//! (WeChat Pay an empty 200, Alipay `success`, Adyen `[accepted]`): `load`
+//! records it as [`UNLABELLED_SUCCESS`], a 2xx like `processed` or
+//! `duplicate`, and it promises a terminal row too. In inbox mode it may
+//! have been an `accepted`: audit after the drain.
 
 use std::collections::HashSet;
 use std::io::BufRead;
@@ -26,7 +32,8 @@ pub struct AnswerRecord {
     pub transaction_id: String,
     /// HTTP status; `null` when no HTTP answer came (timeout, connection error).
     pub status: Option<u16>,
-    /// The `result` field of the JSON body, or what went wrong on the way.
+    /// The result the body named ([`UNLABELLED_SUCCESS`] for a 2xx that
+    /// names none), or what went wrong on the way.
     pub result: String,
 }
 
@@ -52,6 +59,12 @@ impl AnswerRecord {
 
 /// The `result` of inbox mode's answer: durably queued, not yet booked.
 pub const ACCEPTED: &str = "accepted";
+
+/// What `load` records for a 2xx whose body names no result: the PSP's own
+/// word for a success (WeChat Pay's empty 200, Alipay's `success`, Adyen's
+/// `[accepted]`). fencehook answers those PSPs so for `processed`,
+/// `duplicate`, `stale` and (inbox mode) `accepted` alike.
+pub const UNLABELLED_SUCCESS: &str = "success";
 
 /// What an answers file holds that the audit must check.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -246,6 +259,7 @@ mod tests {
             (Some(200), "duplicate", true, false),
             (Some(200), "stale", true, false),
             (Some(200), "accepted", false, true),
+            (Some(200), UNLABELLED_SUCCESS, true, false),
             (Some(202), "accepted", false, true),
             (Some(200), "ignored", false, false),
             (Some(409), "in_progress", false, false),

@@ -11,12 +11,36 @@
 //! payment failure, PayPal no refund failure, ...): asking for one is an
 //! error that names what the PSP does send.
 
-use fencehook::providers::minor_unit_exponent;
+use fencehook::providers::{minor_unit_exponent, SchemeKind};
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use super::send::SendArgs;
+/// What one delivery announces: `send`'s flags, or one transaction of `load`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// The id of what the event is about: the payment's, the refund's or the
+    /// dispute's own.
+    pub transaction_id: String,
+    /// Minor units (cents, fen).
+    pub amount: i64,
+    /// ISO 4217.
+    pub currency: String,
+    /// A canonical kind (`payment.succeeded`, ...), sent as the scheme's
+    /// native event; anything else is sent verbatim as the native type.
+    pub event_type: String,
+    /// Refunds and disputes: the payment they take money from.
+    pub payment_transaction_id: Option<String>,
+}
+
+/// The currency a scheme's deliveries are in when none is asked for: CNY for
+/// the Chinese PSPs (Alipay's notifications carry no other), EUR otherwise.
+pub fn default_currency(scheme: SchemeKind) -> &'static str {
+    match scheme {
+        SchemeKind::WechatPay | SchemeKind::Alipay => "CNY",
+        _ => "EUR",
+    }
+}
 
 /// The canonical kinds that take money from a payment and must name it.
 pub(crate) fn names_a_payment(event_type: &str) -> bool {
@@ -25,11 +49,11 @@ pub(crate) fn names_a_payment(event_type: &str) -> bool {
 
 /// The `--payment-transaction-id` a refund or dispute needs to be built in a
 /// PSP's shape.
-fn parent(args: &SendArgs) -> Result<&str, String> {
-    args.payment_transaction_id.as_deref().ok_or_else(|| {
+fn parent(notice: &Notice) -> Result<&str, String> {
+    notice.payment_transaction_id.as_deref().ok_or_else(|| {
         format!(
             "--event-type {} takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal)",
-            args.event_type
+            notice.event_type
         )
     })
 }
@@ -44,12 +68,12 @@ fn charge_of(payment: &str) -> String {
 
 /// A Stripe event as Stripe sends it (API 2024-06-20 shapes; `refund.failed`
 /// exists from 2024-10-28).
-pub(crate) fn stripe_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<Value, String> {
-    let tx = &args.transaction_id;
-    let currency = args.currency().to_ascii_lowercase();
+pub(crate) fn stripe_event(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, String> {
+    let tx = &notice.transaction_id;
+    let currency = notice.currency.to_ascii_lowercase();
     let payment_intent = |status: &str, received: i64| {
         json!({
-            "id": tx, "object": "payment_intent", "amount": args.amount,
+            "id": tx, "object": "payment_intent", "amount": notice.amount,
             "amount_capturable": 0, "amount_received": received, "capture_method": "automatic",
             "created": ts, "currency": currency, "latest_charge": charge_of(tx), "livemode": false,
             "metadata": {}, "payment_method": "pm_card_visa", "payment_method_types": ["card"],
@@ -66,9 +90,9 @@ pub(crate) fn stripe_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<V
         }
     };
     let refund = |status: &str| -> Result<Value, String> {
-        let (pi, charge) = links(parent(args)?);
+        let (pi, charge) = links(parent(notice)?);
         let mut r = json!({
-            "id": tx, "object": "refund", "amount": args.amount, "charge": charge,
+            "id": tx, "object": "refund", "amount": notice.amount, "charge": charge,
             "created": ts, "currency": currency, "metadata": {}, "payment_intent": pi,
             "reason": "requested_by_customer", "status": status
         });
@@ -78,19 +102,19 @@ pub(crate) fn stripe_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<V
         Ok(r)
     };
     let dispute = |status: &str| -> Result<Value, String> {
-        let (pi, charge) = links(parent(args)?);
+        let (pi, charge) = links(parent(notice)?);
         Ok(json!({
-            "id": tx, "object": "dispute", "amount": args.amount, "balance_transactions": [],
+            "id": tx, "object": "dispute", "amount": notice.amount, "balance_transactions": [],
             "charge": charge, "created": ts, "currency": currency, "is_charge_refundable": false,
             "livemode": false, "metadata": {}, "payment_intent": pi, "reason": "fraudulent",
             "status": status
         }))
     };
     let mut previous_attributes = None;
-    let (event_type, object) = match args.event_type.as_str() {
+    let (event_type, object) = match notice.event_type.as_str() {
         "payment.succeeded" => (
             "payment_intent.succeeded",
-            payment_intent("succeeded", args.amount),
+            payment_intent("succeeded", notice.amount),
         ),
         "payment.failed" => {
             let mut pi = payment_intent("requires_payment_method", 0);
@@ -108,7 +132,7 @@ pub(crate) fn stripe_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<V
         "refund.failed" => ("refund.failed", refund("failed")?),
         "dispute.funds_withdrawn" => ("charge.dispute.funds_withdrawn", dispute("needs_response")?),
         "dispute.funds_reinstated" => ("charge.dispute.funds_reinstated", dispute("won")?),
-        other => (other, payment_intent("succeeded", args.amount)),
+        other => (other, payment_intent("succeeded", notice.amount)),
     };
     let mut data = json!({"object": object});
     if let Some(previous) = previous_attributes {
@@ -124,8 +148,8 @@ pub(crate) fn stripe_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<V
 /// A one-item Adyen notification batch (unsigned; [`adyen::sign_batch`] signs it).
 ///
 /// [`adyen::sign_batch`]: fencehook::providers::adyen::sign_batch
-pub(crate) fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
-    let (event_code, success) = match args.event_type.as_str() {
+pub(crate) fn adyen_batch(notice: &Notice, ts: i64) -> Result<Value, String> {
+    let (event_code, success) = match notice.event_type.as_str() {
         "payment.succeeded" => ("AUTHORISATION", "true"),
         "payment.failed" => ("AUTHORISATION", "false"),
         "refund.succeeded" => ("REFUND", "true"),
@@ -141,13 +165,13 @@ pub(crate) fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
         .map_err(|e| e.to_string())?;
     let mut item = json!({
         "additionalData": {},
-        "amount": {"currency": args.currency(), "value": args.amount},
+        "amount": {"currency": notice.currency.as_str(), "value": notice.amount},
         "eventCode": event_code,
         "eventDate": event_date,
         "merchantAccountCode": "FencehookDemoECOM",
-        "merchantReference": format!("order-{}", args.transaction_id),
+        "merchantReference": format!("order-{}", notice.transaction_id),
         "paymentMethod": "visa",
-        "pspReference": args.transaction_id,
+        "pspReference": notice.transaction_id,
         "reason": "",
         "success": success
     });
@@ -155,10 +179,10 @@ pub(crate) fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
         item["operations"] = json!(["CANCEL", "CAPTURE", "REFUND"]);
     }
     // A modification or dispute names the payment it is about.
-    let original = if names_a_payment(&args.event_type) {
-        Some(parent(args)?)
+    let original = if names_a_payment(&notice.event_type) {
+        Some(parent(notice)?)
     } else {
-        args.payment_transaction_id.as_deref()
+        notice.payment_transaction_id.as_deref()
     };
     if let Some(original) = original {
         item["originalReference"] = json!(original);
@@ -170,10 +194,10 @@ pub(crate) fn adyen_batch(args: &SendArgs, ts: i64) -> Result<Value, String> {
 }
 
 /// `--event-type` names a kind the scheme has no notification for.
-fn not_sent(scheme: &str, args: &SendArgs, sends: &str) -> String {
+fn not_sent(scheme: &str, notice: &Notice, sends: &str) -> String {
     format!(
         "{scheme} sends no notification fencehook books as {}; it sends {sends}",
-        args.event_type
+        notice.event_type
     )
 }
 
@@ -187,7 +211,7 @@ fn rfc3339(ts: i64) -> Result<String, String> {
 /// A WeChat Pay notification: the `event_type` and the plaintext `resource`
 /// (JSON) to encrypt, with its `original_type` (also the AAD).
 pub(crate) fn wechatpay_resource(
-    args: &SendArgs,
+    notice: &Notice,
     ts: i64,
 ) -> Result<(String, Value, &'static str), String> {
     const SENDS: &str = "payment.succeeded, refund.succeeded, refund.failed";
@@ -196,8 +220,8 @@ pub(crate) fn wechatpay_resource(
         .to_offset(time::UtcOffset::from_hms(8, 0, 0).map_err(|e| e.to_string())?)
         .format(&Rfc3339)
         .map_err(|e| e.to_string())?;
-    let tx = &args.transaction_id;
-    let currency = args.currency();
+    let tx = &notice.transaction_id;
+    let currency = notice.currency.as_str();
     let transaction = || {
         json!({
             "appid": "wxd678efh567hg6787", "mchid": "1230000109",
@@ -205,31 +229,31 @@ pub(crate) fn wechatpay_resource(
             "trade_type": "JSAPI", "trade_state": "SUCCESS", "trade_state_desc": "支付成功",
             "bank_type": "OTHERS", "attach": "", "success_time": when,
             "payer": {"openid": "oUpF8uMuAJO_M2pxb1Q9zNjWeS6o"},
-            "amount": {"total": args.amount, "payer_total": args.amount,
+            "amount": {"total": notice.amount, "payer_total": notice.amount,
                 "currency": currency, "payer_currency": currency}
         })
     };
     let refund = |status: &str| -> Result<Value, String> {
-        let payment = parent(args)?;
+        let payment = parent(notice)?;
         let mut r = json!({
             "mchid": "1230000109", "transaction_id": payment,
             "out_trade_no": format!("order-{payment}"), "refund_id": tx,
             "out_refund_no": format!("refund-{tx}"), "refund_status": status,
             "user_received_account": "支付用户零钱",
-            "amount": {"total": args.amount, "refund": args.amount,
-                "payer_total": args.amount, "payer_refund": args.amount}
+            "amount": {"total": notice.amount, "refund": notice.amount,
+                "payer_total": notice.amount, "payer_refund": notice.amount}
         });
         if status == "SUCCESS" {
             r["success_time"] = json!(when);
         }
         Ok(r)
     };
-    Ok(match args.event_type.as_str() {
+    Ok(match notice.event_type.as_str() {
         "payment.succeeded" => ("TRANSACTION.SUCCESS".into(), transaction(), "transaction"),
         "refund.succeeded" => ("REFUND.SUCCESS".into(), refund("SUCCESS")?, "refund"),
         "refund.failed" => ("REFUND.CLOSED".into(), refund("CLOSED")?, "refund"),
         other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
-            return Err(not_sent("wechatpay", args, SENDS))
+            return Err(not_sent("wechatpay", notice, SENDS))
         }
         other if other.starts_with("REFUND.") => (
             other.into(),
@@ -244,12 +268,12 @@ pub(crate) fn wechatpay_resource(
 /// them). `amount` is in fen; the refund is a full refund of a trade of
 /// that amount (Alipay's `refund_fee` is the trade's refunded total).
 pub(crate) fn alipay_params(
-    args: &SendArgs,
+    notice: &Notice,
     app_id: &str,
     ts: i64,
 ) -> Result<Vec<(String, String)>, String> {
     const SENDS: &str = "payment.succeeded, payment.failed, refund.succeeded";
-    if args.currency() != "CNY" {
+    if notice.currency != "CNY" {
         return Err("alipay notifications are in CNY: --currency CNY".into());
     }
     let beijing = OffsetDateTime::from_unix_timestamp(ts)
@@ -264,13 +288,13 @@ pub(crate) fn alipay_params(
         beijing.minute(),
         beijing.second()
     );
-    let yuan = format!("{}.{:02}", args.amount / 100, args.amount % 100);
-    let (trade_no, status, refund) = match args.event_type.as_str() {
-        "payment.succeeded" => (args.transaction_id.clone(), "TRADE_SUCCESS", false),
-        "payment.failed" => (args.transaction_id.clone(), "TRADE_CLOSED", false),
-        "refund.succeeded" => (parent(args)?.to_owned(), "TRADE_CLOSED", true),
-        other if other.contains('.') => return Err(not_sent("alipay", args, SENDS)),
-        other => (args.transaction_id.clone(), other, false),
+    let yuan = format!("{}.{:02}", notice.amount / 100, notice.amount % 100);
+    let (trade_no, status, refund) = match notice.event_type.as_str() {
+        "payment.succeeded" => (notice.transaction_id.clone(), "TRADE_SUCCESS", false),
+        "payment.failed" => (notice.transaction_id.clone(), "TRADE_CLOSED", false),
+        "refund.succeeded" => (parent(notice)?.to_owned(), "TRADE_CLOSED", true),
+        other if other.contains('.') => return Err(not_sent("alipay", notice, SENDS)),
+        other => (notice.transaction_id.clone(), other, false),
     };
     let mut params: Vec<(String, String)> = [
         ("gmt_create", when.as_str()),
@@ -314,7 +338,7 @@ pub(crate) fn alipay_params(
             add("gmt_refund", &format!("{when}.000"));
             add("gmt_close", &when);
             add("refund_fee", &yuan);
-            add("out_biz_no", &args.transaction_id);
+            add("out_biz_no", &notice.transaction_id);
         }
         _ => add("gmt_close", &when),
     }
@@ -322,26 +346,26 @@ pub(crate) fn alipay_params(
 }
 
 /// A PayPal event (v2 payments shapes, as the webhooks simulator sends them).
-pub(crate) fn paypal_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<Value, String> {
+pub(crate) fn paypal_event(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, String> {
     const SENDS: &str =
         "payment.succeeded, payment.failed, refund.succeeded, dispute.funds_withdrawn";
-    let currency = args.currency();
+    let currency = notice.currency.as_str();
     let exponent = minor_unit_exponent(currency)
         .ok_or_else(|| format!("no minor unit known for currency {currency}"))?;
     let scale = 10i64.pow(exponent);
     let value = if exponent == 0 {
-        args.amount.to_string()
+        notice.amount.to_string()
     } else {
         format!(
             "{}.{:0width$}",
-            args.amount / scale,
-            args.amount % scale,
+            notice.amount / scale,
+            notice.amount % scale,
             width = exponent as usize
         )
     };
     let when = rfc3339(ts)?;
     let api = "https://api.paypal.com/v2";
-    let tx = &args.transaction_id;
+    let tx = &notice.transaction_id;
     let amount = json!({"currency_code": currency, "value": value});
     let capture = |status: &str| {
         json!({
@@ -356,7 +380,7 @@ pub(crate) fn paypal_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<V
         })
     };
     let refund = |note: Option<&str>| -> Result<Value, String> {
-        let capture_id = parent(args)?;
+        let capture_id = parent(notice)?;
         let mut r = json!({
             "id": tx, "amount": amount, "status": "COMPLETED",
             "create_time": when, "update_time": when,
@@ -370,7 +394,7 @@ pub(crate) fn paypal_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<V
         }
         Ok(r)
     };
-    let (event_type, resource_type, resource) = match args.event_type.as_str() {
+    let (event_type, resource_type, resource) = match notice.event_type.as_str() {
         "payment.succeeded" => ("PAYMENT.CAPTURE.COMPLETED", "capture", capture("COMPLETED")),
         "payment.failed" => ("PAYMENT.CAPTURE.DENIED", "capture", capture("DECLINED")),
         "refund.succeeded" => ("PAYMENT.CAPTURE.REFUNDED", "refund", refund(None)?),
@@ -380,7 +404,7 @@ pub(crate) fn paypal_event(args: &SendArgs, event_id: &str, ts: i64) -> Result<V
             refund(Some("Payment reversed"))?,
         ),
         other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
-            return Err(not_sent("paypal", args, SENDS))
+            return Err(not_sent("paypal", notice, SENDS))
         }
         other => (other, "capture", capture("PENDING")),
     };

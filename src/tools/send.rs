@@ -6,43 +6,67 @@
 //! writes it), plus what each needs: `--serial` and `--apiv3-key`
 //! (wechatpay), `--app-id` (alipay), `--webhook-id` and `--cert-url`
 //! (paypal).
+//!
+//! With the providers file the service reads (`--providers`, or
+//! `FENCEHOOK_PROVIDERS`), `--provider NAME` is enough for what the file
+//! holds: the scheme, the secret (the first of `secrets`: wechatpay's APIv3
+//! key), alipay's `app_id`, paypal's `webhook_id`. Never the private key: the
+//! file names public keys only. Flags given on the command line win over the
+//! file. [`PspArgs`] and [`Psp`] are shared with `fencehook load`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
 use fencehook::http::client;
 use fencehook::providers::keys::RsaSigner;
-use fencehook::providers::{adyen, alipay, paypal, standard, stripe, wechatpay, SchemeKind};
+use fencehook::providers::{
+    adyen, alipay, paypal, standard, stripe, wechatpay, Provider, SchemeKind,
+};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 
 use super::deliveries::{
-    adyen_batch, alipay_params, paypal_event, stripe_event, wechatpay_resource,
+    adyen_batch, alipay_params, default_currency, paypal_event, stripe_event, wechatpay_resource,
+    Notice,
 };
 
-/// `fencehook send`: sign one delivery the way the provider's scheme does and send it.
+/// The environment variable of `--secret`: the built-in `generic`
+/// provider's secret, which the service ignores once a providers file is
+/// given.
+pub const SECRET_ENV: &str = "FENCEHOOK_GENERIC_SECRET";
+/// The environment variable of `--apiv3-key`.
+pub const APIV3_KEY_ENV: &str = "FENCEHOOK_WECHATPAY_APIV3_KEY";
+
+/// Who a delivery is signed as, and with what: the flags `send` and `load`
+/// share.
 #[derive(Debug, Clone, Args)]
-pub struct SendArgs {
-    /// Base URL of the public listener.
-    #[arg(long, env = "FENCEHOOK_URL", default_value = "http://127.0.0.1:8080")]
-    pub url: String,
-    /// Provider name in /webhooks/{provider}.
+pub struct PspArgs {
+    /// Provider name in /webhooks/{provider}; with a providers file, the
+    /// entry whose scheme and keys sign.
     #[arg(long, default_value = "generic")]
     pub provider: String,
+    /// The providers file the service reads: --provider's entry gives the
+    /// scheme and what the file holds of its keys (the first of `secrets`,
+    /// alipay's app_id, paypal's webhook_id); flags given here win.
+    #[arg(long, env = "FENCEHOOK_PROVIDERS", value_name = "FILE")]
+    pub providers: Option<PathBuf>,
     /// Wire format: standard (Standard Webhooks, generic payload), stripe (a
     /// signed Stripe event), adyen (a one-item notification batch), wechatpay
     /// (an encrypted API v3 notification), alipay (a form-encoded
-    /// notification), paypal (a v2 capture event).
-    #[arg(long, default_value = "standard", value_parser = parse_scheme)]
-    pub scheme: SchemeKind,
+    /// notification), paypal (a v2 capture event). Default: the providers
+    /// file's, else standard.
+    #[arg(long, value_parser = parse_scheme)]
+    pub scheme: Option<SchemeKind>,
     /// Signing secret of the HMAC schemes: whsec_<base64> (standard), the
     /// endpoint's whsec_... (stripe), the HMAC key in hex (adyen).
-    #[arg(long, env = "FENCEHOOK_GENERIC_SECRET", hide_env_values = true)]
+    #[arg(long, env = SECRET_ENV, hide_env_values = true)]
     pub secret: Option<String>,
     /// wechatpay, alipay, paypal: the PEM file of the RSA private key that
-    /// plays the PSP's (its public key or certificate is in the providers file).
+    /// plays the PSP's (its public key or certificate is in the providers
+    /// file, which never holds the private key).
     #[arg(long, value_name = "FILE")]
     pub private_key: Option<PathBuf>,
     /// wechatpay: Wechatpay-Serial, the serial (or PUB_KEY_ID_…) the
@@ -50,7 +74,7 @@ pub struct SendArgs {
     #[arg(long)]
     pub serial: Option<String>,
     /// wechatpay: the APIv3 key (32 characters) that encrypts the resource.
-    #[arg(long, env = "FENCEHOOK_WECHATPAY_APIV3_KEY", hide_env_values = true)]
+    #[arg(long, env = APIV3_KEY_ENV, hide_env_values = true)]
     pub apiv3_key: Option<String>,
     /// alipay: the application's app_id.
     #[arg(long)]
@@ -59,6 +83,305 @@ pub struct SendArgs {
     /// of --private-key (under its cert_url_prefixes).
     #[arg(long)]
     pub cert_url: Option<String>,
+}
+
+fn parse_scheme(s: &str) -> Result<SchemeKind, String> {
+    s.parse()
+}
+
+/// A flag that cannot be used, or one a scheme needs and did not get: one
+/// line naming it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--{flag}: {reason}")]
+pub struct PspError {
+    /// The flag's long name, without `--`.
+    pub flag: &'static str,
+    pub reason: String,
+}
+
+impl From<PspError> for String {
+    fn from(e: PspError) -> String {
+        e.to_string()
+    }
+}
+
+fn psp_error(flag: &'static str, reason: impl Into<String>) -> PspError {
+    PspError {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+/// A flag's value unless it is merely its environment variable's. After
+/// parsing, clap no longer says where a value came from, so a value equal to
+/// the variable's is taken as the variable's: it then yields to the
+/// providers file, as `FENCEHOOK_GENERIC_SECRET` does in the service.
+fn on_command_line<'a>(
+    value: &'a Option<String>,
+    var: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<&'a str> {
+    let value = value.as_deref()?;
+    (env(var).as_deref() != Some(value)).then_some(value)
+}
+
+impl PspArgs {
+    /// The provider to sign as: flags given on the command line, then its
+    /// entry in the providers file, then the defaults. `webhook_id` is
+    /// paypal's (the caller's `--webhook-id`). Reads the private key, when
+    /// given, once.
+    pub fn resolve(&self, webhook_id: Option<&str>) -> Result<Psp, PspError> {
+        let file = match &self.providers {
+            Some(path) => Some((
+                path.as_path(),
+                fencehook::providers::load_file(path).map_err(|e| psp_error("providers", e))?,
+            )),
+            None => None,
+        };
+        let file = file
+            .as_ref()
+            .map(|(path, providers)| (*path, providers.as_slice()));
+        self.resolve_in(file, webhook_id, &|var| std::env::var(var).ok())
+    }
+
+    /// [`PspArgs::resolve`] with the providers file already read and the
+    /// environment given (tests).
+    fn resolve_in(
+        &self,
+        file: Option<(&Path, &[Provider])>,
+        webhook_id: Option<&str>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Psp, PspError> {
+        let entry = match file {
+            None => None,
+            Some((path, providers)) => Some(
+                providers
+                    .iter()
+                    .find(|p| p.name == self.provider)
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = providers.iter().map(|p| p.name.as_str()).collect();
+                        psp_error(
+                            "provider",
+                            format!(
+                                "`{}` is not in the providers file {} (it has {})",
+                                self.provider,
+                                path.display(),
+                                names.join(", ")
+                            ),
+                        )
+                    })?,
+            ),
+        };
+        let scheme = self
+            .scheme
+            .or(entry.map(Provider::scheme))
+            .unwrap_or(SchemeKind::Standard);
+        let owned = |v: Option<&str>| v.map(str::to_owned);
+        let (secret, apiv3_key, app_id, file_webhook_id) = match entry {
+            None => (
+                self.secret.clone(),
+                self.apiv3_key.clone(),
+                self.app_id.clone(),
+                None,
+            ),
+            // The file's first secret is the HMAC secret or the APIv3 key,
+            // as its own scheme says.
+            Some(p) => {
+                let first = |hmac: bool| {
+                    p.first_secret()
+                        .filter(|_| p.scheme().is_hmac() == hmac)
+                        .map(str::to_owned)
+                };
+                (
+                    owned(on_command_line(&self.secret, SECRET_ENV, env)).or(first(true)),
+                    owned(on_command_line(&self.apiv3_key, APIV3_KEY_ENV, env)).or(first(false)),
+                    self.app_id.clone().or(owned(p.app_id())),
+                    owned(p.webhook_id()),
+                )
+            }
+        };
+        let signer = match &self.private_key {
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .map_err(|e| psp_error("private-key", format!("{}: {e}", path.display())))?;
+                Some(Arc::new(RsaSigner::from_pem(&pem).map_err(|e| {
+                    psp_error("private-key", format!("{}: {e}", path.display()))
+                })?))
+            }
+            None => None,
+        };
+        Ok(Psp {
+            provider: self.provider.clone(),
+            scheme,
+            from_file: file.map(|(path, _)| path.display().to_string()),
+            secret,
+            signer,
+            serial: self.serial.clone(),
+            apiv3_key,
+            app_id,
+            webhook_id: owned(webhook_id).or(file_webhook_id),
+            cert_url: self.cert_url.clone(),
+        })
+    }
+}
+
+/// Who a delivery is signed as: the provider, its scheme, and what signs for
+/// it, from the flags and the providers file ([`PspArgs::resolve`]). A
+/// setting the scheme needs and did not get is an error when it is used,
+/// naming its flag.
+#[derive(Clone)]
+pub struct Psp {
+    pub provider: String,
+    pub scheme: SchemeKind,
+    /// The providers file the provider was found in, for messages.
+    from_file: Option<String>,
+    secret: Option<String>,
+    signer: Option<Arc<RsaSigner>>,
+    serial: Option<String>,
+    apiv3_key: Option<String>,
+    app_id: Option<String>,
+    /// paypal: the provider's webhook id.
+    webhook_id: Option<String>,
+    cert_url: Option<String>,
+}
+
+impl std::fmt::Debug for Psp {
+    // Keys are never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Psp")
+            .field("provider", &self.provider)
+            .field("scheme", &self.scheme)
+            .field("from_file", &self.from_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Psp {
+    fn secret(&self) -> Result<&str, PspError> {
+        self.secret.as_deref().ok_or_else(|| {
+            psp_error(
+                "secret",
+                format!(
+                    "scheme {} signs with a secret (or {SECRET_ENV}, or a providers file)",
+                    self.scheme.as_str()
+                ),
+            )
+        })
+    }
+
+    fn required<'a>(
+        &self,
+        value: &'a Option<String>,
+        flag: &'static str,
+        what: &str,
+    ) -> Result<&'a str, PspError> {
+        value.as_deref().ok_or_else(|| {
+            psp_error(
+                flag,
+                format!("scheme {} needs {what}", self.scheme.as_str()),
+            )
+        })
+    }
+
+    /// The private key; its absence is explained as the file's when the
+    /// provider came from one, since a user may expect the file to hold it.
+    pub fn signer(&self) -> Result<&RsaSigner, PspError> {
+        self.signer.as_deref().ok_or_else(|| {
+            let reason = match &self.from_file {
+                Some(file) => format!(
+                    "provider `{}` ({}) signs with an RSA private key, which the providers file {file} cannot give (it holds public keys only): give the PEM file",
+                    self.provider,
+                    self.scheme.as_str()
+                ),
+                None => format!(
+                    "scheme {} signs with an RSA private key: give the PEM file",
+                    self.scheme.as_str()
+                ),
+            };
+            psp_error("private-key", reason)
+        })
+    }
+
+    fn serial(&self) -> Result<&str, PspError> {
+        self.required(
+            &self.serial,
+            "serial",
+            "Wechatpay-Serial: the serial the providers file maps to the public key of --private-key",
+        )
+    }
+
+    fn apiv3_key(&self) -> Result<&str, PspError> {
+        self.required(
+            &self.apiv3_key,
+            "apiv3-key",
+            "the APIv3 key that encrypts the resource (or FENCEHOOK_WECHATPAY_APIV3_KEY, or a providers file)",
+        )
+    }
+
+    fn app_id(&self) -> Result<&str, PspError> {
+        self.required(
+            &self.app_id,
+            "app-id",
+            "the application's app_id (or a providers file)",
+        )
+    }
+
+    fn webhook_id(&self) -> Result<&str, PspError> {
+        self.required(
+            &self.webhook_id,
+            "webhook-id",
+            "the provider's webhook id, part of what PayPal signs (or a providers file)",
+        )
+    }
+
+    /// paypal: `PAYPAL-CERT-URL`.
+    pub fn cert_url(&self) -> Result<&str, PspError> {
+        self.required(
+            &self.cert_url,
+            "cert-url",
+            "PAYPAL-CERT-URL, where the service fetches the certificate of --private-key",
+        )
+    }
+
+    /// Checks that everything the scheme signs a built delivery with is
+    /// there and usable, so a run can refuse to start rather than fail every
+    /// delivery.
+    pub fn check(&self) -> Result<(), PspError> {
+        match self.scheme {
+            SchemeKind::Standard => standard::sign(self.secret()?, "msg_check", 0, b"")
+                .map(drop)
+                .map_err(|e| psp_error("secret", format!("not a whsec_ secret: {e}"))),
+            SchemeKind::Stripe => stripe::sign(self.secret()?, 0, b"")
+                .map(drop)
+                .map_err(|e| psp_error("secret", e)),
+            SchemeKind::Adyen => adyen::signature(self.secret()?, "")
+                .map(drop)
+                .map_err(|e| psp_error("secret", e)),
+            SchemeKind::WechatPay => {
+                self.signer()?;
+                self.serial()?;
+                wechatpay::encrypt_resource(self.apiv3_key()?, "000000000000", "", b"")
+                    .map(drop)
+                    .map_err(|e| psp_error("apiv3-key", e))
+            }
+            SchemeKind::Alipay => self.signer().and(self.app_id()).map(drop),
+            SchemeKind::Paypal => self
+                .signer()
+                .and(self.webhook_id())
+                .and(self.cert_url())
+                .map(drop),
+        }
+    }
+}
+
+/// `fencehook send`: sign one delivery the way the provider's scheme does and send it.
+#[derive(Debug, Clone, Args)]
+pub struct SendArgs {
+    /// Base URL of the public listener.
+    #[arg(long, env = "FENCEHOOK_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    #[command(flatten)]
+    pub psp: PspArgs,
     /// The id of what the event is about: a payment's PaymentIntent id
     /// (stripe) or pspReference (adyen); for a refund or a dispute, its own
     /// id (`re_…`, `dp_…`; the refund's or dispute's pspReference).
@@ -82,7 +405,7 @@ pub struct SendArgs {
     pub body: Option<String>,
     /// webhook-id header (standard) or event id (stripe), default a new one
     /// per call; paypal: the webhook id the provider is configured with
-    /// (required: it is part of what PayPal signs).
+    /// (part of what PayPal signs; the providers file's when absent).
     #[arg(long)]
     pub webhook_id: Option<String>,
     /// Refunds and disputes: the transaction id of the payment they take
@@ -94,45 +417,20 @@ pub struct SendArgs {
     pub payment_transaction_id: Option<String>,
 }
 
-fn parse_scheme(s: &str) -> Result<SchemeKind, String> {
-    s.parse()
-}
-
 impl SendArgs {
-    /// `--currency`, or the scheme's usual one.
-    pub fn currency(&self) -> &str {
-        match (&self.currency, self.scheme) {
-            (Some(c), _) => c,
-            (None, SchemeKind::WechatPay | SchemeKind::Alipay) => "CNY",
-            (None, _) => "EUR",
+    /// What the delivery announces, in `scheme`'s usual currency unless
+    /// `--currency` says otherwise.
+    pub fn notice(&self, scheme: SchemeKind) -> Notice {
+        Notice {
+            transaction_id: self.transaction_id.clone(),
+            amount: self.amount,
+            currency: self
+                .currency
+                .clone()
+                .unwrap_or_else(|| default_currency(scheme).to_owned()),
+            event_type: self.event_type.clone(),
+            payment_transaction_id: self.payment_transaction_id.clone(),
         }
-    }
-
-    fn secret(&self) -> Result<&str, String> {
-        self.secret.as_deref().ok_or_else(|| {
-            format!(
-                "--scheme {} signs with --secret (or FENCEHOOK_GENERIC_SECRET)",
-                self.scheme.as_str()
-            )
-        })
-    }
-
-    fn required<'a>(&self, value: &'a Option<String>, flag: &str) -> Result<&'a str, String> {
-        value
-            .as_deref()
-            .ok_or_else(|| format!("--scheme {} needs {flag}", self.scheme.as_str()))
-    }
-
-    fn signer(&self) -> Result<RsaSigner, String> {
-        let path = self.private_key.as_ref().ok_or_else(|| {
-            format!(
-                "--scheme {} signs with an RSA private key: --private-key FILE",
-                self.scheme.as_str()
-            )
-        })?;
-        let pem =
-            std::fs::read(path).map_err(|e| format!("--private-key {}: {e}", path.display()))?;
-        RsaSigner::from_pem(&pem).map_err(|e| format!("--private-key {}: {e}", path.display()))
     }
 }
 
@@ -142,15 +440,27 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
         .duration_since(UNIX_EPOCH)
         .map_err(|e| e.to_string())?
         .as_secs() as i64;
+    let psp = args.psp.resolve(args.webhook_id.as_deref())?;
+    // paypal's --webhook-id is the provider's, not the delivery's.
+    let delivery_id = match psp.scheme {
+        SchemeKind::Paypal => None,
+        _ => args.webhook_id.as_deref(),
+    };
     let Delivery {
         body,
         headers,
         content_type,
-    } = build_delivery(args, ts)?;
+    } = build_delivery(
+        &psp,
+        &args.notice(psp.scheme),
+        args.body.as_deref(),
+        delivery_id,
+        ts,
+    )?;
     let uri = format!(
         "{}/webhooks/{}",
         args.url.trim_end_matches('/'),
-        args.provider
+        psp.provider
     );
     let mut req = hyper::Request::post(&uri).header("content-type", content_type);
     for (name, value) in headers {
@@ -201,29 +511,38 @@ pub struct Delivery {
 
 const JSON: &str = "application/json";
 
-/// The signed delivery, as `args.scheme` shapes and signs it, at unix time `ts`.
-pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
-    let delivery_id = |prefix: &str| {
-        args.webhook_id
-            .clone()
-            .unwrap_or_else(|| format!("{prefix}{}", uuid::Uuid::new_v4().simple()))
+/// The delivery of `notice`, shaped and signed as `psp.scheme` does at unix
+/// time `ts`. `body` replaces the built body (signed as is; adyen's items
+/// signed, alipay's form re-signed); `delivery_id` is the delivery's own id
+/// where the scheme has one (standard's webhook-id, the event id of stripe
+/// and paypal, wechatpay's notification id), a new one when `None`.
+pub fn build_delivery(
+    psp: &Psp,
+    notice: &Notice,
+    body: Option<&str>,
+    delivery_id: Option<&str>,
+    ts: i64,
+) -> Result<Delivery, String> {
+    let delivery_id = |prefix: &str| match delivery_id {
+        Some(id) => id.to_owned(),
+        None => format!("{prefix}{}", uuid::Uuid::new_v4().simple()),
     };
-    match args.scheme {
+    match psp.scheme {
         SchemeKind::Standard => {
-            let body = args.body.clone().unwrap_or_else(|| {
+            let body = body.map(str::to_owned).unwrap_or_else(|| {
                 let mut body = json!({
-                    "transaction_id": args.transaction_id,
-                    "amount": args.amount,
-                    "currency": args.currency,
-                    "event_type": args.event_type,
+                    "transaction_id": notice.transaction_id,
+                    "amount": notice.amount,
+                    "currency": notice.currency,
+                    "event_type": notice.event_type,
                 });
-                if let Some(parent) = &args.payment_transaction_id {
+                if let Some(parent) = &notice.payment_transaction_id {
                     body["payment_transaction_id"] = json!(parent);
                 }
                 body.to_string()
             });
             let id = delivery_id("msg_");
-            let signature = standard::sign(args.secret()?, &id, ts, body.as_bytes())?;
+            let signature = standard::sign(psp.secret()?, &id, ts, body.as_bytes())?;
             Ok(Delivery {
                 body,
                 content_type: JSON,
@@ -235,11 +554,11 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
             })
         }
         SchemeKind::Stripe => {
-            let body = match &args.body {
-                Some(b) => b.clone(),
-                None => stripe_event(args, &delivery_id("evt_"), ts)?.to_string(),
+            let body = match body {
+                Some(b) => b.to_owned(),
+                None => stripe_event(notice, &delivery_id("evt_"), ts)?.to_string(),
             };
-            let signature = stripe::sign(args.secret()?, ts, body.as_bytes())?;
+            let signature = stripe::sign(psp.secret()?, ts, body.as_bytes())?;
             Ok(Delivery {
                 body,
                 content_type: JSON,
@@ -247,13 +566,13 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
             })
         }
         SchemeKind::Adyen => {
-            let mut batch = match &args.body {
+            let mut batch = match body {
                 Some(b) => {
                     serde_json::from_str(b).map_err(|e| format!("--body is not JSON: {e}"))?
                 }
-                None => adyen_batch(args, ts)?,
+                None => adyen_batch(notice, ts)?,
             };
-            adyen::sign_batch(args.secret()?, &mut batch)?;
+            adyen::sign_batch(psp.secret()?, &mut batch)?;
             Ok(Delivery {
                 body: batch.to_string(),
                 content_type: JSON,
@@ -261,13 +580,13 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
             })
         }
         SchemeKind::WechatPay => {
-            let serial = args.required(&args.serial, "--serial")?;
-            let signer = args.signer()?;
-            let body = match &args.body {
-                Some(b) => b.clone(),
+            let serial = psp.serial()?;
+            let signer = psp.signer()?;
+            let body = match body {
+                Some(b) => b.to_owned(),
                 None => {
-                    let key = args.required(&args.apiv3_key, "--apiv3-key")?;
-                    let (event_type, resource, original_type) = wechatpay_resource(args, ts)?;
+                    let key = psp.apiv3_key()?;
+                    let (event_type, resource, original_type) = wechatpay_resource(notice, ts)?;
                     let nonce = &uuid::Uuid::new_v4().simple().to_string()[..12];
                     let ciphertext = wechatpay::encrypt_resource(
                         key,
@@ -286,7 +605,7 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
                 }
             };
             let nonce = uuid::Uuid::new_v4().simple().to_string();
-            let signature = wechatpay::sign(&signer, ts, &nonce, body.as_bytes());
+            let signature = wechatpay::sign(signer, ts, &nonce, body.as_bytes());
             Ok(Delivery {
                 body,
                 content_type: JSON,
@@ -303,40 +622,34 @@ pub fn build_delivery(args: &SendArgs, ts: i64) -> Result<Delivery, String> {
             })
         }
         SchemeKind::Alipay => {
-            let signer = args.signer()?;
-            let params = match &args.body {
+            let signer = psp.signer()?;
+            let params = match body {
                 // A form body of your own: decoded, re-signed.
                 Some(b) => alipay::parse_form(b.as_bytes())
                     .map_err(|e| format!("--body is not a form: {e}"))?,
-                None => alipay_params(args, args.required(&args.app_id, "--app-id")?, ts)?,
+                None => alipay_params(notice, psp.app_id()?, ts)?,
             };
             Ok(Delivery {
-                body: alipay::sign_form(&signer, &params),
+                body: alipay::sign_form(signer, &params),
                 content_type: alipay::CONTENT_TYPE,
                 headers: Vec::new(),
             })
         }
         SchemeKind::Paypal => {
-            let webhook_id = args.required(&args.webhook_id, "--webhook-id (the provider's)")?;
-            let cert_url = args.required(&args.cert_url, "--cert-url")?;
-            let signer = args.signer()?;
-            let body = match &args.body {
-                Some(b) => b.clone(),
-                None => paypal_event(args, &format!("WH-{}", uuid::Uuid::new_v4().simple()), ts)?
-                    .to_string(),
+            let webhook_id = psp.webhook_id()?;
+            let cert_url = psp.cert_url()?;
+            let signer = psp.signer()?;
+            let body = match body {
+                Some(b) => b.to_owned(),
+                None => paypal_event(notice, &delivery_id("WH-"), ts)?.to_string(),
             };
             let transmission_id = uuid::Uuid::new_v4().to_string();
             let time = time::OffsetDateTime::from_unix_timestamp(ts)
                 .map_err(|e| e.to_string())?
                 .format(&time::format_description::well_known::Rfc3339)
                 .map_err(|e| e.to_string())?;
-            let signature = paypal::sign(
-                &signer,
-                &transmission_id,
-                &time,
-                webhook_id,
-                body.as_bytes(),
-            );
+            let signature =
+                paypal::sign(signer, &transmission_id, &time, webhook_id, body.as_bytes());
             Ok(Delivery {
                 body,
                 content_type: JSON,
@@ -357,7 +670,7 @@ mod tests {
     use super::super::deliveries::names_a_payment;
     use super::*;
     use fencehook::domain::{EventKind, ObjectKind};
-    use fencehook::providers::{Item, Provider};
+    use fencehook::providers::Item;
 
     const STANDARD: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=";
     const STRIPE: &str = "whsec_stripe_cli_test";
@@ -381,38 +694,65 @@ mod tests {
         }
     }
 
-    fn args(scheme: SchemeKind, secret: &str, event_type: &str) -> SendArgs {
-        SendArgs {
-            url: "http://127.0.0.1:1".into(),
+    /// No flags but `--provider p`; no providers file, no environment.
+    fn psp_args() -> PspArgs {
+        PspArgs {
             provider: "p".into(),
-            scheme,
-            secret: Some(secret.into()),
+            providers: None,
+            scheme: None,
+            secret: None,
             private_key: None,
             serial: None,
             apiv3_key: None,
             app_id: None,
             cert_url: None,
+        }
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn psp(scheme: SchemeKind, secret: &str) -> Psp {
+        let args = PspArgs {
+            scheme: Some(scheme),
+            secret: Some(secret.into()),
+            ..psp_args()
+        };
+        args.resolve_in(None, None, &no_env).unwrap()
+    }
+
+    fn notice(event_type: &str) -> Notice {
+        Notice {
             transaction_id: id_for(event_type).into(),
             amount: 1234,
-            currency: Some("EUR".into()),
+            currency: "EUR".into(),
             event_type: event_type.into(),
-            body: None,
-            webhook_id: None,
             payment_transaction_id: names_a_payment(event_type).then(|| "pi_cli_0".to_owned()),
         }
     }
 
-    /// What the provider of that scheme makes of what `send` would send.
-    fn received(scheme: SchemeKind, secret: &str, event_type: &str) -> Item {
-        let Delivery { body, headers, .. } =
-            build_delivery(&args(scheme, secret, event_type), 1_700_000_000).expect("builds");
+    fn accepted(provider: &Provider, delivery: Delivery) -> Vec<Item> {
         let mut h = http::HeaderMap::new();
-        for (name, value) in headers {
+        for (name, value) in delivery.headers {
             h.insert(name, value.parse().unwrap());
         }
+        block_on(provider.accept(&h, delivery.body.as_bytes(), 1_700_000_000))
+            .expect("the provider accepts what send signs")
+    }
+
+    /// What the provider of that scheme makes of what `send` would send.
+    fn received(scheme: SchemeKind, secret: &str, event_type: &str) -> Item {
+        let delivery = build_delivery(
+            &psp(scheme, secret),
+            &notice(event_type),
+            None,
+            None,
+            1_700_000_000,
+        )
+        .expect("builds");
         let provider = Provider::new("p", scheme, &[secret.to_owned()], None).unwrap();
-        let mut items = block_on(provider.accept(&h, body.as_bytes(), 1_700_000_000))
-            .expect("the provider accepts what send signs");
+        let mut items = accepted(&provider, delivery);
         assert_eq!(items.len(), 1);
         items.remove(0)
     }
@@ -463,9 +803,10 @@ mod tests {
     fn a_psp_shaped_refund_or_dispute_without_its_payment_is_not_built() {
         for scheme in [SchemeKind::Stripe, SchemeKind::Adyen] {
             for event_type in ["refund.succeeded", "dispute.funds_withdrawn"] {
-                let mut a = args(scheme, ADYEN, event_type);
-                a.payment_transaction_id = None;
-                let err = build_delivery(&a, 1_700_000_000).unwrap_err();
+                let mut n = notice(event_type);
+                n.payment_transaction_id = None;
+                let err =
+                    build_delivery(&psp(scheme, ADYEN), &n, None, None, 1_700_000_000).unwrap_err();
                 assert!(err.contains("--payment-transaction-id"), "{err}");
             }
         }
@@ -473,19 +814,133 @@ mod tests {
 
     #[test]
     fn a_stripe_refund_of_a_payment_without_payment_intent_names_its_charge() {
-        let mut a = args(SchemeKind::Stripe, STRIPE, "refund.succeeded");
-        a.payment_transaction_id = Some("ch_legacy_1".into());
-        let Delivery { body, headers, .. } = build_delivery(&a, 1_700_000_000).unwrap();
-        let mut h = http::HeaderMap::new();
-        for (name, value) in headers {
-            h.insert(name, value.parse().unwrap());
-        }
+        let mut n = notice("refund.succeeded");
+        n.payment_transaction_id = Some("ch_legacy_1".into());
+        let delivery = build_delivery(
+            &psp(SchemeKind::Stripe, STRIPE),
+            &n,
+            None,
+            None,
+            1_700_000_000,
+        )
+        .unwrap();
         let provider = Provider::new("p", SchemeKind::Stripe, &[STRIPE.to_owned()], None).unwrap();
-        let items = block_on(provider.accept(&h, body.as_bytes(), 1_700_000_000)).unwrap();
+        let items = accepted(&provider, delivery);
         let [Item::Event(e)] = items.as_slice() else {
             panic!("{items:?}")
         };
         assert_eq!(e.parent_transaction_id.as_deref(), Some("ch_legacy_1"));
+    }
+
+    #[test]
+    fn a_standard_delivery_without_a_currency_flag_is_in_euros() {
+        let args = SendArgs {
+            url: "http://127.0.0.1:1".into(),
+            psp: psp_args(),
+            transaction_id: "tx_1".into(),
+            amount: 100,
+            currency: None,
+            event_type: "payment.succeeded".into(),
+            body: None,
+            webhook_id: None,
+            payment_transaction_id: None,
+        };
+        let delivery = build_delivery(
+            &psp(SchemeKind::Standard, STANDARD),
+            &args.notice(SchemeKind::Standard),
+            None,
+            None,
+            1_700_000_000,
+        )
+        .unwrap();
+        let body: serde_json::Value = serde_json::from_str(&delivery.body).unwrap();
+        assert_eq!(body["currency"], "EUR");
+        assert_eq!(args.notice(SchemeKind::Alipay).currency, "CNY");
+    }
+
+    const FILE: &str = r#"
+[providers.shop]
+scheme = "stripe"
+secrets = ["whsec_new_endpoint", "whsec_old_endpoint"]
+
+[providers.generic]
+scheme = "standard"
+secrets = ["whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="]
+"#;
+
+    fn from_file(args: &PspArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Psp, PspError> {
+        let providers = Provider::from_toml_str(FILE).unwrap();
+        args.resolve_in(Some((Path::new("providers.toml"), &providers)), None, env)
+    }
+
+    #[test]
+    fn a_provider_of_the_file_gives_its_scheme_and_first_secret() {
+        let args = PspArgs {
+            provider: "shop".into(),
+            ..psp_args()
+        };
+        let psp = from_file(&args, &no_env).unwrap();
+        assert_eq!(psp.scheme, SchemeKind::Stripe);
+        assert_eq!(psp.secret(), Ok("whsec_new_endpoint"));
+        assert!(psp.check().is_ok());
+        let shown = format!("{psp:?}");
+        assert!(!shown.contains("whsec"), "{shown}");
+    }
+
+    #[test]
+    fn flags_on_the_command_line_win_over_the_file_and_the_environment_does_not() {
+        let args = PspArgs {
+            provider: "shop".into(),
+            secret: Some("whsec_from_the_command_line".into()),
+            ..psp_args()
+        };
+        assert_eq!(
+            from_file(&args, &no_env).unwrap().secret(),
+            Ok("whsec_from_the_command_line")
+        );
+        // The same value from FENCEHOOK_GENERIC_SECRET: the built-in
+        // generic provider's, which a file's provider does not use.
+        let env = |var: &str| (var == SECRET_ENV).then(|| "whsec_from_the_command_line".to_owned());
+        assert_eq!(
+            from_file(&args, &env).unwrap().secret(),
+            Ok("whsec_new_endpoint")
+        );
+        let args = PspArgs {
+            scheme: Some(SchemeKind::Standard),
+            ..args
+        };
+        assert_eq!(
+            from_file(&args, &no_env).unwrap().scheme,
+            SchemeKind::Standard
+        );
+        // Without a file, the environment's value is the secret, as before.
+        assert_eq!(
+            args.resolve_in(None, None, &env).unwrap().secret(),
+            Ok("whsec_from_the_command_line")
+        );
+    }
+
+    #[test]
+    fn a_provider_the_file_does_not_have_is_an_error_naming_those_it_has() {
+        let args = PspArgs {
+            provider: "shpo".into(),
+            ..psp_args()
+        };
+        let err = from_file(&args, &no_env).unwrap_err();
+        assert_eq!(err.flag, "provider");
+        assert_eq!(
+            err.to_string(),
+            "--provider: `shpo` is not in the providers file providers.toml (it has generic, shop)"
+        );
+    }
+
+    #[test]
+    fn without_a_file_the_scheme_is_standard_and_a_missing_secret_names_the_flag() {
+        let unsigned = psp_args().resolve_in(None, None, &no_env).unwrap();
+        assert_eq!(unsigned.scheme, SchemeKind::Standard);
+        assert_eq!(unsigned.check().unwrap_err().flag, "secret");
+        let bad = psp(SchemeKind::Standard, "hunter2").check().unwrap_err();
+        assert_eq!(bad.flag, "secret");
     }
 }
 
@@ -517,8 +972,8 @@ mod rsa_tests {
         path
     }
 
-    fn provider(scheme: SchemeKind) -> Provider {
-        let settings = match scheme {
+    fn settings(scheme: SchemeKind) -> Settings {
+        match scheme {
             SchemeKind::WechatPay => Settings {
                 secrets: Some(vec![APIV3.into()]),
                 platform_keys: Some(BTreeMap::from([(
@@ -539,8 +994,11 @@ mod rsa_tests {
                 webhook_id: Some(WEBHOOK_ID.into()),
                 ..Settings::default()
             },
-        };
-        let p = Provider::with_settings("p", scheme, settings).unwrap();
+        }
+    }
+
+    fn provider(scheme: SchemeKind) -> Provider {
+        let p = Provider::with_settings("p", scheme, settings(scheme)).unwrap();
         if scheme == SchemeKind::Paypal {
             let cert = testkeys::certificate(
                 0,
@@ -555,47 +1013,55 @@ mod rsa_tests {
         p
     }
 
-    fn args(scheme: SchemeKind, event_type: &str, key: &std::path::Path) -> SendArgs {
-        let refund_like = event_type.starts_with("refund.") || event_type.starts_with("dispute.");
-        SendArgs {
-            url: "http://127.0.0.1:1".into(),
+    /// Every flag an RSA scheme may need.
+    fn psp_args(scheme: SchemeKind, key: &std::path::Path) -> PspArgs {
+        PspArgs {
             provider: "p".into(),
-            scheme,
+            providers: None,
+            scheme: Some(scheme),
             secret: None,
             private_key: Some(key.to_owned()),
             serial: Some(SERIAL.into()),
             apiv3_key: Some(APIV3.into()),
             app_id: Some(APP_ID.into()),
             cert_url: Some(CERT_URL.into()),
+        }
+    }
+
+    fn resolve(args: &PspArgs) -> Result<Psp, PspError> {
+        args.resolve_in(None, Some(WEBHOOK_ID), &|_| None)
+    }
+
+    fn notice(scheme: SchemeKind, event_type: &str) -> Notice {
+        let refund_like = event_type.starts_with("refund.") || event_type.starts_with("dispute.");
+        Notice {
             transaction_id: if refund_like { "RF-1" } else { "PAY-1" }.into(),
             amount: 1234,
-            currency: None,
+            currency: default_currency(scheme).into(),
             event_type: event_type.into(),
-            body: None,
-            webhook_id: Some(WEBHOOK_ID.into()),
             payment_transaction_id: refund_like.then(|| "PAY-0".to_owned()),
         }
     }
 
-    fn received(scheme: SchemeKind, a: &SendArgs) -> Result<Item, String> {
+    fn received(psp: &Psp, n: &Notice) -> Result<Item, String> {
         let Delivery {
             body,
             headers,
             content_type,
-        } = build_delivery(a, NOW)?;
+        } = build_delivery(psp, n, None, None, NOW)?;
         let mut h = http::HeaderMap::new();
         h.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
         for (name, value) in headers {
             h.insert(name, value.parse().unwrap());
         }
-        let p = provider(scheme);
-        assert!(p.accepts_content_type(&h), "{scheme:?}: {content_type}");
+        let p = provider(psp.scheme);
+        assert!(p.accepts_content_type(&h), "{psp:?}: {content_type}");
         let mut items = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
             .block_on(p.accept(&h, body.as_bytes(), NOW))
-            .map_err(|e| format!("{scheme:?} {}: {e}", a.event_type))?;
+            .map_err(|e| format!("{psp:?} {}: {e}", n.event_type))?;
         assert_eq!(items.len(), 1);
         Ok(items.remove(0))
     }
@@ -633,8 +1099,10 @@ mod rsa_tests {
             ),
         ];
         for (scheme, kinds) in cases {
+            let psp = resolve(&psp_args(*scheme, &key)).unwrap();
+            assert_eq!(psp.check(), Ok(()));
             for (event_type, id, parent, currency) in *kinds {
-                match received(*scheme, &args(*scheme, event_type, &key)) {
+                match received(&psp, &notice(*scheme, event_type)) {
                     Ok(Item::Event(e)) => assert_eq!(
                         (
                             e.event_type.as_str(),
@@ -652,7 +1120,9 @@ mod rsa_tests {
             // The kinds this PSP has no notification for are refused by send.
             for &kind in EventKind::ALL {
                 if kinds.iter().all(|(k, ..)| *k != kind.as_str()) {
-                    let err = build_delivery(&args(*scheme, kind.as_str(), &key), NOW).unwrap_err();
+                    let err =
+                        build_delivery(&psp, &notice(*scheme, kind.as_str()), None, None, NOW)
+                            .unwrap_err();
                     assert!(
                         err.contains("sends no notification"),
                         "{scheme:?} {kind:?}: {err}"
@@ -666,10 +1136,11 @@ mod rsa_tests {
             (SchemeKind::Alipay, "WAIT_BUYER_PAY"),
             (SchemeKind::Paypal, "PAYMENT.CAPTURE.PENDING"),
         ] {
-            let mut a = args(scheme, native, &key);
-            a.payment_transaction_id = Some("PAY-0".into());
+            let mut n = notice(scheme, native);
+            n.payment_transaction_id = Some("PAY-0".into());
+            let psp = resolve(&psp_args(scheme, &key)).unwrap();
             assert!(
-                matches!(received(scheme, &a), Ok(Item::Ignored { .. })),
+                matches!(received(&psp, &n), Ok(Item::Ignored { .. })),
                 "{scheme:?} {native}"
             );
         }
@@ -687,24 +1158,89 @@ mod rsa_tests {
             (SchemeKind::Paypal, "webhook_id", "--webhook-id"),
             (SchemeKind::Paypal, "cert_url", "--cert-url"),
         ] {
-            let mut a = args(scheme, "payment.succeeded", &key);
+            let mut a = psp_args(scheme, &key);
+            let mut webhook_id = Some(WEBHOOK_ID);
             match clear {
                 "serial" => a.serial = None,
                 "apiv3_key" => a.apiv3_key = None,
                 "private_key" => a.private_key = None,
                 "app_id" => a.app_id = None,
-                "webhook_id" => a.webhook_id = None,
+                "webhook_id" => webhook_id = None,
                 _ => a.cert_url = None,
             }
-            let err = build_delivery(&a, NOW).unwrap_err();
+            let psp = a.resolve_in(None, webhook_id, &|_| None).unwrap();
+            let err = build_delivery(&psp, &notice(scheme, "payment.succeeded"), None, None, NOW)
+                .unwrap_err();
             assert!(err.contains(flag), "{scheme:?}: {err}");
+            assert!(
+                psp.check().unwrap_err().to_string().contains(flag),
+                "{scheme:?}"
+            );
         }
-        let mut a = args(SchemeKind::Alipay, "payment.succeeded", &key);
-        a.currency = Some("USD".into());
-        assert!(build_delivery(&a, NOW).unwrap_err().contains("CNY"));
-        let mut a = args(SchemeKind::Standard, "payment.succeeded", &key);
-        a.secret = None;
-        assert!(build_delivery(&a, NOW).unwrap_err().contains("--secret"));
+        let psp = resolve(&psp_args(SchemeKind::Alipay, &key)).unwrap();
+        let mut n = notice(SchemeKind::Alipay, "payment.succeeded");
+        n.currency = "USD".into();
+        assert!(build_delivery(&psp, &n, None, None, NOW)
+            .unwrap_err()
+            .contains("CNY"));
+        let mut missing = psp_args(SchemeKind::Alipay, &key);
+        missing.private_key = Some(key.with_extension("missing"));
+        assert_eq!(resolve(&missing).unwrap_err().flag, "private-key");
+        let _ = std::fs::remove_file(key);
+    }
+
+    #[test]
+    fn a_providers_file_gives_the_apiv3_key_the_app_id_and_the_webhook_id_but_never_the_private_key(
+    ) {
+        let key = key_file();
+        let providers: Vec<Provider> = [
+            SchemeKind::WechatPay,
+            SchemeKind::Alipay,
+            SchemeKind::Paypal,
+        ]
+        .into_iter()
+        .map(|scheme| Provider::with_settings(scheme.as_str(), scheme, settings(scheme)).unwrap())
+        .collect();
+        let file = Some((Path::new("providers.toml"), providers.as_slice()));
+        for scheme in [
+            SchemeKind::WechatPay,
+            SchemeKind::Alipay,
+            SchemeKind::Paypal,
+        ] {
+            let only_name = PspArgs {
+                provider: scheme.as_str().into(),
+                providers: None,
+                scheme: None,
+                secret: None,
+                private_key: None,
+                serial: None,
+                apiv3_key: None,
+                app_id: None,
+                cert_url: None,
+            };
+            let psp = only_name.resolve_in(file, None, &|_| None).unwrap();
+            assert_eq!(psp.scheme, scheme);
+            let err = psp.signer().unwrap_err();
+            assert_eq!(err.flag, "private-key");
+            assert!(err.reason.contains("holds public keys only"), "{err}");
+            // With the private key, and what the file cannot know (the
+            // serial, the certificate's URL), it signs what the provider accepts.
+            let with_key = PspArgs {
+                private_key: Some(key.clone()),
+                serial: Some(SERIAL.into()),
+                cert_url: Some(CERT_URL.into()),
+                ..only_name
+            };
+            let psp = with_key.resolve_in(file, None, &|_| None).unwrap();
+            assert_eq!(psp.check(), Ok(()));
+            assert!(
+                matches!(
+                    received(&psp, &notice(scheme, "payment.succeeded")),
+                    Ok(Item::Event(_))
+                ),
+                "{scheme:?}"
+            );
+        }
         let _ = std::fs::remove_file(key);
     }
 }

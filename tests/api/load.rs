@@ -1,16 +1,31 @@
 //! `fencehook load` against three real instances, and `fencehook audit
 //! --answers` that goes with it — both run as the binary, as a user runs them.
+//! Then the RSA schemes under load, against `fencehook serve` processes that
+//! read the same providers file as the load, and `fencehook send` with
+//! nothing but a provider's name.
 
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use fencehook::providers::testkeys;
 use serde_json::Value;
 
-use crate::helpers::{TestContext, SECRET};
+use crate::helpers::process::ServeProcess;
+use crate::helpers::{closed_port, now, TestContext, SECRET};
 
 /// Runs the `fencehook` binary with `args`; (exit code, stdout, stderr).
+/// The settings of the environment the tests run in are not the child's:
+/// only `env` is (a FENCEHOOK_PROVIDERS there would change what the tools
+/// sign as).
 fn fencehook(args: &[String], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
     cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" {
+            cmd.env_remove(k);
+        }
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -265,5 +280,372 @@ async fn an_inbox_load_run_accepts_each_transaction_once_waits_for_the_drain_and
     for app in apps {
         app.stop().await;
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The PSP side of one RSA provider for a test: test key 0's private key,
+/// its public half (and, for paypal, a certificate of it), and a providers
+/// file that names the public half, written to a directory of the test's.
+struct RsaPsp {
+    dir: PathBuf,
+    name: &'static str,
+    providers: PathBuf,
+    key: PathBuf,
+    /// What `load` needs beside `--providers`, `--provider` and
+    /// `--private-key`: what the file cannot say.
+    load_args: Vec<String>,
+}
+
+const WECHAT_SERIAL: &str = "PUB_KEY_ID_0000000000000024101100397200000006";
+const APIV3_KEY: &str = "fencehook-LOAD-apiv3-key-32bytes";
+
+impl RsaPsp {
+    /// `scheme`'s provider; paypal's certificate is served (by `load`) on
+    /// `cert_port`.
+    fn write(ctx: &TestContext, scheme: &str, cert_port: u16) -> RsaPsp {
+        let dir = std::env::temp_dir().join(format!("fencehook-load-{scheme}-{}", ctx.prefix));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("psp.key");
+        std::fs::write(&key, testkeys::private_key_pem(0)).unwrap();
+        std::fs::write(dir.join("psp.pub.pem"), testkeys::public_key_pem(0)).unwrap();
+        let (name, table, load_args) = match scheme {
+            "wechatpay" => (
+                "wechat",
+                format!(
+                    "scheme = \"wechatpay\"\nsecrets = [\"{APIV3_KEY}\"]\nplatform_keys = {{ \"{WECHAT_SERIAL}\" = \"psp.pub.pem\" }}\n"
+                ),
+                vec!["--serial".to_owned(), WECHAT_SERIAL.to_owned()],
+            ),
+            "alipay" => (
+                "alipay",
+                "scheme = \"alipay\"\napp_id = \"2021000000000000\"\npublic_keys = [\"psp.pub.pem\"]\n"
+                    .to_owned(),
+                Vec::new(),
+            ),
+            "paypal" => {
+                let cert = dir.join("psp.crt");
+                std::fs::write(
+                    &cert,
+                    testkeys::certificate(
+                        0,
+                        "0A1B2C",
+                        "CN=messageverificationcerts.paypal.com",
+                        0,
+                        now() as u64 + 86_400,
+                    ),
+                )
+                .unwrap();
+                let prefix = format!("http://127.0.0.1:{cert_port}/");
+                (
+                    "paypal",
+                    format!(
+                        "scheme = \"paypal\"\nwebhook_id = \"WH-LOAD-TEST\"\ncert_url_prefixes = [\"{prefix}\"]\n"
+                    ),
+                    vec![
+                        "--cert-url".to_owned(),
+                        format!("{prefix}v1/notifications/certs/CERT-load"),
+                        "--serve-cert".to_owned(),
+                        cert.display().to_string(),
+                    ],
+                )
+            }
+            other => panic!("not an RSA scheme: {other}"),
+        };
+        let providers = dir.join("providers.toml");
+        std::fs::write(&providers, format!("[providers.{name}]\n{table}")).unwrap();
+        RsaPsp {
+            dir,
+            name,
+            providers,
+            key,
+            load_args,
+        }
+    }
+}
+
+impl Drop for RsaPsp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `fencehook serve`, as a process, reading `providers`.
+async fn serve(ctx: &TestContext, providers: &Path) -> ServeProcess {
+    ServeProcess::start(&[
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_PROVIDERS", providers.display().to_string()),
+    ])
+    .await
+}
+
+/// (status, result) of every line of an answers file.
+fn answer_lines(path: &Path) -> Vec<(String, Option<u64>, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).unwrap();
+            (
+                v["transaction_id"].as_str().unwrap().to_owned(),
+                v["status"].as_u64(),
+                v["result"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Runs `fencehook load` for a few seconds with k=2 against two `serve`
+/// processes configured with `scheme`, and checks the rows: every
+/// transaction answered 2xx has exactly one payment row and one ledger
+/// entry; no answer was a 5xx. Returns the report and the results of the
+/// 2xx answers of the answers file.
+async fn a_load_run_of_an_rsa_scheme_books_each_2xx_once(scheme: &str) -> (Value, Vec<String>) {
+    let ctx = TestContext::new().await;
+    // PayPal's certificate is served by the load on a port the providers
+    // file must name before the serves start: one nothing listens on now.
+    let psp = RsaPsp::write(&ctx, scheme, closed_port().await);
+    let instances = [
+        serve(&ctx, &psp.providers).await,
+        serve(&ctx, &psp.providers).await,
+    ];
+    let answers = psp.dir.join("answers.jsonl");
+    let mut args: Vec<String> = [
+        "load",
+        "--providers",
+        &psp.providers.display().to_string(),
+        "--provider",
+        psp.name,
+        "--private-key",
+        &psp.key.display().to_string(),
+        "--duration",
+        "3s",
+        "--duplicates",
+        "2",
+        "--concurrency",
+        "8",
+        "--failed-share",
+        "0",
+        "--answers",
+        &answers.display().to_string(),
+        "--json",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(psp.load_args.iter().cloned());
+    for instance in &instances {
+        args.extend(["--target".to_owned(), instance.base.clone()]);
+    }
+    let (code, out, err) = tokio::task::spawn_blocking(move || fencehook(&args, &[]))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "a clean run exits 0: {err}\n{out}");
+    let report: Value = serde_json::from_str(&out).expect("--json prints one JSON report");
+    assert_eq!(report["scheme"], scheme);
+    assert_eq!(report["provider"], psp.name);
+    assert_eq!(report["stopped_by"], "duration");
+    assert!(report["payments"].as_u64().unwrap() > 0, "{report}");
+    for list in ["answers", "retried_answers"] {
+        for a in report[list].as_array().unwrap() {
+            assert!(
+                a["status"].as_u64().is_some_and(|s| s < 500),
+                "no 5xx, no transport error: {a} in {report}"
+            );
+        }
+    }
+
+    let lines = answer_lines(&answers);
+    assert_eq!(
+        lines.len() as u64,
+        report["deliveries"].as_u64().unwrap(),
+        "one line per delivery"
+    );
+    let answered_2xx: HashSet<String> = lines
+        .iter()
+        .filter(|(_, status, _)| matches!(status, Some(200..=299)))
+        .map(|(tx, ..)| tx.clone())
+        .collect();
+    assert_eq!(
+        answered_2xx.len() as u64,
+        report["payments"].as_u64().unwrap()
+    );
+    let ids: Vec<String> = answered_2xx.iter().cloned().collect();
+    let rows = ctx
+        .db()
+        .await
+        .query(
+            "SELECT p.transaction_id, p.status, count(l.id)
+               FROM payments p LEFT JOIN ledger_entries l ON l.payment_id = p.id
+              WHERE p.provider = $1 AND p.transaction_id = ANY($2)
+              GROUP BY p.id",
+            &[&psp.name, &ids],
+        )
+        .await
+        .unwrap();
+    let mut booked: BTreeMap<String, (String, i64)> = BTreeMap::new();
+    for row in rows {
+        let tx: String = row.get(0);
+        assert!(
+            booked
+                .insert(tx.clone(), (row.get(1), row.get(2)))
+                .is_none(),
+            "{tx} has two rows"
+        );
+    }
+    for tx in &answered_2xx {
+        assert_eq!(
+            booked.get(tx),
+            Some(&("succeeded".to_owned(), 1)),
+            "{tx} was answered 2xx: one succeeded row and one ledger entry"
+        );
+    }
+    ctx.assert_audit_clean().await;
+    let db = ctx.database_url.clone();
+    let answers_arg = answers.display().to_string();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        fencehook(
+            &["audit".to_owned(), "--answers".to_owned(), answers_arg],
+            &[("DATABASE_URL", &db)],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("audit: clean"), "{out}");
+    drop(instances);
+    let results_2xx = lines
+        .into_iter()
+        .filter(|(_, status, _)| matches!(status, Some(200..=299)))
+        .map(|(_, _, result)| result)
+        .collect();
+    (report, results_2xx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wechatpay_load_run_with_racing_copies_books_every_2xx_once_from_the_providers_file() {
+    let (report, results_2xx) = a_load_run_of_an_rsa_scheme_books_each_2xx_once("wechatpay").await;
+    // WeChat Pay's success is an empty 200: no result label to count.
+    assert!(
+        results_2xx.iter().all(|r| r == "success"),
+        "{results_2xx:?}"
+    );
+    assert_eq!(
+        report["unlabelled_2xx"].as_u64(),
+        Some(results_2xx.len() as u64),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_alipay_load_run_with_racing_copies_books_every_2xx_once_from_the_providers_file() {
+    let (report, results_2xx) = a_load_run_of_an_rsa_scheme_books_each_2xx_once("alipay").await;
+    // Alipay's success is the text `success`.
+    assert!(
+        results_2xx.iter().all(|r| r == "success"),
+        "{results_2xx:?}"
+    );
+    assert_eq!(
+        report["unlabelled_2xx"].as_u64(),
+        Some(results_2xx.len() as u64),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paypal_load_run_serving_its_own_certificate_books_every_2xx_once() {
+    let (report, results_2xx) = a_load_run_of_an_rsa_scheme_books_each_2xx_once("paypal").await;
+    // PayPal reads fencehook's JSON: each transaction `processed` exactly once.
+    assert!(
+        results_2xx
+            .iter()
+            .all(|r| r == "processed" || r == "duplicate"),
+        "{results_2xx:?}"
+    );
+    assert_eq!(report["unlabelled_2xx"], 0);
+    assert_eq!(report["processed_twice"], 0);
+    assert_eq!(
+        count(&report, 200, "processed"),
+        report["payments"].as_u64().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn send_with_only_a_provider_name_signs_with_the_providers_file_and_an_unknown_name_is_refused(
+) {
+    let ctx = TestContext::new().await;
+    let dir = std::env::temp_dir().join(format!("fencehook-send-{}", ctx.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("psp.pub.pem"), testkeys::public_key_pem(0)).unwrap();
+    let providers = dir.join("providers.toml");
+    std::fs::write(
+        &providers,
+        r#"
+[providers.shop]
+scheme = "stripe"
+secrets = ["whsec_shop_endpoint_new", "whsec_shop_endpoint_old"]
+
+[providers.alipay]
+scheme = "alipay"
+app_id = "2021000000000000"
+public_keys = ["psp.pub.pem"]
+"#,
+    )
+    .unwrap();
+    let instance = serve(&ctx, &providers).await;
+    let file = providers.display().to_string();
+    let send = move |provider: &str| {
+        let args: Vec<String> = [
+            "send",
+            "--url",
+            &instance.base,
+            "--provider",
+            provider,
+            "--transaction-id",
+            "pi_from_the_file",
+            "--amount",
+            "4200",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        // The built-in generic provider's secret in the environment, as
+        // `make run` sets it: a provider of the file does not sign with it.
+        let file = file.clone();
+        tokio::task::spawn_blocking(move || {
+            fencehook(
+                &args,
+                &[
+                    ("FENCEHOOK_PROVIDERS", &file),
+                    ("FENCEHOOK_GENERIC_SECRET", SECRET),
+                ],
+            )
+        })
+    };
+    let (code, out, err) = send("shop").await.unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("200 "), "{out}");
+    assert!(out.contains("processed"), "{out}");
+    assert_eq!(
+        ctx.payment("pi_from_the_file").await.map(|p| p.0),
+        Some("succeeded".to_owned())
+    );
+    assert_eq!(ctx.entries().await, 1);
+
+    let (code, out, err) = send("shpo").await.unwrap();
+    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(
+        err.trim(),
+        format!(
+            "fencehook: --provider: `shpo` is not in the providers file {} (it has alipay, shop)",
+            providers.display()
+        )
+    );
+    let (code, _, err) = send("alipay").await.unwrap();
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--private-key") && err.contains("holds public keys only"),
+        "{err}"
+    );
+    assert_eq!(ctx.payments().await, 1, "nothing else was sent");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -16,12 +16,21 @@
 //! is bounded too. Targets must be loopback addresses: this is a bench tool,
 //! and a mistyped URL must not send signed payment traffic elsewhere.
 //!
+//! Every scheme can be played (`--scheme`, or the providers file's
+//! `--provider`), signed by `fencehook send`'s code ([`build_delivery`]). An
+//! RSA signature costs about 0.7 ms, so each transaction is signed once and
+//! its k copies share that request; a retry is signed afresh. PayPal's
+//! certificate can be served by the load itself (`--serve-cert`, [`cert`]).
+//! WeChat Pay and Alipay acknowledge in their own words, without fencehook's
+//! `result` label ([`answer_label`]).
+//!
 //! With `--inbox` the targets run in inbox mode: a 2xx (`accepted`) means
 //! "stored", and booking happens later. The report then gives the accept
 //! rate, and with `--database-url` the load waits (at most
 //! `--drain-timeout`) until the workers have finished every event of the run,
 //! and reports the drain rate and the lag from the `events` table ([`drain`]).
 
+mod cert;
 mod drain;
 mod report;
 
@@ -34,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use clap::Args;
 use fencehook::http::client::{self, HttpClient};
-use fencehook::providers::standard;
+use fencehook::providers::SchemeKind;
 use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
@@ -44,6 +53,10 @@ use tokio::time::Instant;
 
 use report::{Answer, Delivery, Event, Stats};
 pub use report::{Report, StopReason};
+
+use crate::tools::answers::UNLABELLED_SUCCESS;
+use crate::tools::deliveries::{default_currency, Notice};
+use crate::tools::send::{build_delivery, Psp, PspArgs};
 
 /// Most requests in flight: each is a socket, and the default soft limit on
 /// open files is 1024.
@@ -67,7 +80,8 @@ pub const MAX_RETRY_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_RETRY_WAIT: Duration = Duration::from_secs(1);
 /// Amounts are drawn from 1..=this, in minor units.
 const MAX_AMOUNT: i64 = 100_000;
-const CURRENCY: &str = "EUR";
+/// `--failed-share` when none is given (wechatpay: 0, it sends no failure).
+const DEFAULT_FAILED_SHARE: f64 = 0.05;
 
 /// Flags of `fencehook load`.
 #[derive(Debug, Clone, Args)]
@@ -80,12 +94,18 @@ pub struct LoadArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub targets: Vec<String>,
-    /// Provider name in /webhooks/{provider}; a `standard`-scheme provider.
-    #[arg(long, default_value = "generic")]
-    pub provider: String,
-    /// Signing secret (whsec_<base64>).
-    #[arg(long, env = "FENCEHOOK_GENERIC_SECRET", hide_env_values = true)]
-    pub secret: String,
+    #[command(flatten)]
+    pub psp: PspArgs,
+    /// paypal: the webhook id the provider is configured with (part of what
+    /// PayPal signs; the providers file's when absent).
+    #[arg(long)]
+    pub webhook_id: Option<String>,
+    /// paypal: serve this PEM certificate (of --private-key's key) at
+    /// --cert-url for the run, from a listener on that URL's loopback
+    /// host:port, so the targets can fetch it (their provider's
+    /// cert_url_prefixes must allow the URL).
+    #[arg(long, value_name = "FILE")]
+    pub serve_cert: Option<PathBuf>,
     /// Most HTTP requests in flight at once (retry waits included).
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
@@ -105,9 +125,11 @@ pub struct LoadArgs {
     /// Retries of one delivery answered 409/503, each after its Retry-After.
     #[arg(long, default_value_t = 5)]
     pub max_retries: u32,
-    /// Share of transactions sent as payment.failed (0 to 1); the rest are payment.succeeded.
-    #[arg(long, default_value_t = 0.05)]
-    pub failed_share: f64,
+    /// Share of transactions sent as payment.failed (0 to 1); the rest are
+    /// payment.succeeded. Default 0.05; 0 for wechatpay, which sends no
+    /// payment failure.
+    #[arg(long)]
+    pub failed_share: Option<f64>,
     /// Part of every transaction id (load-<run-id>-<n>), so runs never collide;
     /// random when absent.
     #[arg(long)]
@@ -164,9 +186,15 @@ pub enum LoadError {
     },
     #[error("the collector task failed: {0}")]
     Collector(String),
+    #[error("--serve-cert: cannot listen on {addr}: {source}")]
+    CertServer {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-/// The signing secret, kept out of `{:?}` output: a plan may be logged.
+/// A secret kept out of `{:?}` output: a plan may be logged.
 #[derive(Clone)]
 struct Secret(String);
 
@@ -184,7 +212,11 @@ pub struct Plan {
     /// `<base>/webhooks/<provider>` per target.
     endpoints: Vec<hyper::Uri>,
     pub provider: String,
-    secret: Secret,
+    pub scheme: SchemeKind,
+    /// Who the deliveries are signed as (its `Debug` shows no key).
+    psp: Psp,
+    /// paypal: the certificate the load serves itself.
+    cert: Option<cert::CertFile>,
     pub concurrency: usize,
     pub rate: Option<f64>,
     pub transactions: u64,
@@ -209,7 +241,7 @@ impl Plan {
         if args.targets.is_empty() {
             return Err(bad("target", "give at least one"));
         }
-        if !is_name(&args.provider, 64) {
+        if !is_name(&args.psp.provider, 64) {
             return Err(bad(
                 "provider",
                 "1-64 characters of A-Z, a-z, 0-9, '-' and '_'",
@@ -219,14 +251,43 @@ impl Plan {
         let mut endpoints = Vec::new();
         for t in &args.targets {
             let base = check_target(t)?;
-            let endpoint = format!("{base}/webhooks/{}", args.provider)
+            let endpoint = format!("{base}/webhooks/{}", args.psp.provider)
                 .parse::<hyper::Uri>()
                 .map_err(|e| bad("target", format!("`{t}`: {e}")))?;
             targets.push(base);
             endpoints.push(endpoint);
         }
-        standard::sign(&args.secret, "msg_check", 0, b"")
-            .map_err(|e| bad("secret", format!("not a whsec_ secret: {e}")))?;
+        let psp = args
+            .psp
+            .resolve(args.webhook_id.as_deref())
+            .map_err(|e| bad(e.flag, e.reason))?;
+        // Every delivery would fail the same way: refuse to start instead.
+        psp.check().map_err(|e| bad(e.flag, e.reason))?;
+        let failed_share = match (args.failed_share, psp.scheme) {
+            (Some(share), _) if !(0.0..=1.0).contains(&share) => {
+                return Err(bad("failed-share", "must be between 0 and 1"))
+            }
+            (Some(share), SchemeKind::WechatPay) if share > 0.0 => return Err(bad(
+                "failed-share",
+                "wechatpay sends no payment failure notification: leave it out (0 for wechatpay)",
+            )),
+            (Some(share), _) => share,
+            (None, SchemeKind::WechatPay) => 0.0,
+            (None, _) => DEFAULT_FAILED_SHARE,
+        };
+        let cert = match &args.serve_cert {
+            None => None,
+            Some(_) if psp.scheme != SchemeKind::Paypal => {
+                return Err(bad(
+                    "serve-cert",
+                    format!(
+                        "only paypal fetches a certificate; the scheme is {}",
+                        psp.scheme.as_str()
+                    ),
+                ))
+            }
+            Some(path) => Some(cert::CertFile::read(path, &psp, unix_now())?),
+        };
         if args.concurrency == 0 || args.concurrency > MAX_CONCURRENCY {
             return Err(bad(
                 "concurrency",
@@ -264,9 +325,6 @@ impl Plan {
         if args.max_retries > MAX_RETRIES {
             return Err(bad("max-retries", format!("must be at most {MAX_RETRIES}")));
         }
-        if !(0.0..=1.0).contains(&args.failed_share) {
-            return Err(bad("failed-share", "must be between 0 and 1"));
-        }
         if args.request_timeout.is_zero() || args.request_timeout > MAX_REQUEST_TIMEOUT {
             return Err(bad("request-timeout", "must be above 0 and at most 120s"));
         }
@@ -296,15 +354,17 @@ impl Plan {
         Ok(Plan {
             targets,
             endpoints,
-            provider: args.provider.clone(),
-            secret: Secret(args.secret.clone()),
+            provider: psp.provider.clone(),
+            scheme: psp.scheme,
+            psp,
+            cert,
             concurrency: args.concurrency,
             rate: args.rate,
             transactions: args.transactions,
             duration: args.duration,
             duplicates: args.duplicates,
             max_retries: args.max_retries,
-            failed_share: args.failed_share,
+            failed_share,
             run_id,
             request_timeout: args.request_timeout,
             answers: args.answers.clone(),
@@ -331,6 +391,27 @@ impl Plan {
         let count = self.endpoints.len();
         ((n % count as u64) as usize + copy) % count
     }
+
+    /// The delivery's own id of transaction `n` (standard's webhook-id, the
+    /// event id of stripe and paypal, wechatpay's notification id): the same
+    /// for every copy and retry, so to the receiver they are redeliveries of
+    /// one message, as from a real PSP.
+    fn delivery_id(&self, n: u64) -> String {
+        let prefix = match self.scheme {
+            SchemeKind::Standard => "msg_",
+            SchemeKind::Stripe => "evt_",
+            SchemeKind::Paypal => "WH-",
+            SchemeKind::Adyen | SchemeKind::WechatPay | SchemeKind::Alipay => "",
+        };
+        format!("{prefix}{}_{n}", self.run_id)
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
 }
 
 fn is_name(s: &str, max: usize) -> bool {
@@ -401,38 +482,55 @@ pub async fn command(args: &LoadArgs, stop: impl Future<Output = ()>) -> Result<
     Ok(report.problems().is_empty())
 }
 
-/// One transaction: the same signed body for every copy.
+/// One transaction: what its deliveries announce.
 struct Transaction {
     n: u64,
-    id: String,
-    webhook_id: String,
-    body: Bytes,
+    delivery_id: String,
+    notice: Notice,
 }
 
 impl Transaction {
     fn new(plan: &Plan, n: u64, rng: &mut impl Rng) -> Transaction {
-        let id = plan.transaction_id(n);
         let event_type = if rng.gen_bool(plan.failed_share) {
             "payment.failed"
         } else {
             "payment.succeeded"
         };
-        let body = serde_json::json!({
-            "transaction_id": id,
-            "amount": rng.gen_range(1..=MAX_AMOUNT),
-            "currency": CURRENCY,
-            "event_type": event_type,
-        })
-        .to_string();
         Transaction {
             n,
-            // One message id for all copies: to the receiver they are
-            // redeliveries of the same message, as from a real PSP.
-            webhook_id: format!("msg_{}_{n}", plan.run_id),
-            id,
-            body: Bytes::from(body),
+            delivery_id: plan.delivery_id(n),
+            notice: Notice {
+                transaction_id: plan.transaction_id(n),
+                amount: rng.gen_range(1..=MAX_AMOUNT),
+                currency: default_currency(plan.scheme).to_owned(),
+                event_type: event_type.to_owned(),
+                payment_transaction_id: None,
+            },
         }
     }
+}
+
+/// A signed request, ready to send to any target.
+struct Signed {
+    body: Bytes,
+    content_type: &'static str,
+    headers: Vec<(&'static str, String)>,
+}
+
+/// Transaction `tx` signed now, as the plan's scheme signs it.
+fn sign(plan: &Plan, tx: &Transaction) -> Result<Arc<Signed>, String> {
+    let d = build_delivery(
+        &plan.psp,
+        &tx.notice,
+        None,
+        Some(&tx.delivery_id),
+        unix_now(),
+    )?;
+    Ok(Arc::new(Signed {
+        body: Bytes::from(d.body),
+        content_type: d.content_type,
+        headers: d.headers,
+    }))
 }
 
 /// What the delivery tasks share.
@@ -459,6 +557,15 @@ pub async fn run(
                 })?,
             )
         }
+        None => None,
+    };
+    // Listening before the first delivery: the targets fetch the
+    // certificate on their first paypal delivery.
+    let _cert_server = match &plan.cert {
+        Some(c) => Some(c.serve().await.map_err(|source| LoadError::CertServer {
+            addr: c.addr,
+            source,
+        })?),
         None => None,
     };
     let client = client::new(plan.request_timeout);
@@ -559,13 +666,22 @@ async fn launch(
 /// Delivers the `k` copies of one transaction concurrently and reports them
 /// together, so the collector can see per transaction what happened.
 async fn run_transaction(shared: Arc<Shared>, tx: Transaction, permits: Vec<OwnedSemaphorePermit>) {
-    let copies = permits
-        .into_iter()
-        .enumerate()
-        .map(|(copy, permit)| deliver(&shared, &tx, shared.plan.target_of(tx.n, copy), permit));
+    // One signature for all k copies: they leave together, so one request
+    // serves them all, and an RSA signature (~0.7 ms of CPU, here on a
+    // runtime worker) is then paid once per transaction rather than k times.
+    let signed = sign(&shared.plan, &tx);
+    let copies = permits.into_iter().enumerate().map(|(copy, permit)| {
+        deliver(
+            &shared,
+            &tx,
+            signed.clone(),
+            shared.plan.target_of(tx.n, copy),
+            permit,
+        )
+    });
     let deliveries = join_all(copies).await;
     let _ = shared.events.send(Event::Transaction {
-        transaction_id: tx.id,
+        transaction_id: tx.notice.transaction_id,
         deliveries,
     });
 }
@@ -575,12 +691,16 @@ async fn run_transaction(shared: Arc<Shared>, tx: Transaction, permits: Vec<Owne
 async fn deliver(
     shared: &Shared,
     tx: &Transaction,
+    mut signed: Result<Arc<Signed>, String>,
     target: usize,
     _slot: OwnedSemaphorePermit,
 ) -> Delivery {
     let mut retries = 0;
     loop {
-        let (answer, retry_after) = send_once(shared, tx, target).await;
+        let (answer, retry_after) = match &signed {
+            Ok(request) => send_once(shared, request, target).await,
+            Err(e) => (Answer::Error(format!("signing failed: {e}")), None),
+        };
         let retry = matches!(
             answer,
             Answer::Http {
@@ -598,29 +718,22 @@ async fn deliver(
         }
         retries += 1;
         tokio::time::sleep(retry_after.unwrap_or(DEFAULT_RETRY_WAIT)).await;
+        // A retry carries a fresh timestamp, like a PSP's: after the waits
+        // the first one could be outside a timestamp window (300 s).
+        signed = sign(&shared.plan, tx);
     }
 }
 
 /// One signed request; the answer and the `Retry-After` it carried.
-async fn send_once(shared: &Shared, tx: &Transaction, target: usize) -> (Answer, Option<Duration>) {
+async fn send_once(shared: &Shared, signed: &Signed, target: usize) -> (Answer, Option<Duration>) {
     let plan = &shared.plan;
     let now = SystemTime::now();
-    let ts = now
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default();
-    // Signed per request: a retry carries a fresh timestamp, like a PSP's.
-    let signature = match standard::sign(&plan.secret.0, &tx.webhook_id, ts, &tx.body) {
-        Ok(s) => s,
-        Err(e) => return (Answer::Error(format!("signing failed: {e}")), None),
-    };
-    let request = hyper::Request::post(plan.endpoints[target].clone())
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header("webhook-id", tx.webhook_id.as_str())
-        .header("webhook-timestamp", ts.to_string())
-        .header("webhook-signature", signature)
-        .body(Full::new(tx.body.clone()));
-    let request = match request {
+    let mut request = hyper::Request::post(plan.endpoints[target].clone())
+        .header(hyper::header::CONTENT_TYPE, signed.content_type);
+    for (name, value) in &signed.headers {
+        request = request.header(*name, value.as_str());
+    }
+    let request = match request.body(Full::new(signed.body.clone())) {
         Ok(r) => r,
         Err(e) => {
             return (
@@ -658,7 +771,7 @@ async fn send_once(shared: &Shared, tx: &Transaction, target: usize) -> (Answer,
             (
                 Answer::Http {
                     status,
-                    result: result_field(&body),
+                    result: answer_label(status, &body),
                     latency_us: u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
                 },
                 retry_after,
@@ -667,12 +780,29 @@ async fn send_once(shared: &Shared, tx: &Transaction, target: usize) -> (Answer,
     }
 }
 
-/// The `result` field of a JSON answer body; `-` when there is none.
-fn result_field(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("result")?.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "-".to_owned())
+/// The result an answer names. fencehook's own JSON carries it as `result`;
+/// WeChat Pay's failure body, `{"code":"FAIL","message":"<result>[:
+/// <reason>]"}`, at the head of its message. A success that a PSP reads in
+/// its own words names none (WeChat Pay's empty 200, Alipay's `success`,
+/// Adyen's `[accepted]`): it is [`UNLABELLED_SUCCESS`], processed or
+/// duplicate, which the sender cannot tell apart. Any other answer without
+/// a label (Alipay's `fail`) is `-`: its status says what it was.
+fn answer_label(status: u16, body: &[u8]) -> String {
+    let json = serde_json::from_slice::<serde_json::Value>(body).ok();
+    let field = |name: &str| json.as_ref()?.get(name)?.as_str();
+    if let Some(result) = field("result") {
+        return result.to_owned();
+    }
+    if field("code") == Some("FAIL") {
+        if let Some(message) = field("message") {
+            return message.split(':').next().unwrap_or(message).to_owned();
+        }
+    }
+    if (200..300).contains(&status) {
+        UNLABELLED_SUCCESS.to_owned()
+    } else {
+        "-".to_owned()
+    }
 }
 
 #[cfg(test)]
@@ -691,7 +821,15 @@ mod tests {
     fn plan(args: &[&str]) -> Result<Plan, ArgError> {
         let mut argv = vec!["load", "--secret", SECRET];
         argv.extend_from_slice(args);
-        Plan::from_args(&Cli::try_parse_from(argv).expect("flags parse").load)
+        plan_of(argv)
+    }
+
+    /// The plan of a command line, whatever FENCEHOOK_PROVIDERS the
+    /// environment running the tests holds.
+    fn plan_of(argv: Vec<&str>) -> Result<Plan, ArgError> {
+        let mut cli = Cli::try_parse_from(argv).expect("flags parse");
+        cli.load.psp.providers = None;
+        Plan::from_args(&cli.load)
     }
 
     #[test]
@@ -710,7 +848,7 @@ mod tests {
     fn the_secret_stays_out_of_debug_output() {
         let shown = format!("{:?}", plan(&[]).unwrap());
         assert!(!shown.contains(SECRET), "{shown}");
-        assert!(shown.contains("Secret(***)"));
+        assert!(shown.contains("Psp { provider: \"generic\""), "{shown}");
     }
 
     #[test]
@@ -808,8 +946,33 @@ mod tests {
 
     #[test]
     fn a_secret_that_is_not_whsec_is_refused() {
-        let cli = Cli::try_parse_from(["load", "--secret", "hunter2"]).unwrap();
-        assert_eq!(Plan::from_args(&cli.load).unwrap_err().flag, "secret");
+        assert_eq!(
+            plan_of(vec!["load", "--secret", "hunter2"])
+                .unwrap_err()
+                .flag,
+            "secret"
+        );
+    }
+
+    #[test]
+    fn what_a_scheme_needs_is_asked_for_before_the_run_by_its_flag() {
+        for (args, flag) in [
+            (&["--scheme", "wechatpay"][..], "private-key"),
+            (&["--scheme", "alipay"][..], "private-key"),
+            (&["--scheme", "paypal"][..], "private-key"),
+            (&["--scheme", "adyen"][..], "secret"),
+            (
+                &["--private-key", "/nonexistent/key.pem"][..],
+                "private-key",
+            ),
+            (&["--serve-cert", "cert.pem"][..], "serve-cert"),
+        ] {
+            let err = plan(args).unwrap_err();
+            assert_eq!(err.flag, flag, "{args:?}: {err}");
+        }
+        let err = plan(&["--scheme", "wechatpay", "--failed-share", "0.1"]).unwrap_err();
+        // The private key is checked first; the share is refused on its own.
+        assert_eq!(err.flag, "private-key");
     }
 
     #[test]
@@ -857,14 +1020,22 @@ mod tests {
         let mut failed = 0;
         for n in 0..2000 {
             let tx = Transaction::new(&p, n, &mut rng);
-            let item = standard::parse_generic("generic", &tx.body).expect("valid payload");
+            let signed = sign(&p, &tx).expect("signs");
+            assert_eq!(
+                signed.headers[0],
+                ("webhook-id", format!("msg_t_{n}")),
+                "one message id for every copy"
+            );
+            let body = &signed.body;
+            let item = fencehook::providers::standard::parse_generic("generic", body)
+                .expect("valid payload");
             let fencehook::providers::Item::Event(ev) = item else {
                 panic!("payment events are acted on")
             };
-            assert_eq!(ev.transaction_id, tx.id);
+            assert_eq!(ev.transaction_id, tx.notice.transaction_id);
             assert!((1..=MAX_AMOUNT).contains(&ev.amount_minor));
             assert_eq!(ev.currency, "EUR");
-            let v: serde_json::Value = serde_json::from_slice(&tx.body).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap();
             if v["event_type"] == "payment.failed" {
                 failed += 1;
             }
@@ -875,7 +1046,7 @@ mod tests {
         );
         let none = plan(&["--failed-share", "0"]).unwrap();
         let tx = Transaction::new(&none, 1, &mut rng);
-        assert!(String::from_utf8_lossy(&tx.body).contains("payment.succeeded"));
+        assert_eq!(tx.notice.event_type, "payment.succeeded");
     }
 
     #[test]
@@ -917,10 +1088,180 @@ mod tests {
     }
 
     #[test]
-    fn the_result_field_is_read_from_json_bodies_only() {
-        assert_eq!(result_field(br#"{"result":"duplicate"}"#), "duplicate");
-        assert_eq!(result_field(br#"{"result":7}"#), "-");
-        assert_eq!(result_field(b"[accepted]"), "-");
-        assert_eq!(result_field(b""), "-");
+    fn an_answer_is_labelled_by_its_result_or_by_its_status_when_it_names_none() {
+        for (status, body, label) in [
+            (200, &br#"{"result":"duplicate"}"#[..], "duplicate"),
+            (409, br#"{"result":"in_progress"}"#, "in_progress"),
+            (200, br#"{"result":7}"#, UNLABELLED_SUCCESS),
+            // WeChat Pay: an empty success; a failure names the result first.
+            (200, b"", UNLABELLED_SUCCESS),
+            (
+                400,
+                br#"{"code":"FAIL","message":"invalid_payload: resource: no key opens it"}"#,
+                "invalid_payload",
+            ),
+            (
+                503,
+                br#"{"code":"FAIL","message":"unavailable"}"#,
+                "unavailable",
+            ),
+            // Alipay's words, Adyen's.
+            (200, b"success", UNLABELLED_SUCCESS),
+            (409, b"fail", "-"),
+            (200, b"[accepted]", UNLABELLED_SUCCESS),
+            (503, b"", "-"),
+        ] {
+            assert_eq!(
+                answer_label(status, body),
+                label,
+                "{status} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+}
+
+/// The RSA schemes' plans, with the tests' own keys.
+#[cfg(all(test, feature = "test-support"))]
+mod rsa_tests {
+    use super::*;
+    use clap::Parser;
+    use fencehook::providers::testkeys;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    /// A temporary file holding `text`, removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(name: &str, text: &str) -> TempFile {
+            let path = std::env::temp_dir().join(format!(
+                "fencehook-load-{}-{name}",
+                uuid::Uuid::new_v4().simple()
+            ));
+            std::fs::write(&path, text).unwrap();
+            TempFile(path)
+        }
+
+        fn path(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn plan(key: &TempFile, args: &[&str]) -> Result<Plan, ArgError> {
+        let mut argv = vec!["load", "--private-key", key.path()];
+        argv.extend_from_slice(args);
+        let mut cli = Cli::try_parse_from(argv).expect("flags parse");
+        cli.load.psp.providers = None;
+        Plan::from_args(&cli.load)
+    }
+
+    const WECHAT: &[&str] = &[
+        "--scheme",
+        "wechatpay",
+        "--serial",
+        "PUB_KEY_ID_0000000000000024101100397200000006",
+        "--apiv3-key",
+        "fencehook-load-apiv3-key-32bytes",
+    ];
+
+    #[test]
+    fn wechatpay_sends_no_payment_failure_so_its_failed_share_is_zero() {
+        let key = TempFile::new("key.pem", &testkeys::private_key_pem(0));
+        assert_eq!(plan(&key, WECHAT).unwrap().failed_share, 0.0);
+        let mut args = WECHAT.to_vec();
+        args.extend(["--failed-share", "0.1"]);
+        assert_eq!(plan(&key, &args).unwrap_err().flag, "failed-share");
+        let alipay = plan(
+            &key,
+            &["--scheme", "alipay", "--app-id", "2021000000000000"],
+        )
+        .unwrap();
+        assert_eq!(alipay.failed_share, DEFAULT_FAILED_SHARE);
+    }
+
+    #[test]
+    fn the_certificate_to_serve_must_be_of_the_private_key_valid_and_at_a_loopback_url() {
+        let key = TempFile::new("key.pem", &testkeys::private_key_pem(0));
+        let far = unix_now() as u64 + 86_400;
+        let cert = |key: usize, not_after: u64| {
+            testkeys::certificate(
+                key,
+                "0A",
+                "CN=messageverificationcerts.paypal.com",
+                0,
+                not_after,
+            )
+        };
+        let ours = TempFile::new("ours.crt", &cert(0, far));
+        let paypal = |cert: &TempFile, url: &str| {
+            plan(
+                &key,
+                &[
+                    "--scheme",
+                    "paypal",
+                    "--webhook-id",
+                    "WH-LOAD",
+                    "--cert-url",
+                    url,
+                    "--serve-cert",
+                    cert.path(),
+                ],
+            )
+        };
+        let p = paypal(&ours, "http://127.0.0.1:8099/certs/psp.crt").unwrap();
+        let served = p.cert.as_ref().expect("served by the load");
+        assert_eq!(served.addr, "127.0.0.1:8099".parse().unwrap());
+
+        let other = TempFile::new("other.crt", &cert(1, far));
+        let expired = TempFile::new("expired.crt", &cert(0, 1_000));
+        let not_a_cert = TempFile::new("key.crt", &testkeys::public_key_pem(0));
+        for (file, url, flag, why) in [
+            (
+                &other,
+                "http://127.0.0.1:8099/c",
+                "serve-cert",
+                "--private-key's key",
+            ),
+            (
+                &expired,
+                "http://127.0.0.1:8099/c",
+                "serve-cert",
+                "validity",
+            ),
+            (
+                &not_a_cert,
+                "http://127.0.0.1:8099/c",
+                "serve-cert",
+                "CERTIFICATE",
+            ),
+            (&ours, "https://api.paypal.com/c", "cert-url", "http://"),
+        ] {
+            let err = paypal(file, url).unwrap_err();
+            assert_eq!(err.flag, flag, "{err}");
+            assert!(err.reason.contains(why), "{err}");
+        }
+        let alipay = plan(
+            &key,
+            &[
+                "--scheme",
+                "alipay",
+                "--app-id",
+                "1",
+                "--serve-cert",
+                ours.path(),
+            ],
+        );
+        assert_eq!(alipay.unwrap_err().flag, "serve-cert");
     }
 }

@@ -19,7 +19,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::drain::{Drain, DrainEnd};
 use super::Plan;
-use crate::tools::answers::{AnswerRecord, ACCEPTED};
+use crate::tools::answers::{AnswerRecord, ACCEPTED, UNLABELLED_SUCCESS};
 
 /// Highest latency the histogram holds, in µs (the longest request timeout;
 /// longer values are clamped, and they time out anyway).
@@ -197,6 +197,9 @@ pub(super) struct Stats {
     /// Transactions answered `accepted` more than once: one event stored
     /// twice, as the sender sees it (inbox mode).
     accepted_twice: u64,
+    /// Deliveries answered 2xx without a result (the PSP's own `success`):
+    /// whether one was booked or a duplicate, the sender cannot see.
+    unlabelled_2xx: u64,
     first_error: Option<String>,
     answers: Option<AnswerWriter>,
 }
@@ -223,6 +226,7 @@ impl Stats {
             payments: 0,
             processed_twice: 0,
             accepted_twice: 0,
+            unlabelled_2xx: 0,
             first_error: None,
             answers,
         }
@@ -283,8 +287,10 @@ impl Stats {
                 .or_default() += 1;
             if d.answer.is_2xx() {
                 self.deliveries_2xx += 1;
-                if d.answer.result() == ACCEPTED {
-                    accepted += 1;
+                match d.answer.result() {
+                    ACCEPTED => accepted += 1,
+                    UNLABELLED_SUCCESS => self.unlabelled_2xx += 1,
+                    _ => {}
                 }
             }
             if d.answer.is_200() {
@@ -393,6 +399,8 @@ pub struct AnswersFile {
 pub struct Report {
     pub run_id: String,
     pub provider: String,
+    /// The scheme the deliveries were signed and shaped in.
+    pub scheme: String,
     pub targets: Vec<String>,
     pub concurrency: usize,
     pub rate: Option<f64>,
@@ -419,6 +427,11 @@ pub struct Report {
     pub first_try_200_share: f64,
     /// Transactions answered `processed` more than once (must be 0).
     pub processed_twice: u64,
+    /// Deliveries answered 2xx whose body names no result (WeChat Pay's
+    /// empty 200, Alipay's `success`, Adyen's `[accepted]`): processed or
+    /// duplicate, the sender cannot tell, so `processed_twice` says nothing
+    /// about them; `fencehook audit --answers` checks their rows.
+    pub unlabelled_2xx: u64,
     pub latency: Latency,
     /// Final answers, one per delivery.
     pub answers: Vec<AnswerCount>,
@@ -506,6 +519,7 @@ impl Report {
         Report {
             run_id: plan.run_id.clone(),
             provider: plan.provider.clone(),
+            scheme: plan.scheme.as_str().to_owned(),
             targets: plan.targets.clone(),
             concurrency: plan.concurrency,
             rate: plan.rate,
@@ -529,6 +543,7 @@ impl Report {
                 stats.first_try_200 as f64 / stats.deliveries as f64
             },
             processed_twice: stats.processed_twice,
+            unlabelled_2xx: stats.unlabelled_2xx,
             latency,
             answers: counts(stats.finals),
             retried_answers: counts(stats.retried),
@@ -600,9 +615,10 @@ impl Report {
         };
         let _ = writeln!(
             o,
-            "fencehook load: run {} | provider {} | {} target(s) | concurrency {} | rate {rate} | k={} | max {} retries{mode}",
+            "fencehook load: run {} | provider {} ({}) | {} target(s) | concurrency {} | rate {rate} | k={} | max {} retries{mode}",
             self.run_id,
             self.provider,
+            self.scheme,
             self.targets.len(),
             self.concurrency,
             self.duplicates,
@@ -710,6 +726,13 @@ impl Report {
         }
         let _ = writeln!(o);
         match &self.inbox {
+            _ if self.unlabelled_2xx > 0 => {
+                let _ = writeln!(
+                    o,
+                    "exactly-once cannot be seen by the sender: {} deliveries answered 2xx `{UNLABELLED_SUCCESS}` without a result label; `fencehook audit --answers` checks the rows",
+                    thousands(self.unlabelled_2xx)
+                );
+            }
             None if self.processed_twice == 0 => {
                 let _ = writeln!(
                     o,
@@ -1515,6 +1538,46 @@ mod tests {
         assert!(r
             .render()
             .contains("drain: could not read the run's events: connection refused"));
+    }
+
+    #[test]
+    fn a_success_without_a_label_is_counted_and_the_table_says_exactly_once_is_not_visible() {
+        let mut s = Stats::new(2, "wechat".to_owned(), None);
+        s.record(Event::Transaction {
+            transaction_id: "t".to_owned(),
+            deliveries: vec![
+                Delivery {
+                    answer: ok(UNLABELLED_SUCCESS, 1),
+                    retries: 0,
+                },
+                Delivery {
+                    answer: ok(UNLABELLED_SUCCESS, 1),
+                    retries: 0,
+                },
+            ],
+        });
+        let r = Report::new(
+            &plan(),
+            s,
+            Duration::from_secs(1),
+            StopReason::Transactions,
+            None,
+        );
+        assert_eq!(r.unlabelled_2xx, 2);
+        assert_eq!(r.payments, 1);
+        assert!(r.problems().is_empty(), "{:?}", r.problems());
+        let table = r.render();
+        assert!(
+            table.contains(
+                "exactly-once cannot be seen by the sender: 2 deliveries answered 2xx `success`"
+            ),
+            "{table}"
+        );
+        assert!(
+            !table.contains("exactly-once, as the sender sees it"),
+            "{table}"
+        );
+        assert!(table.contains("provider generic (standard)"), "{table}");
     }
 
     #[test]
