@@ -49,9 +49,9 @@ rm -f "$OUT"/*.json "$OUT"/*.txt
 # The baseline build first: the service build is the one left in target/release.
 say "== make bench: building release (baseline build, then the service) =="
 "$CARGO" build --locked --release --features bench-baseline >&2
-cp "$RELEASE" "$BASELINE_BIN"
+cp -f "$RELEASE" "$BASELINE_BIN"
 "$CARGO" build --locked --release >&2
-cp "$RELEASE" "$BIN"
+cp -f "$RELEASE" "$BIN"
 
 eval "$(DATABASE_URL="$PG_URL" REDIS_URL="$REDIS_URL" scripts/services.sh env)"
 ADMIN_DB_URL=$DATABASE_URL
