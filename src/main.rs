@@ -14,12 +14,6 @@ use tools::load::LoadArgs;
 use tools::send::SendArgs;
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc instead of glibc's malloc: the service allocates and frees
-/// small buffers per delivery on two threads, and glibc's allocator showed
-/// as 8 % of its CPU in profiles (docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// `fencehook migrate`.
 #[derive(clap::Args)]
 struct MigrateArgs {
