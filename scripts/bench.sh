@@ -10,8 +10,9 @@
 #   (b) one `fencehook serve` per row, driven by `fencehook load` at k = 1, 4, 16 copies per
 #       transaction: Redis leases, PostgreSQL leases, and the "UNIQUE constraint only" baseline
 #       (no lease at all; a build with the bench-baseline feature);
-#   (c) inbox mode: accepting with no workers (the accept rate), then `fencehook work` draining
-#       what was accepted (the drain rate);
+#   (c) inbox mode: accepting with no workers (the accept rate), then `fencehook work` (16
+#       workers) draining what was accepted (the drain rate); and, at a steady 500 deliveries/s
+#       with serve's own 4 workers, how long from accept to booked (the lag percentiles);
 #   (d) memory per idle keep-alive connection: 1,000 of them opened on one instance.
 #
 # Each run gets its own database (no run slows another with its rows) and Redis key prefix.
@@ -27,6 +28,8 @@ cd "$(dirname "$0")/.."
 DURATION=${BENCH_DURATION:-15}
 PGBENCH_SECS=${BENCH_PGBENCH_SECS:-8}
 CONCURRENCY=${BENCH_CONCURRENCY:-32}
+DRAIN_WORKERS=16   # fencehook work draining the accepted backlog
+LAG_RATE=500       # deliveries/s of the accept -> booked latency run
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 SECRET=whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
@@ -155,7 +158,7 @@ drive inbox 1 --inbox
 stop_serve
 queued=$(psql "$(db_url inbox)" -Atc "SELECT count(*) FROM events WHERE status = 'queued'")
 env FENCEHOOK_LOG_FORMAT=json FENCEHOOK_LOG=warn FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_MODE=inbox \
-  FENCEHOOK_WORKERS=4 FENCEHOOK_REDIS_KEY_PREFIX="bench-$STAMP-inbox" \
+  FENCEHOOK_WORKERS=$DRAIN_WORKERS FENCEHOOK_REDIS_KEY_PREFIX="bench-$STAMP-inbox" \
   DATABASE_URL="$(db_url inbox)" REDIS_URL="$REDIS_URL" "$BIN" work 2>"$OUT/work-inbox.log" &
 WORK_PID=$!
 PIDS+=("$WORK_PID")
@@ -171,6 +174,11 @@ psql "$(db_url inbox)" -Atc "SELECT json_build_object('queued_at_start', $queued
     'span_secs', extract(epoch FROM max(finished_at) - min(finished_at)))
   FROM events" >"$OUT/drain-inbox.json"
 say "   $(cat "$OUT/drain-inbox.json")"
+
+say "== (c) inbox: accept -> booked at $LAG_RATE deliveries/s with the default 4 workers in serve =="
+start_serve inbox-lag "$BIN" redis FENCEHOOK_MODE=inbox
+drive inbox-lag 1 --inbox --rate "$LAG_RATE" --database-url "$(db_url inbox-lag)"
+stop_serve
 
 say "== (d) memory per idle keep-alive connection =="
 start_serve idle "$BIN" redis FENCEHOOK_MAX_CONNECTIONS=2000

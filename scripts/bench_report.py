@@ -53,6 +53,9 @@ def row(name, series, k):
 rows = [r for r in (row(f"{s}-k{k}", s, k) for s in SERIES for k in (1, 4, 16)) if r]
 inbox_row = row("inbox", "inbox", 1)
 drain = json.loads((out / "drain-inbox.json").read_text()) if (out / "drain-inbox.json").exists() else None
+lag_run = None
+if (out / "load-inbox-lag.json").exists() and (out / "load-inbox-lag.json").read_text().strip():
+    lag_run = json.loads((out / "load-inbox-lag.json").read_text())
 idle = json.loads((out / "idle-connections.json").read_text()) if (out / "idle-connections.json").exists() else None
 
 
@@ -74,7 +77,9 @@ md = ["# Benchmarks\n",
       "--failed-share 0`; CPU per delivery is the server's user+system time divided by "
       "deliveries; peak RSS is the server's VmHWM",
       "- (c) inbox: `serve` with `FENCEHOOK_MODE=inbox FENCEHOOK_WORKERS=0` driven as in (b) with "
-      "`--inbox` (the accept rate), then `fencehook work` (4 workers) draining what was accepted",
+      "`--inbox` (the accept rate), then `fencehook work` (16 workers) draining what was accepted; "
+      "then `serve` with its default 4 workers driven at `--rate 500 --inbox --database-url` "
+      "(accept → booked, from the `events` table)",
       "- (d) 1,000 idle keep-alive connections (each after one request) opened on one instance; "
       "the growth of its VmRSS divided by 1,000\n",
       "## (a) Ceilings\n",
@@ -110,9 +115,16 @@ if inbox_row:
               f"{inbox_row['cpu_us']:.0f} µs/delivery ({inbox_row['ratio']:.2f} of the ceiling)")
 if drain and drain.get("span_secs"):
     rate = drain["done"] / drain["span_secs"] if drain["span_secs"] else 0
-    md.append(f"- draining {drain['queued_at_start']:,} accepted events with `fencehook work` (4 "
+    md.append(f"- draining {drain['queued_at_start']:,} accepted events with `fencehook work` (16 "
               f"workers): **{rate:,.0f} events/s** ({drain['done']:,} done, {drain['dead']} dead, "
               f"first to last in {drain['span_secs']:.1f} s)")
+lag = ((lag_run or {}).get("inbox") or {}).get("drain") or {}
+if lag.get("lag"):
+    l = lag["lag"]
+    md.append(f"- accept → booked at a steady {lag_run['deliveries_per_sec']:,.0f} deliveries/s with "
+              f"serve's 4 workers: **p50 {l['p50_ms']:.0f} ms**, p90 {l['p90_ms']:.0f} ms, p99 "
+              f"{l['p99_ms']:.0f} ms, max {l['max_ms']:.0f} ms ({lag.get('done', 0):,} events done, "
+              f"{lag.get('dead', 0)} dead)")
 md.append("")
 
 md.append("## (d) Memory\n")
