@@ -86,6 +86,9 @@ new_db() {
     die "migrate $1: $(tail -n 3 "$OUT/migrate-$1.log")"
   checkpoint
 }
+# A finished run's database is dropped at once: left behind, autovacuum works through its rows
+# while the next runs are measured.
+drop_db() { psql "$ADMIN_DB_URL" -qc "DROP DATABASE IF EXISTS \"${DB_PREFIX}_$1\" WITH (FORCE)" >/dev/null 2>&1 || true; }
 
 # ---------------------------------------------------------------- (a) the PostgreSQL ceilings
 # scripts/bench-delivery.sql is the SQL the store sends for a new payment (k = 1, inline path),
@@ -108,6 +111,7 @@ for script in reference service claim; do
     echo "$script $c $tps" >>"$OUT/pgbench.txt"
   done
 done
+drop_db pgbench
 
 # ---------------------------------------------------------------- (b), (c), (d) fencehook
 # shellcheck source=scripts/instance.sh
@@ -158,6 +162,7 @@ for backend in redis postgres unique-only; do
     start_serve "$backend-k$k" "$bin" "$backend"
     drive "$backend-k$k" "$k"
     stop_serve
+    drop_db "$backend-k$k"
   done
 done
 
