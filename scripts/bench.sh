@@ -232,5 +232,5 @@ say "   $(cat "$OUT/idle-connections.json")"
 MACHINE="$(nproc) cores ($(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)), $(free -g | awk '/^Mem:/ {print $2}') GiB"
 VERSIONS="PostgreSQL $(psql "$ADMIN_DB_URL" -Atc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-cli -u "$REDIS_URL" info server | sed -nE 's/^redis_version:(.*)\r?$/\1/p' | tr -d '\r')"
 python3 scripts/bench_report.py "$OUT" "$MACHINE" "$VERSIONS" "$DURATION" "$PGBENCH_SECS" "$CONCURRENCY" \
-  "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')"
+  "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- . ':!docs/benchmarks.md' ':!docs/benchmarks.svg' 2>/dev/null || echo '+changes')"
 say "== wrote docs/benchmarks.md and docs/benchmarks.svg =="
