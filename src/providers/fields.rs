@@ -11,6 +11,23 @@ use super::Reject;
 
 pub(crate) type Object = Map<String, Value>;
 
+/// A header a signature scheme needs: present, ASCII and not empty, else 401
+/// naming it.
+pub(crate) fn signed_header<'a>(
+    headers: &'a http::HeaderMap,
+    name: &str,
+) -> Result<&'a str, Reject> {
+    let value = headers
+        .get(name)
+        .ok_or_else(|| Reject::Unauthorized(format!("missing {name} header")))?
+        .to_str()
+        .map_err(|_| Reject::Unauthorized(format!("{name} header is not ASCII")))?;
+    if value.is_empty() {
+        return Err(Reject::Unauthorized(format!("{name} header is empty")));
+    }
+    Ok(value)
+}
+
 pub(crate) fn invalid(msg: impl Into<String>) -> Reject {
     Reject::Invalid(msg.into())
 }

@@ -71,7 +71,7 @@ use tokio::sync::OnceCell;
 
 use super::fields::{
     self, check_currency, check_transaction_id, decimal_minor, invalid, minor_unit_exponent, opt,
-    opt_str, req_object, req_str, Object,
+    opt_str, req_object, req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaSigner};
 use super::{Item, Reject};
@@ -209,17 +209,7 @@ impl Paypal {
         now: i64,
     ) -> Result<(), Reject> {
         let unauthorized = |m: &str| Reject::Unauthorized(m.to_owned());
-        let header = |name: &str| -> Result<&str, Reject> {
-            let value = headers
-                .get(name)
-                .ok_or_else(|| Reject::Unauthorized(format!("missing {name} header")))?
-                .to_str()
-                .map_err(|_| Reject::Unauthorized(format!("{name} header is not ASCII")))?;
-            if value.is_empty() {
-                return Err(Reject::Unauthorized(format!("{name} header is empty")));
-            }
-            Ok(value)
-        };
+        let header = |name: &str| signed_header(headers, name);
         if header(AUTH_ALGO_HEADER)? != AUTH_ALGO {
             return Err(unauthorized("PAYPAL-AUTH-ALGO must be SHA256withRSA"));
         }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use super::fields::{self, amount_minor, check_currency, check_transaction_id};
+use super::fields::{self, amount_minor, check_currency, check_transaction_id, signed_header};
 use super::{hmac, Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
@@ -36,13 +36,7 @@ impl Standard {
     }
 
     pub fn verify(&self, headers: &http::HeaderMap, body: &[u8], now: i64) -> Result<(), Reject> {
-        let header = |name: &str| -> Result<&str, Reject> {
-            headers
-                .get(name)
-                .ok_or_else(|| Reject::Unauthorized(format!("missing {name} header")))?
-                .to_str()
-                .map_err(|_| Reject::Unauthorized(format!("{name} header is not ASCII")))
-        };
+        let header = |name: &str| signed_header(headers, name);
         let id = header("webhook-id")?;
         let ts_text = header("webhook-timestamp")?;
         let signatures = header("webhook-signature")?;

@@ -62,7 +62,7 @@ use time::OffsetDateTime;
 
 use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, opt_str, req_object,
-    req_str, Object,
+    req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaPublicKey, RsaSigner};
 use super::{Item, Reject};
@@ -159,17 +159,7 @@ impl WechatPay {
     /// Checks the headers and the signature over the raw body.
     pub fn verify(&self, headers: &http::HeaderMap, body: &[u8], now: i64) -> Result<(), Reject> {
         let unauthorized = |m: &str| Reject::Unauthorized(m.to_owned());
-        let header = |name: &str| -> Result<&str, Reject> {
-            let value = headers
-                .get(name)
-                .ok_or_else(|| Reject::Unauthorized(format!("missing {name} header")))?
-                .to_str()
-                .map_err(|_| Reject::Unauthorized(format!("{name} header is not ASCII")))?;
-            if value.is_empty() {
-                return Err(Reject::Unauthorized(format!("{name} header is empty")));
-            }
-            Ok(value)
-        };
+        let header = |name: &str| signed_header(headers, name);
         if let Some(kind) = headers.get(SIGNATURE_TYPE_HEADER) {
             if kind.as_bytes() != SIGNATURE_TYPE.as_bytes() {
                 return Err(unauthorized(

@@ -217,27 +217,17 @@ pub async fn missing_terminal_rows(
     url: &str,
     transactions: &[(String, String)],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let client = connect(url).await?;
-    let stmt = client
-        .prepare(
-            "SELECT a.provider || ':' || a.transaction_id || ' answered 2xx, but '
+    offenders(
+        url,
+        transactions,
+        "SELECT a.provider || ':' || a.transaction_id || ' answered 2xx, but '
                     || COALESCE('its row is ' || p.status, 'there is no row')
                FROM unnest($1::text[], $2::text[]) AS a(provider, transaction_id)
                LEFT JOIN payments p
                  ON p.provider = a.provider AND p.transaction_id = a.transaction_id
               WHERE p.status IS NULL OR p.status NOT IN ('succeeded', 'failed')",
-        )
-        .await?;
-    let mut out = Vec::new();
-    // Batches keep each statement's arrays small.
-    for batch in transactions.chunks(5_000) {
-        let providers: Vec<&str> = batch.iter().map(|(p, _)| p.as_str()).collect();
-        let ids: Vec<&str> = batch.iter().map(|(_, t)| t.as_str()).collect();
-        for row in client.query(&stmt, &[&providers, &ids]).await? {
-            out.push(row.get::<_, String>(0));
-        }
-    }
-    Ok(out)
+    )
+    .await
 }
 
 /// Of the given (provider, transaction_id) pairs, answered 2xx `accepted`
@@ -248,10 +238,10 @@ pub async fn missing_rows_or_events(
     url: &str,
     transactions: &[(String, String)],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let client = connect(url).await?;
-    let stmt = client
-        .prepare(
-            "SELECT a.provider || ':' || a.transaction_id || ' answered accepted, but there is '
+    offenders(
+        url,
+        transactions,
+        "SELECT a.provider || ':' || a.transaction_id || ' answered accepted, but there is '
                     || CASE WHEN p.id IS NULL AND e.id IS NULL THEN 'no row and no event'
                             WHEN p.id IS NULL THEN 'no row'
                             ELSE 'no event' END
@@ -263,8 +253,20 @@ pub async fn missing_rows_or_events(
                     WHERE provider = a.provider AND transaction_id = a.transaction_id
                     LIMIT 1) e ON true
               WHERE p.id IS NULL OR e.id IS NULL",
-        )
-        .await?;
+    )
+    .await
+}
+
+/// The lines `sql` (a query over `unnest($1::text[], $2::text[])` of the
+/// pairs) returns for `transactions`, in batches that keep each statement's
+/// arrays small.
+async fn offenders(
+    url: &str,
+    transactions: &[(String, String)],
+    sql: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let client = connect(url).await?;
+    let stmt = client.prepare(sql).await?;
     let mut out = Vec::new();
     for batch in transactions.chunks(5_000) {
         let providers: Vec<&str> = batch.iter().map(|(p, _)| p.as_str()).collect();

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use crate::helpers::downstream::MockDownstream;
 use crate::helpers::process::{deliver_to, PrivateRedis, ServeProcess};
 use crate::helpers::proxy::FaultProxy;
-use crate::helpers::{payment, socket_of, Reply, TestContext};
+use crate::helpers::{expected_net, payment, socket_of, Reply, TestContext};
 
 const INSTANCES: usize = 3;
 const DUPLICATES: usize = 4;
@@ -619,45 +619,4 @@ fn life(t: usize, rng: &mut StdRng) -> Vec<serde_json::Value> {
     }
     events.shuffle(rng);
     events
-}
-
-/// What each object's ledger comes to from its set of events, whatever their order.
-fn expected_net(events: &[serde_json::Value]) -> Vec<(String, i64)> {
-    let has = |event_type: &str, tx: &str| {
-        events
-            .iter()
-            .any(|e| e["event_type"] == event_type && e["transaction_id"] == tx)
-    };
-    let mut out: Vec<(String, i64)> = Vec::new();
-    for e in events {
-        let tx = e["transaction_id"].as_str().unwrap();
-        let amount = e["amount"].as_i64().unwrap();
-        let net = match e["event_type"].as_str().unwrap() {
-            "payment.succeeded" | "payment.failed" => {
-                if has("payment.succeeded", tx) {
-                    amount
-                } else {
-                    0
-                }
-            }
-            "refund.succeeded" | "refund.failed" => {
-                if has("refund.succeeded", tx) && !has("refund.failed", tx) {
-                    -amount
-                } else {
-                    0
-                }
-            }
-            _ => {
-                if has("dispute.funds_reinstated", tx) {
-                    0
-                } else {
-                    -amount
-                }
-            }
-        };
-        if !out.iter().any(|(t, _)| t == tx) {
-            out.push((tx.to_owned(), net));
-        }
-    }
-    out
 }

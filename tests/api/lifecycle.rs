@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::helpers::downstream::MockDownstream;
-use crate::helpers::{TestApp, TestContext};
+use crate::helpers::{expected_net, TestApp, TestContext};
 
 fn event(event_type: &str, tx: &str, amount: i64, parent: Option<&str>) -> Value {
     let mut v = json!({
@@ -408,46 +408,6 @@ async fn with_a_downstream_the_lifecycle_is_the_same() {
         ]
     );
     ctx.assert_audit_clean().await;
-}
-
-/// What a set of a payment's events comes to, whatever their order: the
-/// money in and out per object.
-fn expected_net(events: &[Value]) -> HashMap<String, i64> {
-    let has = |t: &str, tx: &str| {
-        events
-            .iter()
-            .any(|e| e["event_type"] == t && e["transaction_id"] == tx)
-    };
-    let mut net = HashMap::new();
-    for e in events {
-        let tx = e["transaction_id"].as_str().unwrap();
-        let amount = e["amount"].as_i64().unwrap();
-        let value = match e["event_type"].as_str().unwrap() {
-            "payment.succeeded" | "payment.failed" => {
-                if has("payment.succeeded", tx) {
-                    amount
-                } else {
-                    0
-                }
-            }
-            "refund.succeeded" | "refund.failed" => {
-                if has("refund.succeeded", tx) && !has("refund.failed", tx) {
-                    -amount
-                } else {
-                    0
-                }
-            }
-            _ => {
-                if has("dispute.funds_withdrawn", tx) && !has("dispute.funds_reinstated", tx) {
-                    -amount
-                } else {
-                    0
-                }
-            }
-        };
-        net.insert(tx.to_owned(), value);
-    }
-    net
 }
 
 /// A payment's events — a failure and its success, two refunds (one of which

@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod process;
 pub mod proxy;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -518,3 +519,43 @@ macro_rules! both_backends {
     };
 }
 pub(crate) use both_backends;
+
+/// What a set of a payment's events comes to, whatever their order: the
+/// money in and out per object.
+pub fn expected_net(events: &[Value]) -> HashMap<String, i64> {
+    let has = |t: &str, tx: &str| {
+        events
+            .iter()
+            .any(|e| e["event_type"] == t && e["transaction_id"] == tx)
+    };
+    let mut net = HashMap::new();
+    for e in events {
+        let tx = e["transaction_id"].as_str().unwrap();
+        let amount = e["amount"].as_i64().unwrap();
+        let value = match e["event_type"].as_str().unwrap() {
+            "payment.succeeded" | "payment.failed" => {
+                if has("payment.succeeded", tx) {
+                    amount
+                } else {
+                    0
+                }
+            }
+            "refund.succeeded" | "refund.failed" => {
+                if has("refund.succeeded", tx) && !has("refund.failed", tx) {
+                    -amount
+                } else {
+                    0
+                }
+            }
+            _ => {
+                if has("dispute.funds_withdrawn", tx) && !has("dispute.funds_reinstated", tx) {
+                    -amount
+                } else {
+                    0
+                }
+            }
+        };
+        net.insert(tx.to_owned(), value);
+    }
+    net
+}

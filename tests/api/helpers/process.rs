@@ -22,52 +22,12 @@ impl ServeProcess {
     /// Starts `fencehook serve` with `env` on ports it picks itself
     /// (`127.0.0.1:0`) and waits for its "serving" log line.
     pub async fn start(env: &[(&str, String)]) -> ServeProcess {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
-        cmd.arg("serve");
-        for (k, _) in std::env::vars() {
-            if k.starts_with("FENCEHOOK_")
-                || k == "DATABASE_URL"
-                || k == "REDIS_URL"
-                || k == "FAILPOINTS"
-            {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = fencehook_command("serve");
         cmd.env("FENCEHOOK_LISTEN", "127.0.0.1:0")
             .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:0")
-            .env("FENCEHOOK_LOG_FORMAT", "json")
-            .env("FENCEHOOK_MIGRATE_ON_START", "false")
             .env("FENCEHOOK_GENERIC_SECRET", SECRET);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("fencehook binary starts");
-        let stderr = child.stderr.take().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (ports_tx, ports_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn({
-            let logs = logs.clone();
-            async move {
-                let mut lines = BufReader::new(stderr).lines();
-                let mut ports_tx = Some(ports_tx);
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(ports) = serving_ports(&line) {
-                        if let Some(tx) = ports_tx.take() {
-                            let _ = tx.send(ports);
-                        }
-                    }
-                    logs.lock().unwrap().push(line);
-                }
-            }
-        });
-        let (port, admin_port) = tokio::time::timeout(Duration::from_secs(20), ports_rx)
-            .await
-            .unwrap_or_else(|_| panic!("fencehook serve did not start: {:?}", logs.lock().unwrap()))
-            .expect("serving line");
+        let (child, logs, (port, admin_port)) =
+            spawn_logged(cmd, env, "serve", serving_ports).await;
         ServeProcess {
             child,
             base: format!("http://127.0.0.1:{port}"),
@@ -82,19 +42,12 @@ impl ServeProcess {
 
     /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`).
     pub fn signal(&self, sig: &str) {
-        let status = std::process::Command::new("kill")
-            .args([format!("-{sig}"), self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{sig}");
+        send_signal(self.pid(), sig);
     }
 
     /// Waits for the process to exit; `None` when it did not within `limit`.
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(limit, self.child.wait())
-            .await
-            .ok()
-            .map(|r| r.unwrap())
+        wait_exit(&mut self.child, limit).await
     }
 
     pub async fn deliver(&self, payload: &serde_json::Value) -> Reply {
@@ -117,6 +70,83 @@ impl ServeProcess {
 
 /// (port, admin port) from the "fencehook serving" line, in either log
 /// format (`FENCEHOOK_LOG_FORMAT=text` too, colour codes or not).
+/// `fencehook <command>` with JSON logs, no migrations, and none of the test
+/// runner's own `FENCEHOOK_*`, `DATABASE_URL`, `REDIS_URL` or `FAILPOINTS`.
+fn fencehook_command(command: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.arg(command);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FENCEHOOK_")
+            || k == "DATABASE_URL"
+            || k == "REDIS_URL"
+            || k == "FAILPOINTS"
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("FENCEHOOK_LOG_FORMAT", "json")
+        .env("FENCEHOOK_MIGRATE_ON_START", "false");
+    cmd
+}
+
+/// Spawns `cmd` with `env`, keeps its stderr lines, and waits (20 s at most)
+/// for the first line `ready` recognises.
+async fn spawn_logged<T: Send + 'static>(
+    mut cmd: Command,
+    env: &[(&str, String)],
+    what: &str,
+    ready: impl Fn(&str) -> Option<T> + Send + 'static,
+) -> (Child, Arc<Mutex<Vec<String>>>, T) {
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("fencehook binary starts");
+    let stderr = child.stderr.take().unwrap();
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn({
+        let logs = logs.clone();
+        async move {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut ready_tx = Some(ready_tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(value) = ready(&line) {
+                    if let Some(tx) = ready_tx.take() {
+                        let _ = tx.send(value);
+                    }
+                }
+                logs.lock().unwrap().push(line);
+            }
+        }
+    });
+    let value = tokio::time::timeout(Duration::from_secs(20), ready_rx)
+        .await
+        .unwrap_or_else(|_| panic!("fencehook {what} did not start: {:?}", logs.lock().unwrap()))
+        .expect("its start line");
+    (child, logs, value)
+}
+
+/// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`, `HUP`).
+fn send_signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig}");
+}
+
+/// Waits for the process to exit; `None` when it did not within `limit`.
+async fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    tokio::time::timeout(limit, child.wait())
+        .await
+        .ok()
+        .map(|r| r.unwrap())
+}
+
 fn serving_ports(line: &str) -> Option<(u64, u64)> {
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
         if v["message"] == "fencehook serving" {
@@ -296,46 +326,10 @@ impl WorkProcess {
     /// Starts `fencehook work` with `env` (JSON logs) and waits until its
     /// workers have started.
     pub async fn start(env: &[(&str, String)]) -> WorkProcess {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
-        cmd.arg("work");
-        for (k, _) in std::env::vars() {
-            if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("FENCEHOOK_LOG_FORMAT", "json")
-            .env("FENCEHOOK_MIGRATE_ON_START", "false")
-            .env("FENCEHOOK_MODE", "inbox");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("fencehook binary starts");
-        let stderr = child.stderr.take().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn({
-            let logs = logs.clone();
-            async move {
-                let mut lines = BufReader::new(stderr).lines();
-                let mut started_tx = Some(started_tx);
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if line.contains("inbox workers started") {
-                        if let Some(tx) = started_tx.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    logs.lock().unwrap().push(line);
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(20), started_rx)
-            .await
-            .unwrap_or_else(|_| panic!("fencehook work did not start: {:?}", logs.lock().unwrap()))
-            .expect("workers started");
+        let mut cmd = fencehook_command("work");
+        cmd.env("FENCEHOOK_MODE", "inbox");
+        let started = |line: &str| line.contains("inbox workers started").then_some(());
+        let (child, logs, ()) = spawn_logged(cmd, env, "work", started).await;
         WorkProcess { child, logs }
     }
 
@@ -345,18 +339,11 @@ impl WorkProcess {
 
     /// Sends a signal by name (`KILL`, `TERM`).
     pub fn signal(&self, sig: &str) {
-        let status = std::process::Command::new("kill")
-            .args([format!("-{sig}"), self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{sig}");
+        send_signal(self.pid(), sig);
     }
 
     /// Waits for the process to exit; `None` when it did not within `limit`.
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(limit, self.child.wait())
-            .await
-            .ok()
-            .map(|r| r.unwrap())
+        wait_exit(&mut self.child, limit).await
     }
 }
