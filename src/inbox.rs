@@ -4,9 +4,10 @@
 //! The HTTP edge verifies, maps and validates a delivery as in sync mode,
 //! then [`Inbox::accept`] stores each event in one statement and the PSP is
 //! answered `accepted` — no Redis on that path. Workers ([`Inbox::run`], in
-//! `serve` and in `fencehook work`) take due events and book each with the
-//! very state machine of sync mode ([`Processor`]): lease → fenced claim →
-//! business step → fenced finalize.
+//! `serve` and in `fencehook work`) take due events, up to eight at a time,
+//! and book each with the very state machine of sync mode ([`Processor`]):
+//! lease → fenced claim → business step → fenced finalize; the events of one
+//! take are attempted side by side and the done ones recorded together.
 //!
 //! # What must stay true
 //!
@@ -30,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use rand::Rng;
 use time::OffsetDateTime;
 use tokio::sync::{watch, Notify};
@@ -55,6 +57,12 @@ const AWAIT_RETRY_MAX: Duration = Duration::from_secs(60);
 /// How often the first worker looks for events whose lock ran out while
 /// there is other work (idle, it looks every time it finds none).
 const RESCUE_EVERY: Duration = Duration::from_secs(1);
+
+/// How many due events a worker takes at once. One statement takes them,
+/// their attempts run side by side, and the done ones are recorded in one
+/// statement: taking and settling each event alone were two of the three
+/// commits a drained event cost (docs/benchmarks.md).
+const TAKE_BATCH: i64 = 8;
 
 pub struct Inbox {
     store: Store,
@@ -179,9 +187,9 @@ impl Inbox {
                 last_rescue = tokio::time::Instant::now();
                 self.rescue().await;
             }
-            match self.store.take(self.lock).await {
-                Ok(Some(taken)) => self.attempt(taken).await,
-                Ok(None) => {
+            match self.store.take(self.lock, TAKE_BATCH).await {
+                Ok(taken) if !taken.is_empty() => self.attempts(taken).await,
+                Ok(_) => {
                     if n == 0 {
                         last_rescue = tokio::time::Instant::now();
                         if self.rescue().await {
@@ -217,39 +225,56 @@ impl Inbox {
         }
     }
 
-    /// One attempt at one event, and its result recorded on the event.
-    async fn attempt(&self, taken: Taken) {
-        let ev = &taken.event;
+    /// The attempts at the events of one take, side by side, and their
+    /// results recorded: first the ones not done, one by one (so a refund
+    /// re-queued here is queued when its payment's booking wakes it below),
+    /// then the done ones in one statement, which also wakes the refunds and
+    /// disputes waiting for the payments among them.
+    async fn attempts(&self, taken: Vec<Taken>) {
+        let results = join_all(taken.into_iter().map(|t| self.attempt(t))).await;
+        let (done, others): (Vec<_>, Vec<_>) = results
+            .iter()
+            .partition(|(_, settle)| *settle == Settle::Done);
+        for (taken, settle) in others {
+            let recorded = self.store.settle(taken, settle).await;
+            report_settle(taken, settle, recorded.as_ref().copied());
+        }
+        if done.is_empty() {
+            return;
+        }
+        let booked: Vec<(&str, &str)> = done
+            .iter()
+            .filter(|(t, _)| t.event.event_type == EventKind::PaymentSucceeded)
+            .map(|(t, _)| (t.event.provider.as_str(), t.event.transaction_id.as_str()))
+            .collect();
+        let done: Vec<&Taken> = done.iter().map(|(t, _)| t).collect();
+        match self.store.settle_done(&done, &booked).await {
+            Ok(ids) => {
+                for taken in done {
+                    report_settle(taken, &Settle::Done, Ok(ids.contains(&taken.id)));
+                }
+            }
+            Err(e) => {
+                for taken in done {
+                    report_settle(taken, &Settle::Done, Err(&e));
+                }
+            }
+        }
+    }
+
+    /// One attempt at one event: what its row should record.
+    async fn attempt(&self, taken: Taken) -> (Taken, Settle) {
         let age = age_of(taken.received_at);
-        let outcome = self.processor.process(ev).await;
+        let outcome = self
+            .processor
+            .process_after(&taken.event, taken.row.clone())
+            .await;
         let (settle, counted) = self.settle_for(&taken, age, outcome);
         self.metrics.inbox_attempts(counted).increment(1);
         if settle == Settle::Done {
             self.metrics.inbox_lag().record(age.as_secs_f64());
-            if ev.event_type == EventKind::PaymentSucceeded {
-                // Refunds and disputes waiting for this payment can go now.
-                let _ = self
-                    .store
-                    .wake_children(&ev.provider, &ev.transaction_id)
-                    .await;
-            }
         }
-        match self.store.settle(&taken, &settle).await {
-            Ok(true) => {}
-            Ok(false) => {
-                // Our lock ran out mid-attempt and the event was taken again
-                // (or replayed): the newer attempt's result stands; what we
-                // booked, if anything, was fenced.
-                tracing::warn!(event = taken.id, ?settle,
-                    "an attempt outlived its lock; its result is not recorded over the newer attempt's");
-            }
-            Err(e) => {
-                // The event stays `processing` until its lock runs out; then a
-                // worker takes it again and the lifecycle finds what was done.
-                tracing::warn!(event = taken.id, error = %crate::error::chain(&e),
-                    "could not record an attempt's result; the event will be taken again");
-            }
-        }
+        (taken, settle)
     }
 
     /// What an attempt's outcome means for its event.
@@ -408,6 +433,29 @@ impl Inbox {
         };
         driver.abort();
         result
+    }
+}
+
+/// Logs an attempt's result that was not recorded.
+fn report_settle(taken: &Taken, settle: &Settle, recorded: Result<bool, &StoreError>) {
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => {
+            // Our lock ran out mid-attempt and the event was taken again
+            // (or replayed): the newer attempt's result stands; what we
+            // booked, if anything, was fenced.
+            tracing::warn!(
+                event = taken.id,
+                ?settle,
+                "an attempt outlived its lock; its result is not recorded over the newer attempt's"
+            );
+        }
+        Err(e) => {
+            // The event stays `processing` until its lock runs out; then a
+            // worker takes it again and the lifecycle finds what was done.
+            tracing::warn!(event = taken.id, error = %crate::error::chain(e),
+                "could not record an attempt's result; the event will be taken again");
+        }
     }
 }
 

@@ -162,8 +162,18 @@ impl Processor {
     }
 
     pub async fn process(&self, ev: &CanonicalEvent) -> Result<Outcome, Error> {
+        let row = self.lookup(ev).await?;
+        self.process_after(ev, row).await
+    }
+
+    /// [`Processor::process`] after its fast-path lookup, given the row it
+    /// would have read (inbox workers read it with the take).
+    pub async fn process_after(
+        &self,
+        ev: &CanonicalEvent,
+        mut row: Option<PaymentRow>,
+    ) -> Result<Outcome, Error> {
         let fp = ev.fingerprint();
-        let mut row = self.lookup(ev).await?;
         if let Some(done) = self.settled(ev, &fp, row.as_ref()) {
             return Ok(done);
         }

@@ -625,17 +625,30 @@ async fn reread<C: GenericClient>(
 }
 
 fn to_payment(row: &tokio_postgres::Row) -> Result<PaymentRow, StoreError> {
-    let kind: &str = row.get(1);
-    let status: &str = row.get(2);
-    Ok(PaymentRow {
-        id: row.get(0),
+    payment_at(row, 0)?.ok_or_else(|| StoreError::Corrupt("a payments row without id".to_owned()))
+}
+
+/// The payments row in the five columns from `at` (id, kind, status,
+/// fingerprint, fence, as [`SELECT_PAYMENT`] returns them); `None` when its
+/// id is NULL (an outer join found none).
+pub(crate) fn payment_at(
+    row: &tokio_postgres::Row,
+    at: usize,
+) -> Result<Option<PaymentRow>, StoreError> {
+    let Some(id) = row.try_get::<_, Option<i64>>(at)? else {
+        return Ok(None);
+    };
+    let kind: &str = row.try_get(at + 1)?;
+    let status: &str = row.try_get(at + 2)?;
+    Ok(Some(PaymentRow {
+        id,
         kind: ObjectKind::parse(kind)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown payment kind `{kind}`")))?,
         status: Status::parse(status)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown payment status `{status}`")))?,
-        fingerprint: row.get(3),
-        fence: row.get(4),
-    })
+        fingerprint: row.try_get(at + 3)?,
+        fence: row.try_get(at + 4)?,
+    }))
 }
 
 #[cfg(test)]

@@ -625,9 +625,10 @@ async fn an_attempt_that_outlived_its_lock_records_nothing_over_the_newer_one() 
     );
     let store = Store::new(&ctx.config().db).unwrap();
     let stalled = store
-        .take(Duration::from_millis(50))
+        .take(Duration::from_millis(50), 1)
         .await
         .unwrap()
+        .pop()
         .expect("the first take");
     wait_for(
         "the first lock rescued",
@@ -636,9 +637,10 @@ async fn an_attempt_that_outlived_its_lock_records_nothing_over_the_newer_one() 
     )
     .await;
     let newer = store
-        .take(Duration::from_secs(60))
+        .take(Duration::from_secs(60), 1)
         .await
         .unwrap()
+        .pop()
         .expect("taken again");
     assert_eq!(newer.id, stalled.id);
     let dead = Settle::Dead {
@@ -692,7 +694,8 @@ async fn an_orphaned_event_is_rescued_while_a_backlog_keeps_the_workers_busy() {
         )
         .await
         .unwrap();
-    for i in 0..40 {
+    // A worker takes eight at a time: 200 events are 25 takes of 300 ms.
+    for i in 0..200 {
         let r = accepting
             .deliver(&payment(&format!("tx_backlog_{i}"), 10 + i))
             .await;
@@ -708,7 +711,101 @@ async fn an_orphaned_event_is_rescued_while_a_backlog_keeps_the_workers_busy() {
         .count("SELECT count(*) FROM events WHERE status = 'queued' AND transaction_id LIKE 'tx_backlog_%'")
         .await;
     assert!(
-        waiting >= 10,
+        waiting >= 50,
         "rescued with the backlog still there ({waiting} queued)"
     );
+}
+
+/// Tuples read from `events` and `payments`, as PostgreSQL's statistics
+/// count them once they show `inserted` events inserted and `updated`
+/// updated (a backend reports its counters within a second of going idle;
+/// a booked event's last statement is the update that records it done).
+async fn tuples_read_once_reported(ctx: &TestContext, inserted: i64, updated: i64) -> i64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = ctx
+            .db()
+            .await
+            .query_one(
+                "SELECT n_tup_ins, n_tup_upd,
+                        ((SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+                           WHERE relname IN ('events', 'payments'))
+                         + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+                             WHERE relname IN ('events', 'payments')))::bigint
+                   FROM pg_stat_user_tables WHERE relname = 'events'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, i64>(0) >= inserted && row.get::<_, i64>(1) >= updated {
+            return row.get(2);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the statistics never showed {inserted} events inserted and {updated} updated"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A statement planned while `events` was nearly empty keeps its plan on
+/// that connection; no statement may then read the whole table per
+/// delivery. (The accept's duplicate check once did: its cached plan looked
+/// up the event by provider alone, every event of the provider per accept.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn accepting_and_booking_read_no_more_rows_as_the_events_table_grows() {
+    let ctx = TestContext::new().await;
+    let mut cfg = ctx.inbox_config(1);
+    // One connection: every statement runs on it often enough to be planned
+    // once for all (PostgreSQL's generic plan, after five executions).
+    cfg.db.pool_size = 1;
+    let app = ctx.spawn(cfg).await;
+    let mut delivered = 0;
+    let mut deliver_and_book = |n: usize| {
+        let app = &app;
+        let start = delivered;
+        delivered += n;
+        async move {
+            for i in start..start + n {
+                let r = app
+                    .deliver(&payment(&format!("tx_grow_{i}"), 100 + i as i64))
+                    .await;
+                assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
+            }
+            wait_for("every event booked", Duration::from_secs(30), || async {
+                app.metric(INBOX_ATTEMPTS_TOTAL, &[("result", "done")]) >= (start + n) as f64
+            })
+            .await;
+        }
+    };
+    deliver_and_book(10).await;
+    // The table grows behind the cached plans: 20,000 booked events of the
+    // same provider (no ANALYZE: that would re-plan them).
+    const OLD: i64 = 20_000;
+    ctx.db()
+        .await
+        .batch_execute(&format!(
+            "INSERT INTO events (provider, transaction_id, event_type, delivery_id, fingerprint,
+                                 canonical, body, status, finished_at)
+             SELECT 'generic', 'old_' || g, 'payment.succeeded', 'old_' || g || ':payment.succeeded',
+                    'fp', '{{}}', '{{}}', 'done', now()
+               FROM generate_series(1, {OLD}) g"
+        ))
+        .await
+        .unwrap();
+    // Taken and recorded done: two updates per event.
+    let before = tuples_read_once_reported(&ctx, OLD + 10, 2 * 10).await;
+    deliver_and_book(20).await;
+    let read = tuples_read_once_reported(&ctx, OLD + 30, 2 * 30).await - before;
+    assert!(
+        read < OLD,
+        "20 deliveries read {read} tuples of events and payments: a statement scans the \
+         {OLD} old events (a plan made on the empty table)"
+    );
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM payments WHERE status = 'succeeded'")
+            .await,
+        30
+    );
+    ctx.assert_audit_clean().await;
 }
