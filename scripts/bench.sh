@@ -10,7 +10,7 @@
 #   (b) one `fencehook serve` per row, driven by `fencehook load` at k = 1, 4, 16 copies per
 #       transaction: Redis leases, PostgreSQL leases, and the "UNIQUE constraint only" baseline
 #       (no lease at all; a build with the bench-baseline feature);
-#   (c) inbox mode: accepting with no workers (the accept rate), then `fencehook work` (16
+#   (c) inbox mode: accepting with no workers (the accept rate), then `fencehook work` (8
 #       workers) draining what was accepted (the drain rate); and, at a steady 500 deliveries/s
 #       with serve's own 4 workers, how long from accept to booked (the lag percentiles);
 #   (d) memory per idle keep-alive connection: 1,000 of them opened on one instance.
@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 DURATION=${BENCH_DURATION:-15}
 PGBENCH_SECS=${BENCH_PGBENCH_SECS:-8}
 CONCURRENCY=${BENCH_CONCURRENCY:-32}
-DRAIN_WORKERS=16   # fencehook work draining the accepted backlog
+DRAIN_WORKERS=8    # fencehook work draining the accepted backlog (each up to 8 events in flight)
 LAG_RATE=500       # deliveries/s of the accept -> booked latency run
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -184,7 +184,7 @@ until [[ $(psql "$(db_url inbox)" -Atc "SELECT count(*) FROM events WHERE status
 done
 kill -TERM "$WORK_PID"
 wait "$WORK_PID" || true
-psql "$(db_url inbox)" -Atc "SELECT json_build_object('queued_at_start', $queued,
+psql "$(db_url inbox)" -Atc "SELECT json_build_object('queued_at_start', $queued, 'workers', $DRAIN_WORKERS,
     'done', count(*) FILTER (WHERE status = 'done'), 'dead', count(*) FILTER (WHERE status = 'dead'),
     'span_secs', extract(epoch FROM max(finished_at) - min(finished_at)))
   FROM events" >"$OUT/drain-inbox.json"

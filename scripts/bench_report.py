@@ -77,7 +77,7 @@ md = ["# Benchmarks\n",
       "--failed-share 0`; CPU per delivery is the server's user+system time divided by "
       "deliveries; peak RSS is the server's VmHWM",
       "- (c) inbox: `serve` with `FENCEHOOK_MODE=inbox FENCEHOOK_WORKERS=0` driven as in (b) with "
-      "`--inbox` (the accept rate), then `fencehook work` (16 workers) draining what was accepted; "
+      "`--inbox` (the accept rate), then `fencehook work` draining what was accepted; "
       "then `serve` with its default 4 workers driven at `--rate 500 --inbox --database-url` "
       "(accept → booked, from the `events` table)",
       "- (d) 1,000 idle keep-alive connections (each after one request) opened on one instance; "
@@ -115,9 +115,9 @@ if inbox_row:
               f"{inbox_row['cpu_us']:.0f} µs/delivery ({inbox_row['ratio']:.2f} of the ceiling)")
 if drain and drain.get("span_secs"):
     rate = drain["done"] / drain["span_secs"] if drain["span_secs"] else 0
-    md.append(f"- draining {drain['queued_at_start']:,} accepted events with `fencehook work` (16 "
-              f"workers): **{rate:,.0f} events/s** ({drain['done']:,} done, {drain['dead']} dead, "
-              f"first to last in {drain['span_secs']:.1f} s)")
+    md.append(f"- draining {drain['queued_at_start']:,} accepted events with `fencehook work` "
+              f"({drain.get('workers', '?')} workers): **{rate:,.0f} events/s** ({drain['done']:,} done, "
+              f"{drain['dead']} dead, first to last in {drain['span_secs']:.1f} s)")
 lag = ((lag_run or {}).get("inbox") or {}).get("drain") or {}
 if lag.get("lag"):
     l = lag["lag"]
@@ -145,6 +145,14 @@ if pg1:
 if storm:
     checks.append(("duplicate storm k=4: ≥ 95 % answered 200 first time", storm["first_try"] >= 95, f"{storm['first_try']:.1f} %"))
 checks.append(("peak RSS ≤ 50 MB", rss_max <= 50, f"{rss_max:.1f} MB"))
+if redis1 and inbox_row:
+    accept = inbox_row["pps"] / redis1["pps"]
+    checks.append(("inbox accept (no workers): ≥ 1.5 × the sync rate (Redis leases, k=1)", accept >= 1.5,
+                   f"{accept:.2f} ({inbox_row['pps']:,.0f} vs {redis1['pps']:,.0f}/s)"))
+if redis1 and drain and drain.get("span_secs"):
+    drained = drain["done"] / drain["span_secs"] / redis1["pps"]
+    checks.append(("inbox drain (`fencehook work`): ≥ 0.8 × the sync rate", drained >= 0.8,
+                   f"{drained:.2f} ({drain['done'] / drain['span_secs']:,.0f} vs {redis1['pps']:,.0f}/s)"))
 md.append("| target | met | measured |")
 md.append("| --- | --- | ---: |")
 for what, ok, got in checks:
