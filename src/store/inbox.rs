@@ -15,8 +15,8 @@
 //!   too early still cannot book twice.
 //! - No statement's work grows with the table. Every lookup names all the
 //!   columns of the index it is meant to use, so a plan cached while the
-//!   table was empty cannot fall back on a wider index that ties with it on an
-//!   empty table (the accept's duplicate check once scanned every event of
+//!   table was empty cannot fall back on another index that ties with it on
+//!   an empty table (the accept's duplicate check once read every event of
 //!   its provider that way). The two statements over arrays of events (take
 //!   and done) are sent unprepared, so each is planned for the table as it is
 //!   (a plan cached on an empty table scans it whole).
@@ -112,7 +112,7 @@ ev AS (
                         delivery_id, psp_event_id, fingerprint, canonical, body)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
      WHERE NOT EXISTS (SELECT 1 FROM existing WHERE fingerprint <> $7)
-    ON CONFLICT ON CONSTRAINT events_provider_delivery_id_key DO NOTHING
+    ON CONFLICT ON CONSTRAINT events_provider_transaction_id_event_type_key DO NOTHING
     RETURNING id),
 row AS (
     INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type,
@@ -123,7 +123,7 @@ row AS (
 SELECT (SELECT fingerprint FROM existing),
        (SELECT count(*) FROM ev) + 0 * (SELECT count(*) FROM row),
        (SELECT fingerprint FROM events
-         WHERE provider = $1 AND transaction_id = $2 AND delivery_id = $5)";
+         WHERE provider = $1 AND transaction_id = $2 AND event_type = $3)";
 
 const NOTIFY: &str = "SELECT pg_notify('fencehook_inbox', '')";
 
