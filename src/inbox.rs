@@ -34,7 +34,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use rand::Rng;
 use time::OffsetDateTime;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -43,7 +43,7 @@ use crate::domain::{CanonicalEvent, EventKind, Rejection};
 use crate::error::Error;
 use crate::metrics::{InboxAttempt, Metrics};
 use crate::processor::{Outcome, Processor};
-use crate::store::inbox::{Accepted, Settle, Taken, CHANNEL};
+use crate::store::inbox::{Accepted, Settle, Taken, ToAccept, CHANNEL};
 use crate::store::{Store, StoreError};
 
 /// How soon a worker tries a store or lease backend again after it failed.
@@ -77,6 +77,98 @@ pub struct Inbox {
     /// This process's idle workers wait on it.
     wake: Arc<Notify>,
     notifier: Arc<Notifier>,
+    /// Accepts that arrive together are written together ([`Batcher`]).
+    batcher: mpsc::Sender<Pending>,
+}
+
+/// Most events one accept statement stores.
+const ACCEPT_BATCH: usize = 64;
+/// Accept statements in flight at once; the accepts that arrive meanwhile
+/// wait and go together in the next.
+const ACCEPTS_IN_FLIGHT: usize = 4;
+
+/// An accept waiting for its statement.
+struct Pending {
+    item: ToAccept,
+    answer: oneshot::Sender<Result<Accepted, StoreError>>,
+}
+
+/// Writes the accepts that arrive together in one statement: while
+/// [`ACCEPTS_IN_FLIGHT`] statements run, the accepts that come meanwhile
+/// wait and are then stored by one statement (up to [`ACCEPT_BATCH`]), with
+/// one commit. Nothing waits on a timer: an accept that finds a statement
+/// slot free goes at once, alone. Each accept is answered only once its
+/// statement is committed, with what it would have been answered alone.
+struct Batcher {
+    store: Store,
+    slots: Arc<Semaphore>,
+}
+
+impl Batcher {
+    async fn run(self, mut queue: mpsc::Receiver<Pending>) {
+        while let Some(first) = queue.recv().await {
+            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            while batch.len() < ACCEPT_BATCH {
+                match queue.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                write_accepts(&store, batch).await;
+                drop(slot);
+            });
+        }
+    }
+}
+
+/// Stores a batch of accepts and answers each: one statement for the first
+/// event of each transaction, then the others one by one (a second event of
+/// a transaction must see the first's row, as it would arriving alone). When
+/// the statement fails, each event is tried alone, so one event's error is
+/// its own answer only.
+async fn write_accepts(store: &Store, batch: Vec<Pending>) {
+    let mut seen = std::collections::HashSet::new();
+    let (firsts, others): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| {
+        seen.insert((
+            p.item.event.provider.clone(),
+            p.item.event.transaction_id.clone(),
+        ))
+    });
+    let mut alone = others;
+    if firsts.len() == 1 {
+        alone.splice(0..0, firsts);
+    } else if !firsts.is_empty() {
+        let items: Vec<ToAccept> = firsts.iter().map(|p| p.item.clone()).collect();
+        match store.accept_many(&items).await {
+            Ok(answers) => {
+                for (pending, answer) in firsts.into_iter().zip(answers) {
+                    let _ = pending.answer.send(Ok(answer));
+                }
+            }
+            Err(e) => {
+                tracing::debug!(events = items.len(), error = %crate::error::chain(&e),
+                    "a batched accept failed; accepting its events one by one");
+                alone.splice(0..0, firsts);
+            }
+        }
+    }
+    for pending in alone {
+        let item = &pending.item;
+        let answer = store
+            .accept(
+                &item.event,
+                &item.fingerprint,
+                item.psp_event_id.as_deref(),
+                &item.body,
+            )
+            .await;
+        let _ = pending.answer.send(answer);
+    }
 }
 
 /// Sends the NOTIFY that follows accepts: at most one in flight, the accepts
@@ -131,6 +223,14 @@ impl Inbox {
             pending: AtomicBool::new(false),
             sending: AtomicBool::new(false),
         });
+        let (batcher, queue) = mpsc::channel(ACCEPT_BATCH * ACCEPTS_IN_FLIGHT);
+        tokio::spawn(
+            Batcher {
+                store: store.clone(),
+                slots: Arc::new(Semaphore::new(ACCEPTS_IN_FLIGHT)),
+            }
+            .run(queue),
+        );
         Inbox {
             store,
             processor,
@@ -140,6 +240,7 @@ impl Inbox {
             lock,
             wake: Arc::new(Notify::new()),
             notifier,
+            batcher,
         }
     }
 
@@ -150,8 +251,25 @@ impl Inbox {
         psp_event_id: Option<&str>,
         body: &str,
     ) -> Result<Accepted, Error> {
-        let fp = ev.fingerprint();
-        let accepted = self.store.accept(ev, &fp, psp_event_id, body).await?;
+        let item = ToAccept {
+            event: ev.clone(),
+            fingerprint: ev.fingerprint(),
+            psp_event_id: psp_event_id.map(str::to_owned),
+            body: body.to_owned(),
+        };
+        let (answer, answered) = oneshot::channel();
+        let accepted = match self.batcher.send(Pending { item, answer }).await {
+            Ok(()) => answered.await.ok(),
+            Err(_) => None,
+        };
+        let accepted = match accepted {
+            Some(accepted) => accepted?,
+            // The batcher is gone (only while the runtime shuts down).
+            None => {
+                let fp = ev.fingerprint();
+                self.store.accept(ev, &fp, psp_event_id, body).await?
+            }
+        };
         if accepted == Accepted::New {
             self.wake.notify_waiters();
             self.notifier.accepted();

@@ -44,6 +44,34 @@ pub enum Accepted {
     Mismatch,
 }
 
+/// One delivery's event, for [`Store::accept_many`].
+#[derive(Debug, Clone)]
+pub struct ToAccept {
+    pub event: CanonicalEvent,
+    pub fingerprint: String,
+    pub psp_event_id: Option<String>,
+    pub body: String,
+}
+
+/// What an accept found, from what its statement returned: the object's
+/// stored fingerprint, whether the event was inserted, the stored event's.
+fn accepted(
+    fingerprint: &str,
+    existing: Option<String>,
+    inserted: bool,
+    event_fp: Option<String>,
+) -> Accepted {
+    if existing.is_some_and(|fp| fp != fingerprint) {
+        Accepted::Mismatch
+    } else if inserted {
+        Accepted::New
+    } else if event_fp.is_some_and(|fp| fp != fingerprint) {
+        Accepted::Mismatch
+    } else {
+        Accepted::Duplicate
+    }
+}
+
 /// An event a worker took.
 #[derive(Debug, Clone)]
 pub struct Taken {
@@ -124,6 +152,48 @@ SELECT (SELECT fingerprint FROM existing),
        (SELECT count(*) FROM ev) + 0 * (SELECT count(*) FROM row),
        (SELECT fingerprint FROM events
          WHERE provider = $1 AND transaction_id = $2 AND event_type = $3)";
+
+/// [`ACCEPT`] for several events of distinct transactions at once: the
+/// same statement over arrays, one row per event (`n`, its place) with what
+/// the single statement returns. Distinct transactions make each event's
+/// checks independent of the others', so the answers are those the events
+/// would get one by one. Unprepared: see the module's rules.
+const ACCEPT_MANY: &str = "\
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                         $7::text[], $8::text[], $9::text[], $10::text[], $11::int8[], $12::text[],
+                         $13::timestamptz[])
+           WITH ORDINALITY AS i(provider, transaction_id, event_type, parent, delivery_id,
+                                psp_event_id, fingerprint, canonical, body, kind, amount, currency,
+                                occurred_at, n)),
+existing AS (
+    SELECT i.n, p.fingerprint FROM input i
+      JOIN payments p ON p.provider = i.provider AND p.transaction_id = i.transaction_id),
+ev AS (
+    INSERT INTO events (provider, transaction_id, event_type, parent_transaction_id,
+                        delivery_id, psp_event_id, fingerprint, canonical, body)
+    SELECT provider, transaction_id, event_type, parent, delivery_id, psp_event_id, fingerprint,
+           canonical::jsonb, body
+      FROM input i
+     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.n = i.n AND e.fingerprint <> i.fingerprint)
+     ORDER BY i.n
+    ON CONFLICT ON CONSTRAINT events_provider_transaction_id_event_type_key DO NOTHING
+    RETURNING provider, transaction_id),
+row AS (
+    INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type,
+                          amount_minor, currency, fingerprint, status, fence, occurred_at)
+    SELECT i.provider, i.transaction_id, i.kind, i.parent, i.event_type, i.amount, i.currency,
+           i.fingerprint, 'queued', 0, i.occurred_at
+      FROM input i JOIN ev ON ev.provider = i.provider AND ev.transaction_id = i.transaction_id
+     ORDER BY i.n
+    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO NOTHING)
+SELECT i.n,
+       (SELECT e.fingerprint FROM existing e WHERE e.n = i.n),
+       EXISTS (SELECT 1 FROM ev WHERE ev.provider = i.provider AND ev.transaction_id = i.transaction_id),
+       (SELECT x.fingerprint FROM events x
+         WHERE x.provider = i.provider AND x.transaction_id = i.transaction_id
+           AND x.event_type = i.event_type)
+  FROM input i ORDER BY i.n";
 
 const NOTIFY: &str = "SELECT pg_notify('fencehook_inbox', '')";
 
@@ -239,15 +309,76 @@ impl Store {
         let existing: Option<String> = row.get(0);
         let inserted: i64 = row.get(1);
         let event_fp: Option<String> = row.get(2);
-        Ok(if existing.is_some_and(|fp| fp != fingerprint) {
-            Accepted::Mismatch
-        } else if inserted == 1 {
-            Accepted::New
-        } else if event_fp.is_some_and(|fp| fp != fingerprint) {
-            Accepted::Mismatch
-        } else {
-            Accepted::Duplicate
-        })
+        Ok(accepted(fingerprint, existing, inserted == 1, event_fp))
+    }
+
+    /// [`Store::accept`] for several events in one statement, answered in
+    /// their order. Their transactions must be distinct (a caller with two
+    /// events of one transaction accepts the second after the first).
+    pub async fn accept_many(&self, items: &[ToAccept]) -> Result<Vec<Accepted>, StoreError> {
+        let mut keys: Vec<(&str, &str)> = items
+            .iter()
+            .map(|i| (i.event.provider.as_str(), i.event.transaction_id.as_str()))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(
+            keys.len(),
+            items.len(),
+            "accept_many: one event per transaction"
+        );
+        let col = |f: fn(&ToAccept) -> Option<String>| items.iter().map(f).collect::<Vec<_>>();
+        let provider = col(|i| Some(i.event.provider.clone()));
+        let transaction = col(|i| Some(i.event.transaction_id.clone()));
+        let event_type = col(|i| Some(i.event.event_type.as_str().to_owned()));
+        let parent = col(|i| i.event.parent_transaction_id.clone());
+        let delivery = col(|i| Some(delivery_id(&i.event)));
+        let psp_event_id = col(|i| i.psp_event_id.clone());
+        let fingerprint = col(|i| Some(i.fingerprint.clone()));
+        let canonical = items
+            .iter()
+            .map(|i| serde_json::to_string(&i.event))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::Corrupt(format!("an event that does not serialize: {e}")))?;
+        let body = col(|i| Some(i.body.clone()));
+        let kind = col(|i| Some(i.event.event_type.object().as_str().to_owned()));
+        let amount: Vec<i64> = items.iter().map(|i| i.event.amount_minor).collect();
+        let currency = col(|i| Some(i.event.currency.clone()));
+        let occurred: Vec<Option<OffsetDateTime>> =
+            items.iter().map(|i| i.event.occurred_at).collect();
+        let client = self.pool.get().await?;
+        let rows = client
+            .query_typed(
+                ACCEPT_MANY,
+                &[
+                    (&provider, Type::TEXT_ARRAY),
+                    (&transaction, Type::TEXT_ARRAY),
+                    (&event_type, Type::TEXT_ARRAY),
+                    (&parent, Type::TEXT_ARRAY),
+                    (&delivery, Type::TEXT_ARRAY),
+                    (&psp_event_id, Type::TEXT_ARRAY),
+                    (&fingerprint, Type::TEXT_ARRAY),
+                    (&canonical, Type::TEXT_ARRAY),
+                    (&body, Type::TEXT_ARRAY),
+                    (&kind, Type::TEXT_ARRAY),
+                    (&amount, Type::INT8_ARRAY),
+                    (&currency, Type::TEXT_ARRAY),
+                    (&occurred, Type::TIMESTAMPTZ_ARRAY),
+                ],
+            )
+            .await?;
+        if rows.len() != items.len() {
+            return Err(StoreError::Corrupt(format!(
+                "{} answers to an accept of {} events",
+                rows.len(),
+                items.len()
+            )));
+        }
+        Ok(rows
+            .iter()
+            .zip(items)
+            .map(|(row, item)| accepted(&item.fingerprint, row.get(1), row.get(2), row.get(3)))
+            .collect())
     }
 
     /// Takes up to `limit` due events, oldest due first, locked for `lock`;

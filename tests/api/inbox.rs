@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencehook::domain::{CanonicalEvent, EventKind};
 use fencehook::metrics::{INBOX_ATTEMPTS_TOTAL, INBOX_LAG_SECONDS, INBOX_ROWS};
-use fencehook::store::inbox::{Replay, Settle};
+use fencehook::store::inbox::{Accepted, Replay, Settle, ToAccept};
 use fencehook::store::Store;
 use serde_json::json;
 
@@ -808,4 +809,119 @@ async fn accepting_and_booking_read_no_more_rows_as_the_events_table_grows() {
         30
     );
     ctx.assert_audit_clean().await;
+}
+
+fn to_accept(tx: &str, amount: i64) -> ToAccept {
+    let event = CanonicalEvent {
+        provider: "generic".to_owned(),
+        transaction_id: tx.to_owned(),
+        event_type: EventKind::PaymentSucceeded,
+        amount_minor: amount,
+        currency: "EUR".to_owned(),
+        parent_transaction_id: None,
+        occurred_at: None,
+    };
+    ToAccept {
+        fingerprint: event.fingerprint(),
+        psp_event_id: None,
+        body: format!("{{\"amount\":{amount}}}"),
+        event,
+    }
+}
+
+/// Accepts that arrive together are stored by one statement; each must get
+/// the answer it would get alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batched_accept_answers_each_event_as_it_would_be_answered_alone() {
+    let ctx = TestContext::new().await;
+    let store = Store::new(&ctx.config().db).unwrap();
+    let alone = |item: ToAccept| {
+        let store = store.clone();
+        async move {
+            store
+                .accept(&item.event, &item.fingerprint, None, &item.body)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(alone(to_accept("tx_b_seen", 100)).await, Accepted::New);
+    assert_eq!(alone(to_accept("tx_b_other", 200)).await, Accepted::New);
+    let batch = [
+        to_accept("tx_b_seen", 100),  // the same event again
+        to_accept("tx_b_new", 300),   // new
+        to_accept("tx_b_other", 201), // another payload for a stored object
+        to_accept("tx_b_new_2", 400), // new
+    ];
+    let answers = store.accept_many(&batch).await.unwrap();
+    assert_eq!(
+        answers,
+        [
+            Accepted::Duplicate,
+            Accepted::New,
+            Accepted::Mismatch,
+            Accepted::New
+        ]
+    );
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 4);
+    assert_eq!(
+        ctx.count(
+            "SELECT count(*) FROM payments WHERE status = 'queued'
+              AND transaction_id IN ('tx_b_seen', 'tx_b_other', 'tx_b_new', 'tx_b_new_2')"
+        )
+        .await,
+        4
+    );
+    assert_eq!(
+        ctx.count("SELECT amount_minor FROM payments WHERE transaction_id = 'tx_b_other'")
+            .await,
+        200,
+        "the mismatched payload wrote nothing"
+    );
+    // The same batch again: every event is now stored.
+    let again = store.accept_many(&batch).await.unwrap();
+    assert_eq!(
+        again,
+        [
+            Accepted::Duplicate,
+            Accepted::Duplicate,
+            Accepted::Mismatch,
+            Accepted::Duplicate
+        ]
+    );
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 4);
+}
+
+/// Copies of one delivery arriving at once on one instance may share a
+/// batched accept: one is `accepted`, the others `duplicate`, one event each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_copies_on_one_instance_are_accepted_once_each() {
+    let ctx = TestContext::new().await;
+    let app = Arc::new(ctx.spawn(ctx.inbox_config(0)).await);
+    let mut tasks = tokio::task::JoinSet::new();
+    for copy in 0..3 {
+        for i in 0..40 {
+            let app = app.clone();
+            tasks.spawn(async move {
+                let r = app
+                    .deliver(&payment(&format!("tx_copies_{i}"), 500 + i))
+                    .await;
+                assert_eq!(r.status, 200, "copy {copy} of {i}: {r:?}");
+                r.result().to_owned()
+            });
+        }
+    }
+    let mut answers = std::collections::BTreeMap::<String, usize>::new();
+    while let Some(answer) = tasks.join_next().await {
+        *answers.entry(answer.unwrap()).or_default() += 1;
+    }
+    assert_eq!(
+        answers,
+        [("accepted".to_owned(), 40), ("duplicate".to_owned(), 80)].into()
+    );
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 40);
+    assert_eq!(
+        ctx.count("SELECT count(DISTINCT transaction_id) FROM payments WHERE status = 'queued'")
+            .await,
+        40
+    );
 }
