@@ -125,6 +125,9 @@ start_serve() {
   local name=$1 bin=$2 backend=$3 log="$OUT/serve-$1.log"
   shift 3
   new_db "$name"
+  # Emptied here, not by the redirection below: that one runs in the child, and wait_instance
+  # could read the previous run's start line (its ports) before the child truncates the file.
+  : >"$log"
   env FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 FENCEHOOK_LOG_FORMAT=json \
     FENCEHOOK_LOG=warn,fencehook=info,fencehook::http::webhook=warn \
     FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_GENERIC_SECRET=$SECRET \

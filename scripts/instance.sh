@@ -5,7 +5,9 @@
 # shellcheck shell=bash disable=SC2034  # INSTANCE_* are read by the sourcing script
 
 # wait_instance PID LOG DEADLINE: sets INSTANCE_PORT and INSTANCE_ADMIN_PORT, or prints why
-# not on stderr and returns 1. DEADLINE is a value of $SECONDS.
+# not on stderr and returns 1. DEADLINE is a value of $SECONDS. LOG must be new or emptied by
+# the caller before the instance starts (a `2>LOG &` redirection empties it in the child, maybe
+# after this has read an earlier run's ports from it).
 wait_instance() {
   local pid=$1 log=$2 deadline=$3 line
   until line=$(grep -m1 '"fencehook serving"' "$log" 2>/dev/null); do

@@ -239,6 +239,9 @@ for ((i = 1; i <= INSTANCES; i++)); do
   # The providers of LOAD_SCHEME (above). Other FENCEHOOK_* settings in the environment (pool
   # size, TTLs, ...) are passed through. FENCEHOOK_MODE follows LOAD_MODE; in inbox mode
   # each instance runs its workers (FENCEHOOK_WORKERS, default 4, passed through when set).
+  # Emptied here, not only by the redirection below, which runs in the child: wait_instance
+  # could otherwise read the previous run's start line (its ports).
+  : >"$LOG_DIR/instance-$i.log"
   env "${PROVIDERS_ENV[@]}" DATABASE_URL="$LOAD_URL" REDIS_URL="$REDIS_URL" \
     FENCEHOOK_MODE="$MODE" \
     FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 \
