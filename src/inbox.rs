@@ -126,48 +126,13 @@ impl Batcher {
     }
 }
 
-/// Stores a batch of accepts and answers each: one statement for the first
-/// event of each transaction, then the others one by one (a second event of
-/// a transaction must see the first's row, as it would arriving alone). When
-/// the statement fails, each event is tried alone, so one event's error is
-/// its own answer only.
+/// Stores a batch of accepts ([`Store::accept_together`]) and answers each.
 async fn write_accepts(store: &Store, batch: Vec<Pending>) {
-    let mut seen = std::collections::HashSet::new();
-    let (firsts, others): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| {
-        seen.insert((
-            p.item.event.provider.clone(),
-            p.item.event.transaction_id.clone(),
-        ))
-    });
-    let mut alone = others;
-    if firsts.len() == 1 {
-        alone.splice(0..0, firsts);
-    } else if !firsts.is_empty() {
-        let items: Vec<ToAccept> = firsts.iter().map(|p| p.item.clone()).collect();
-        match store.accept_many(&items).await {
-            Ok(answers) => {
-                for (pending, answer) in firsts.into_iter().zip(answers) {
-                    let _ = pending.answer.send(Ok(answer));
-                }
-            }
-            Err(e) => {
-                tracing::debug!(events = items.len(), error = %crate::error::chain(&e),
-                    "a batched accept failed; accepting its events one by one");
-                alone.splice(0..0, firsts);
-            }
-        }
-    }
-    for pending in alone {
-        let item = &pending.item;
-        let answer = store
-            .accept(
-                &item.event,
-                &item.fingerprint,
-                item.psp_event_id.as_deref(),
-                &item.body,
-            )
-            .await;
-        let _ = pending.answer.send(answer);
+    let (items, answers): (Vec<ToAccept>, Vec<_>) =
+        batch.into_iter().map(|p| (p.item, p.answer)).unzip();
+    let results = store.accept_together(&items).await;
+    for (answer, result) in answers.into_iter().zip(results) {
+        let _ = answer.send(result);
     }
 }
 

@@ -23,6 +23,7 @@
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::types::{Json, Type};
@@ -310,6 +311,57 @@ impl Store {
         let inserted: i64 = row.get(1);
         let event_fp: Option<String> = row.get(2);
         Ok(accepted(fingerprint, existing, inserted == 1, event_fp))
+    }
+
+    /// Accepts several events with as few statements as it can, each
+    /// answered as it would be alone, in their order: one statement
+    /// ([`Store::accept_many`]) for the first event of each transaction, then
+    /// the others each alone, side by side, as if they had arrived just after.
+    /// When that statement fails, the first events are tried alone, side by
+    /// side, before the others: one event's error is its own answer only, and
+    /// a database that does not answer costs one wait, not one per event.
+    pub async fn accept_together(&self, items: &[ToAccept]) -> Vec<Result<Accepted, StoreError>> {
+        let mut seen = std::collections::HashSet::new();
+        let (firsts, others): (Vec<usize>, Vec<usize>) = (0..items.len()).partition(|&i| {
+            seen.insert((&items[i].event.provider, &items[i].event.transaction_id))
+        });
+        let mut results: Vec<Option<Result<Accepted, StoreError>>> =
+            items.iter().map(|_| None).collect();
+        let mut alone = firsts.clone();
+        if firsts.len() > 1 {
+            let batch: Vec<ToAccept> = firsts.iter().map(|&i| items[i].clone()).collect();
+            match self.accept_many(&batch).await {
+                Ok(answers) => {
+                    for (&i, answer) in firsts.iter().zip(answers) {
+                        results[i] = Some(Ok(answer));
+                    }
+                    alone.clear();
+                }
+                Err(e) => {
+                    tracing::debug!(events = batch.len(), error = %crate::error::chain(&e),
+                        "a batched accept failed; accepting its events one by one");
+                }
+            }
+        }
+        for round in [alone, others] {
+            let answers = join_all(round.iter().map(|&i| {
+                let item = &items[i];
+                self.accept(
+                    &item.event,
+                    &item.fingerprint,
+                    item.psp_event_id.as_deref(),
+                    &item.body,
+                )
+            }))
+            .await;
+            for (&i, answer) in round.iter().zip(answers) {
+                results[i] = Some(answer);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every event answered"))
+            .collect()
     }
 
     /// [`Store::accept`] for several events in one statement, answered in

@@ -7,7 +7,7 @@ use std::time::Duration;
 use fencehook::domain::{CanonicalEvent, EventKind};
 use fencehook::metrics::{INBOX_ATTEMPTS_TOTAL, INBOX_LAG_SECONDS, INBOX_ROWS};
 use fencehook::store::inbox::{Accepted, Replay, Settle, ToAccept};
-use fencehook::store::Store;
+use fencehook::store::{DbErrorKind, Store, StoreError};
 use serde_json::json;
 
 use crate::helpers::downstream::MockDownstream;
@@ -923,5 +923,63 @@ async fn concurrent_copies_on_one_instance_are_accepted_once_each() {
         ctx.count("SELECT count(DISTINCT transaction_id) FROM payments WHERE status = 'queued'")
             .await,
         40
+    );
+}
+
+/// One event the database refuses fails a batched accept: its events are
+/// then accepted one by one, and only the refused one gets the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_with_an_event_the_database_refuses_answers_the_others_as_alone() {
+    let ctx = TestContext::new().await;
+    let store = Store::new(&ctx.config().db).unwrap();
+    // Lower-case currency: the HTTP edge refuses it, the CHECK too.
+    let mut refused = to_accept("tx_t_refused", 50);
+    refused.event.currency = "eur".to_owned();
+    refused.fingerprint = refused.event.fingerprint();
+    let batch = [
+        to_accept("tx_t_1", 100),
+        refused,
+        to_accept("tx_t_2", 200),
+        to_accept("tx_t_1", 100), // a copy: goes alone after the statement
+    ];
+    let answers = store.accept_together(&batch).await;
+    assert!(matches!(answers[0], Ok(Accepted::New)), "{answers:?}");
+    assert!(
+        matches!(
+            answers[1],
+            Err(StoreError::Db {
+                kind: DbErrorKind::Constraint,
+                ..
+            })
+        ),
+        "{answers:?}"
+    );
+    assert!(matches!(answers[2], Ok(Accepted::New)), "{answers:?}");
+    assert!(matches!(answers[3], Ok(Accepted::Duplicate)), "{answers:?}");
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 2);
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM payments WHERE transaction_id = 'tx_t_refused'")
+            .await,
+        0
+    );
+    // Without the refused event the same kind of batch is one statement, and
+    // a copy in it is answered after it.
+    let answers = store
+        .accept_together(&[
+            to_accept("tx_t_3", 300),
+            to_accept("tx_t_2", 200),
+            to_accept("tx_t_3", 300),
+        ])
+        .await;
+    assert!(
+        matches!(
+            answers[..],
+            [
+                Ok(Accepted::New),
+                Ok(Accepted::Duplicate),
+                Ok(Accepted::Duplicate)
+            ]
+        ),
+        "{answers:?}"
     );
 }
