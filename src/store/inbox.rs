@@ -321,10 +321,14 @@ impl Store {
     /// side, before the others: one event's error is its own answer only, and
     /// a database that does not answer costs one wait, not one per event.
     pub async fn accept_together(&self, items: &[ToAccept]) -> Vec<Result<Accepted, StoreError>> {
+        let key = |i: usize| (&items[i].event.provider, &items[i].event.transaction_id);
         let mut seen = std::collections::HashSet::new();
-        let (firsts, others): (Vec<usize>, Vec<usize>) = (0..items.len()).partition(|&i| {
-            seen.insert((&items[i].event.provider, &items[i].event.transaction_id))
-        });
+        let (mut firsts, others): (Vec<usize>, Vec<usize>) =
+            (0..items.len()).partition(|&i| seen.insert(key(i)));
+        // In key order: two statements that insert the same transactions
+        // (copies that came to both) then take their locks in the same order
+        // and cannot deadlock.
+        firsts.sort_by_key(|&i| key(i));
         let mut results: Vec<Option<Result<Accepted, StoreError>>> =
             items.iter().map(|_| None).collect();
         let mut alone = firsts.clone();

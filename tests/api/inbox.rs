@@ -983,3 +983,49 @@ async fn a_batch_with_an_event_the_database_refuses_answers_the_others_as_alone(
         "{answers:?}"
     );
 }
+
+/// Two batched accepts that carry the same transactions in opposite orders
+/// (copies that came to both at once) take their locks in one order: no
+/// deadlock, which PostgreSQL would break only after a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_accepts_of_the_same_transactions_in_opposite_orders_do_not_deadlock() {
+    let ctx = TestContext::new().await;
+    let store = Store::new(&ctx.config().db).unwrap();
+    for round in 0..30 {
+        let forward: Vec<ToAccept> = (0..6)
+            .map(|i| to_accept(&format!("tx_order_{round}_{i}"), 10 + i))
+            .collect();
+        let backward: Vec<ToAccept> = forward.iter().rev().cloned().collect();
+        let (a, b) = tokio::join!(
+            store.accept_together(&forward),
+            store.accept_together(&backward)
+        );
+        for answer in a.iter().chain(&b) {
+            assert!(
+                matches!(answer, Ok(Accepted::New | Accepted::Duplicate)),
+                "{answer:?}"
+            );
+        }
+    }
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 180);
+    drop(store);
+    // Each connection's counters reach the statistics when it closes.
+    wait_for(
+        "the store's connections closed",
+        Duration::from_secs(30),
+        || async {
+            ctx.count(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    assert_eq!(
+        ctx.count("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            .await,
+        0
+    );
+}
