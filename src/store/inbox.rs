@@ -333,7 +333,7 @@ impl Store {
             items.iter().map(|_| None).collect();
         let mut alone = firsts.clone();
         if firsts.len() > 1 {
-            let batch: Vec<ToAccept> = firsts.iter().map(|&i| items[i].clone()).collect();
+            let batch: Vec<&ToAccept> = firsts.iter().map(|&i| &items[i]).collect();
             match self.accept_many(&batch).await {
                 Ok(answers) => {
                     for (&i, answer) in firsts.iter().zip(answers) {
@@ -371,7 +371,7 @@ impl Store {
     /// [`Store::accept`] for several events in one statement, answered in
     /// their order. Their transactions must be distinct (a caller with two
     /// events of one transaction accepts the second after the first).
-    pub async fn accept_many(&self, items: &[ToAccept]) -> Result<Vec<Accepted>, StoreError> {
+    pub async fn accept_many(&self, items: &[&ToAccept]) -> Result<Vec<Accepted>, StoreError> {
         let mut keys: Vec<(&str, &str)> = items
             .iter()
             .map(|i| (i.event.provider.as_str(), i.event.transaction_id.as_str()))
@@ -383,7 +383,8 @@ impl Store {
             items.len(),
             "accept_many: one event per transaction"
         );
-        let col = |f: fn(&ToAccept) -> Option<String>| items.iter().map(f).collect::<Vec<_>>();
+        let col =
+            |f: fn(&ToAccept) -> Option<String>| items.iter().map(|i| f(i)).collect::<Vec<_>>();
         let provider = col(|i| Some(i.event.provider.clone()));
         let transaction = col(|i| Some(i.event.transaction_id.clone()));
         let event_type = col(|i| Some(i.event.event_type.as_str().to_owned()));

@@ -852,6 +852,7 @@ async fn a_batched_accept_answers_each_event_as_it_would_be_answered_alone() {
         to_accept("tx_b_other", 201), // another payload for a stored object
         to_accept("tx_b_new_2", 400), // new
     ];
+    let batch: Vec<&ToAccept> = batch.iter().collect();
     let answers = store.accept_many(&batch).await.unwrap();
     assert_eq!(
         answers,
