@@ -2,7 +2,7 @@
 \set amount random(1, 100000)
 SELECT id, kind, status, fingerprint, fence FROM payments WHERE provider = 'pgbench' AND transaction_id = 'pg-' || :tx;
 WITH claim AS (INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-VALUES ('pgbench', 'pg-' || :tx, 'payment', NULL, 'payment.succeeded', :amount, 'EUR', md5('pg-' || :tx), 'succeeded', 1, NULL)
+VALUES ('pgbench', 'pg-' || :tx::text, 'payment'::text, NULL::text, 'payment.succeeded'::text, :amount::int8, 'EUR'::text, md5('pg-' || :tx), 'succeeded'::text, 1::int8, NULL)
 ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE('succeeded'::text, payments.status),
@@ -14,6 +14,6 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
 RETURNING id, amount_minor, currency, occurred_at),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
-    SELECT id, 'credit', amount_minor * 1, currency, 1 FROM claim WHERE 'credit'::text IS NOT NULL
+    SELECT id, 'credit'::text, amount_minor * 1, currency, 1 FROM claim WHERE 'credit'::text IS NOT NULL
     RETURNING payment_id)
 SELECT id FROM claim;

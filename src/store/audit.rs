@@ -68,7 +68,7 @@ fn checks() -> Vec<(&'static str, &'static str, String)> {
             format!(
                 "WITH entries AS (
                     SELECT p.id, p.provider, p.transaction_id, p.kind, p.status,
-                           coalesce(array_agg(l.effect ORDER BY l.effect) FILTER (WHERE l.id IS NOT NULL), ARRAY[]::text[]) AS effects,
+                           coalesce(array_agg(l.effect::text ORDER BY l.effect) FILTER (WHERE l.id IS NOT NULL), ARRAY[]::text[]) AS effects,
                            bool_and(l.id IS NULL OR (l.currency = p.currency AND l.amount_minor = p.amount_minor *
                                CASE WHEN l.effect IN ('credit', 'refund_reversal', 'dispute_reversal') THEN 1 ELSE -1 END)) AS amounts_ok
                       FROM payments p LEFT JOIN ledger_entries l ON l.payment_id = p.id

@@ -146,7 +146,8 @@ ev AS (
 row AS (
     INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type,
                           amount_minor, currency, fingerprint, status, fence, occurred_at)
-    SELECT $1, $2, $10, $4, $3, $11, $12, $7, 'queued', 0, $13 WHERE EXISTS (SELECT 1 FROM ev)
+    SELECT $1, $2, $10::text, $4, $3, $11::int8, $12::text, $7, 'queued', 0, $13
+     WHERE EXISTS (SELECT 1 FROM ev)
     ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO NOTHING
     RETURNING id)
 SELECT (SELECT fingerprint FROM existing),

@@ -185,10 +185,13 @@ const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM p
 /// $8 fingerprint, $9 status of a new row, $10 token, $11 occurred_at,
 /// $12 the statuses the row may have (text[]), $13 the status an existing
 /// row moves to (NULL: keep it — a claim), $14 its event type (NULL: keep it).
+/// A parameter stored in a column whose type is a domain (V8) is cast to
+/// the domain's base type: tokio-postgres binds `&str` to text and `i64` to
+/// bigint, not to a domain over them.
 macro_rules! fenced_upsert {
     () => {
         "INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+VALUES ($1, $2::text, $3::text, $4::text, $5::text, $6::int8, $7::text, $8, $9::text, $10::int8, $11)
 ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE($13::text, payments.status),
@@ -213,7 +216,7 @@ const APPLY: &str = concat!(
     "),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
-    SELECT id, $15, amount_minor * $16, currency, $10 FROM claim WHERE $15::text IS NOT NULL
+    SELECT id, $15::text, amount_minor * $16, currency, $10 FROM claim WHERE $15::text IS NOT NULL
     RETURNING payment_id)
 SELECT id FROM claim"
 );
@@ -223,12 +226,12 @@ SELECT id FROM claim"
 /// have, $6 effect (NULL: none), $7 sign.
 const FINALIZE: &str = "\
 WITH upd AS (
-    UPDATE payments SET status = $3, event_type = $4, updated_at = now()
+    UPDATE payments SET status = $3::text, event_type = $4::text, updated_at = now()
      WHERE id = $1 AND fence = $2 AND status = ANY($5::text[])
     RETURNING id, amount_minor, currency),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
-    SELECT id, $6, amount_minor * $7, currency, $2 FROM upd WHERE $6::text IS NOT NULL
+    SELECT id, $6::text, amount_minor * $7, currency, $2 FROM upd WHERE $6::text IS NOT NULL
     RETURNING payment_id)
 SELECT id FROM upd";
 

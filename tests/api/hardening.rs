@@ -83,7 +83,7 @@ async fn a_resync_past_a_fence_above_two_to_the_fifty_third_is_exact() {
         .await
         .execute(
             "INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence)
-             VALUES ('generic', 'tx_huge', 'payment.succeeded', 500, 'EUR', $1, 'processing', $2)",
+             VALUES ('generic', 'tx_huge', 'payment.succeeded', 500, 'EUR', $1, 'processing', $2::int8)",
             &[&fingerprint_of(&p), &fence],
         )
         .await

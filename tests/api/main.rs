@@ -19,5 +19,6 @@ mod operations;
 mod process;
 mod providers;
 mod rsa_providers;
+mod schema;
 mod shutdown;
 mod startup;
