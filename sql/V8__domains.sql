@@ -14,6 +14,12 @@
 -- type PostgreSQL can make in the catalog alone), and each constraint is
 -- added afterwards, which checks the existing rows with one read of each
 -- table that uses the domain.
+--
+-- Not additive for older binaries: a binary from before this migration binds
+-- text and bigint parameters where PostgreSQL now expects the domains, and
+-- its writes fail (503, nothing written). The binary that brings it casts
+-- its parameters and runs on the schema before it too, so replace the
+-- instances first, then migrate (docs/operations.md).
 
 CREATE DOMAIN psp_transaction_id AS text;
 CREATE DOMAIN payment_kind AS text;

@@ -1,7 +1,11 @@
 //! The schema's own guard: the rules the database enforces whatever the
 //! writer, and the migration that moved the single-column ones into domains.
 
-use crate::helpers::TestContext;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::helpers::{payment, wait_for, TestContext};
 
 /// One good payment and its credit, written by hand; each case below breaks
 /// one rule of a copy of them.
@@ -208,4 +212,50 @@ async fn the_domains_migration_keeps_every_row_and_rewrites_no_table() {
         e.as_db_error().and_then(|d| d.constraint()),
         Some("payment_status_known")
     );
+}
+
+/// What lets instances be replaced before the migration (docs/operations.md):
+/// this release's statements cast what they bind to the domains' base types,
+/// so they run unchanged on the schema before V8, in both modes.
+#[tokio::test]
+async fn this_release_books_on_the_schema_before_the_domains_in_both_modes() {
+    let ctx = TestContext::at_version(7).await;
+    let app = ctx.spawn(ctx.config()).await;
+    let refund = json!({
+        "transaction_id": "re_v7", "amount": 300, "currency": "EUR",
+        "event_type": "refund.succeeded", "payment_transaction_id": "pay_v7",
+    });
+    for (ev, result) in [
+        (payment("pay_v7", 1000), "processed"),
+        (refund.clone(), "processed"),
+        (refund, "duplicate"),
+    ] {
+        let r = app.deliver(&ev).await;
+        assert_eq!((r.status, r.result()), (200, result), "{r:?}");
+    }
+    app.stop().await;
+    let inbox = ctx.spawn(ctx.inbox_config(2)).await;
+    let r = inbox.deliver(&payment("pay_v7_inbox", 700)).await;
+    assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
+    wait_for(
+        "the accepted payment booked",
+        Duration::from_secs(20),
+        || async {
+            ctx.count(
+                "SELECT count(*) FROM ledger_entries l JOIN payments p ON p.id = l.payment_id
+                    WHERE p.transaction_id = 'pay_v7_inbox' AND p.status = 'succeeded'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    inbox.stop().await;
+    assert_eq!(
+        ctx.count("SELECT max(version)::int8 FROM refinery_schema_history")
+            .await,
+        7
+    );
+    assert_eq!(ctx.entries().await, 3, "credit, debit, inbox credit");
+    ctx.assert_audit_clean().await;
 }
