@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 DURATION=${BENCH_DURATION:-15}
 PGBENCH_SECS=${BENCH_PGBENCH_SECS:-8}
 CONCURRENCY=${BENCH_CONCURRENCY:-32}
-DRAIN_WORKERS=8    # fencehook work draining the accepted backlog (each up to 8 events in flight)
+DRAIN_WORKERS=8    # fencehook work draining the accepted backlog (each up to 16 events in flight)
 LAG_RATE=500       # deliveries/s of the accept -> booked latency run
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}

@@ -162,9 +162,15 @@ async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing(backend: 
         b_answers.iter().any(|r| r.status == 409),
         "B saw the holder: {b_answers:?}"
     );
+    // B is told to come back (409 while A holds the lease, or 503 when B's
+    // own lease call outlives its 250 ms bound on a machine the rest of the
+    // suite saturates) or, after A's commit, that the payment is done. Never
+    // that it booked it: one downstream call, below.
     for r in &b_answers {
         assert!(
-            r.status == 409 || (r.status == 200 && r.result() == "duplicate"),
+            r.status == 409
+                || (r.status == 503 && r.result() == "unavailable")
+                || (r.status == 200 && r.result() == "duplicate"),
             "{r:?}"
         );
     }

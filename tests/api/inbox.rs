@@ -695,8 +695,8 @@ async fn an_orphaned_event_is_rescued_while_a_backlog_keeps_the_workers_busy() {
         )
         .await
         .unwrap();
-    // A worker takes eight at a time: 200 events are 25 takes of 300 ms.
-    for i in 0..200 {
+    // A worker takes sixteen at a time: 400 events are 25 takes of 300 ms.
+    for i in 0..400 {
         let r = accepting
             .deliver(&payment(&format!("tx_backlog_{i}"), 10 + i))
             .await;
