@@ -90,6 +90,14 @@ async fn the_database_refuses_every_value_its_rules_forbid_and_writes_nothing() 
             "payments_amount_out_within_amount",
         ),
         (
+            "INSERT INTO payments (provider, fingerprint, transaction_id, kind, parent_transaction_id,
+                                   event_type, amount_minor, currency, status, fence, amount_out_minor)
+             VALUES ('generic', 'fp', 're_bad', 'refund', 'pay_good', 'refund.succeeded', 100, 'EUR',
+                     'succeeded', 1, 50)"
+                .into(),
+            "payments_only_payments_pay_out",
+        ),
+        (
             "UPDATE payments SET amount_out_minor = -1 WHERE transaction_id = 'pay_good'".into(),
             "payments_amount_out_within_amount",
         ),
