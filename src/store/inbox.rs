@@ -146,7 +146,7 @@ ev AS (
 row AS (
     INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type,
                           amount_minor, currency, fingerprint, status, fence, occurred_at)
-    SELECT $1, $2, $10::text, $4, $3, $11::int8, $12::text, $7, 'queued', 0, $13
+    SELECT $1, $2::text, $10::text, $4::text, $3::text, $11::int8, $12::text, $7, 'queued', 0, $13
      WHERE EXISTS (SELECT 1 FROM ev)
     ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO NOTHING
     RETURNING id)

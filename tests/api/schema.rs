@@ -155,9 +155,10 @@ async fn the_database_refuses_every_value_its_rules_forbid_and_writes_nothing() 
             "{sql}: {db_error}"
         );
     }
-    let one_each = "SELECT (SELECT count(*) FROM payments) * 1000 + (SELECT count(*) FROM ledger_entries) * 100
-                  + (SELECT count(*) FROM events) * 10 + (SELECT count(*) FROM leases)";
-    assert_eq!(ctx.count(one_each).await, 1111, "nothing but the good rows");
+    for table in ["payments", "ledger_entries", "events", "leases"] {
+        let rows = ctx.count(&format!("SELECT count(*) FROM {table}")).await;
+        assert_eq!(rows, 1, "{table}: nothing but the good row");
+    }
     assert_eq!(
         ctx.count(
             "SELECT count(*) FROM payments
