@@ -16,6 +16,7 @@
 //! outcome durable succeeded; every error is an [`Error`] (answered 503),
 //! never a duplicate.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -25,7 +26,9 @@ use crate::downstream::Downstream;
 use crate::error::Error;
 use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey, LostReason};
 use crate::metrics::{DownstreamResult, InflightWait, Metrics};
-use crate::store::{Applied, Claimed, Finalized, ParentRefusal, PaymentRow, Store, StoreError};
+use crate::store::{
+    Applied, Claimed, Finalized, LeasedApply, ParentRefusal, PaymentRow, Store, StoreError,
+};
 
 /// The answer for one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,6 +130,21 @@ const MAX_POLL: Duration = Duration::from_millis(100);
 /// Rounds of write → re-read → decide under one lease before giving up.
 const MAX_ROUNDS: usize = 4;
 
+/// Where one delivery's in-flight wait stands.
+struct InflightWaiting {
+    deadline: Instant,
+    pause: Duration,
+}
+
+impl InflightWaiting {
+    fn new(wait: Duration) -> InflightWaiting {
+        InflightWaiting {
+            deadline: Instant::now() + wait,
+            pause: FIRST_POLL,
+        }
+    }
+}
+
 impl Processor {
     pub fn new(
         store: Store,
@@ -177,43 +195,23 @@ impl Processor {
         if let Some(done) = self.settled(ev, &fp, row.as_ref()) {
             return Ok(done);
         }
+        if self.downstream.is_none() && self.lease.is_in_the_payments_database() {
+            return self.apply_with_the_lease_inside(ev, &fp, row).await;
+        }
         let key = LeaseKey {
             provider: ev.provider.clone(),
             transaction_id: ev.transaction_id.clone(),
         };
-        let deadline = Instant::now() + self.inflight_wait;
-        let mut pause = FIRST_POLL;
+        let mut wait = InflightWaiting::new(self.inflight_wait);
         let mut waited = false;
         let mut guard = loop {
             match self.lease.acquire(&key).await? {
                 Acquire::Acquired(guard) => break guard,
                 Acquire::Held { remaining } => {
                     waited = true;
-                    let now = Instant::now();
-                    if now >= deadline {
-                        let outcome = if self.inflight_wait.is_zero() {
-                            InflightWait::InProgress
-                        } else {
-                            InflightWait::Timeout
-                        };
-                        self.metrics.inflight_wait(outcome).increment(1);
-                        // The holder usually commits within milliseconds; its
-                        // lock's full TTL would send the PSP away for seconds.
-                        return Ok(Outcome::InProgress {
-                            retry_after: remaining.min(IN_PROGRESS_RETRY_AFTER),
-                        });
-                    }
-                    tokio::time::sleep(pause.min(deadline - now)).await;
-                    pause = (pause * 2).min(MAX_POLL);
-                    // Look at the row before trying the lease again: a holder
-                    // that finished has released it, and taking it only to
-                    // find the row done would cost a token and two writes.
-                    row = self.lookup(ev).await?;
-                    if let Some(done) = self.settled(ev, &fp, row.as_ref()) {
-                        self.metrics
-                            .inflight_wait(InflightWait::Duplicate)
-                            .increment(1);
-                        return Ok(done);
+                    match self.wait_for_holder(ev, &fp, &mut wait, remaining).await? {
+                        ControlFlow::Break(answer) => return Ok(answer),
+                        ControlFlow::Continue(now) => row = now,
                     }
                 }
             }
@@ -225,6 +223,143 @@ impl Processor {
         let result = self.under_lease(&mut guard, ev, &fp, current).await;
         guard.release().await;
         result
+    }
+
+    /// Another holder has the lease: `Break` with the answer when the
+    /// in-flight wait is over or the holder's outcome settles this event;
+    /// otherwise, after a pause, `Continue` with the row as it is now.
+    async fn wait_for_holder(
+        &self,
+        ev: &CanonicalEvent,
+        fp: &str,
+        wait: &mut InflightWaiting,
+        remaining: Duration,
+    ) -> Result<ControlFlow<Outcome, Option<PaymentRow>>, Error> {
+        let now = Instant::now();
+        if now >= wait.deadline {
+            let outcome = if self.inflight_wait.is_zero() {
+                InflightWait::InProgress
+            } else {
+                InflightWait::Timeout
+            };
+            self.metrics.inflight_wait(outcome).increment(1);
+            // The holder usually commits within milliseconds; its lock's full
+            // TTL would send the PSP away for seconds.
+            return Ok(ControlFlow::Break(Outcome::InProgress {
+                retry_after: remaining.min(IN_PROGRESS_RETRY_AFTER),
+            }));
+        }
+        tokio::time::sleep(wait.pause.min(wait.deadline - now)).await;
+        wait.pause = (wait.pause * 2).min(MAX_POLL);
+        // Look at the row before trying the lease again: a holder that
+        // finished has released it, and taking it only to find the row done
+        // would cost a token and two writes.
+        let row = self.lookup(ev).await?;
+        if let Some(done) = self.settled(ev, fp, row.as_ref()) {
+            self.metrics
+                .inflight_wait(InflightWait::Duplicate)
+                .increment(1);
+            return Ok(ControlFlow::Break(done));
+        }
+        Ok(ControlFlow::Continue(row))
+    }
+
+    /// The inline path with the PostgreSQL lease backend. Each attempt takes
+    /// the lease inside its own write ([`Connection::apply_leased`]): the lease
+    /// is held for exactly as long as that transaction, by the lease row's
+    /// lock, so there is no heartbeat, no release and no time during which a
+    /// stalled holder could still believe it holds the lease. Another copy of
+    /// the event waits for that lock and then finds the row settled; a lease
+    /// taken the other way (a holder calling a downstream, an instance
+    /// configured differently) is waited for as in [`Processor::process_after`].
+    /// The token is taken above the fence last read, so a counter the unlogged
+    /// `leases` table lost is passed on the next attempt (counted as a resync).
+    async fn apply_with_the_lease_inside(
+        &self,
+        ev: &CanonicalEvent,
+        fp: &str,
+        mut row: Option<PaymentRow>,
+    ) -> Result<Outcome, Error> {
+        let mut wait = InflightWaiting::new(self.inflight_wait);
+        let mut resynced = false;
+        let mut rounds = 0;
+        loop {
+            let t = match decide(ev.event_type, row.as_ref().map(|r| r.status)) {
+                Decision::Apply(t) => t,
+                other => return Ok(self.answer_without_write(ev, other)),
+            };
+            let fence_floor = row.as_ref().map_or(0, |r| r.fence);
+            let mut conn = self.store.connection().await?;
+            #[cfg(feature = "test-support")]
+            if let Some(hook) = &self.hooks.before_write {
+                hook(ev).await;
+            }
+            let started = Instant::now();
+            let written = conn.apply_leased(ev, fp, fence_floor, t).await?;
+            drop(conn);
+            let (token, now) = match written {
+                LeasedApply::Held { remaining } => {
+                    self.metrics.lease_held_by_other().increment(1);
+                    let remaining = remaining.unwrap_or(IN_PROGRESS_RETRY_AFTER);
+                    match self.wait_for_holder(ev, fp, &mut wait, remaining).await? {
+                        ControlFlow::Break(answer) => return Ok(answer),
+                        ControlFlow::Continue(now) => row = now,
+                    }
+                    continue;
+                }
+                LeasedApply::Parent(refusal) => return Ok(self.parent_refused(ev, refusal)),
+                LeasedApply::Committed { token, status } => {
+                    self.held_inside_write(started);
+                    return Ok(Outcome::Processed { token, status });
+                }
+                LeasedApply::NotWritten { token, row } => {
+                    self.held_inside_write(started);
+                    (token, row)
+                }
+            };
+            if now.fingerprint != fp {
+                return Ok(Outcome::PayloadMismatch);
+            }
+            if decide(ev.event_type, Some(now.status)) == Decision::Apply(t) && now.fence >= token {
+                if resynced {
+                    return Ok(self.fence_rejected_inside_write(ev, token, now.fence));
+                }
+                resynced = true;
+                self.metrics.fence_resync().increment(1);
+                tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                    old_token = token, db_fence = now.fence,
+                    "fence resync: lease counter was behind the database; taking a token past it");
+            }
+            rounds += 1;
+            if rounds == MAX_ROUNDS {
+                return Ok(self.fence_rejected_inside_write(ev, token, now.fence));
+            }
+            row = Some(now);
+        }
+    }
+
+    /// A lease taken and given back inside one write: counted as an
+    /// acquisition, held for as long as the write took.
+    fn held_inside_write(&self, started: Instant) {
+        self.metrics.lease_acquired().increment(1);
+        self.metrics
+            .lease_held_seconds()
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// [`Processor::fence_rejected`] for a lease taken inside the write: the
+    /// lease ended with the write, so the loss is counted here.
+    fn fence_rejected_inside_write(
+        &self,
+        ev: &CanonicalEvent,
+        token: i64,
+        db_fence: i64,
+    ) -> Outcome {
+        self.metrics.fence_rejected().increment(1);
+        self.metrics.lease_lost().increment(1);
+        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token, db_fence,
+            "fence rejected: a newer token owns this payment; nothing written");
+        Outcome::LeaseLost { token }
     }
 
     /// Records a batch item that cannot be booked (see `quarantined_items`);

@@ -172,6 +172,13 @@ impl Lease {
         }))
     }
 
+    /// True with the PostgreSQL backend: its lease rows live in the database
+    /// the payments do, so the inline path can take the lease inside its own
+    /// write (`Connection::apply_leased`) instead of around it.
+    pub fn is_in_the_payments_database(&self) -> bool {
+        matches!(self.inner.backend, Backend::Postgres(_))
+    }
+
     /// Releases whatever lock `owner` may hold for `key`, without waiting.
     fn cancel_in_background(&self, key: &LeaseKey, owner: Uuid) {
         let lease = self.clone();

@@ -77,6 +77,20 @@ pub enum Applied {
     Parent(ParentRefusal),
 }
 
+/// Result of [`Connection::apply_leased`]: the inline path with the lease
+/// taken inside the write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeasedApply {
+    /// Another holder has the lease (for at most `remaining`): nothing written.
+    Held { remaining: Option<Duration> },
+    /// Took the lease with `token` and committed the transition and its entry.
+    Committed { token: i64, status: Status },
+    /// Took the lease with `token` but wrote nothing: the row, re-read.
+    NotWritten { token: i64, row: PaymentRow },
+    /// Nothing written, no lease taken: the payment cannot give this money (yet).
+    Parent(ParentRefusal),
+}
+
 /// Result of [`Connection::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
@@ -220,6 +234,48 @@ entry AS (
     RETURNING payment_id)
 SELECT id FROM claim"
 );
+
+/// [`APPLY`] with the PostgreSQL lease taken inside it (the inline path of
+/// `FENCEHOOK_LEASE_BACKEND=postgres`, see [`Connection::apply_leased`]). The
+/// lease row is taken only when free or expired, its token raised past both
+/// its own counter and `$10` (the fence last read: a floor for a counter the
+/// unlogged table lost), and given back at once (`owner` stays NULL): the
+/// row lock this write holds until its commit is what keeps every other
+/// taker out meanwhile. The payment row and its entry are written only from
+/// that token (`FROM lease`). Returns the token (NULL: held by someone else),
+/// the payment id (NULL: not written) and, when held, the milliseconds left
+/// on the holder's lease. The same parameters as [`APPLY`], `$10` the floor;
+/// the parameters are cast because a `SELECT` list does not take its types
+/// from the columns it feeds, as `VALUES` does.
+const APPLY_LEASED: &str = "\
+WITH lease AS (
+    INSERT INTO leases AS l (provider, transaction_id, owner, token, expires_at)
+    VALUES ($1::text, $2::text, NULL, $10::int8 + 1, clock_timestamp())
+    ON CONFLICT (provider, transaction_id) DO UPDATE
+       SET token = greatest(l.token, $10::int8) + 1, expires_at = EXCLUDED.expires_at
+     WHERE l.owner IS NULL OR l.expires_at <= EXCLUDED.expires_at
+    RETURNING token),
+claim AS (
+    INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
+    SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::int8, $7::text, $8::text, $9::text, token, $11::timestamptz FROM lease
+    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
+       SET fence = EXCLUDED.fence,
+           status = COALESCE($13::text, payments.status),
+           event_type = COALESCE($14::text, payments.event_type),
+           updated_at = EXCLUDED.updated_at
+     WHERE payments.status = ANY($12::text[])
+       AND payments.fence < EXCLUDED.fence
+       AND payments.fingerprint = EXCLUDED.fingerprint
+    RETURNING id, amount_minor, currency, fence),
+entry AS (
+    INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+    SELECT id, $15::text, amount_minor * $16, currency, fence FROM claim WHERE $15::text IS NOT NULL
+    RETURNING payment_id)
+SELECT (SELECT token FROM lease), (SELECT id FROM claim),
+       CASE WHEN NOT EXISTS (SELECT FROM lease) THEN
+           (SELECT greatest(0, (extract(epoch FROM (expires_at - clock_timestamp())) * 1000)::bigint)
+              FROM leases WHERE provider = $1::text AND transaction_id = $2::text)
+       END";
 
 /// Status, event type and ledger entry in one statement, conditioned on the
 /// token. $1 id, $2 token, $3 status, $4 event type, $5 statuses it may
@@ -378,6 +434,61 @@ impl Connection {
         }
         tx.commit().await?;
         Ok(Applied::Committed(t.to))
+    }
+
+    /// [`Connection::apply`] for the PostgreSQL lease backend: the lease is
+    /// taken, used and given back inside the write's own transaction
+    /// ([`APPLY_LEASED`]), so a new payment costs one statement instead of
+    /// three (acquire, write, release). `fence_floor` is the payment's fence
+    /// as last read (0 when there was no row): the token taken is above it.
+    /// When the payment's money moves, the cap update comes first in the
+    /// same transaction, as in [`Connection::apply`].
+    pub async fn apply_leased(
+        &mut self,
+        ev: &CanonicalEvent,
+        fingerprint: &str,
+        fence_floor: i64,
+        t: Transition,
+    ) -> Result<LeasedApply, StoreError> {
+        let w = Write::new(ev, fingerprint, fence_floor, t);
+        let Some(amount) = w.parent_move() else {
+            // One statement, its own transaction. When it writes nothing, what
+            // it commits is the counter raised and the lease given back.
+            let stmt = self.0.prepare_cached(APPLY_LEASED).await?;
+            let row = self.0.query_one(&stmt, &w.apply_params()).await?;
+            return Ok(match leased(&row, t)? {
+                Leased::NotWritten(token) => LeasedApply::NotWritten {
+                    token,
+                    row: reread(&self.0, ev).await?,
+                },
+                Leased::Answer(answer) => answer,
+            });
+        };
+        let tx = self.0.transaction().await?;
+        if let Some(refusal) = move_parent_money(&tx, ev, amount).await? {
+            tx.rollback().await?;
+            return Ok(LeasedApply::Parent(refusal));
+        }
+        let stmt = tx.prepare_cached(APPLY_LEASED).await?;
+        let row = tx.query_one(&stmt, &w.apply_params()).await?;
+        match leased(&row, t)? {
+            Leased::Answer(answer @ LeasedApply::Committed { .. }) => {
+                tx.commit().await?;
+                Ok(answer)
+            }
+            // The parent's money moves only with the entry that takes it.
+            Leased::Answer(answer) => {
+                tx.rollback().await?;
+                Ok(answer)
+            }
+            Leased::NotWritten(token) => {
+                tx.rollback().await?;
+                Ok(LeasedApply::NotWritten {
+                    token,
+                    row: reread(&self.0, ev).await?,
+                })
+            }
+        }
     }
 
     /// Fenced claim in its own transaction (the downstream path: the claim
@@ -545,6 +656,30 @@ impl<'a> Write<'a> {
 
 const PROCESSING: &str = "processing";
 const NONE: Option<&str> = None;
+
+/// What one [`APPLY_LEASED`] answered, before a not-written row is re-read.
+enum Leased {
+    Answer(LeasedApply),
+    NotWritten(i64),
+}
+
+fn leased(row: &tokio_postgres::Row, t: Transition) -> Result<Leased, StoreError> {
+    let token: Option<i64> = row.try_get(0)?;
+    let id: Option<i64> = row.try_get(1)?;
+    Ok(match (token, id) {
+        (None, _) => {
+            let ms: Option<i64> = row.try_get(2)?;
+            Leased::Answer(LeasedApply::Held {
+                remaining: ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            })
+        }
+        (Some(token), None) => Leased::NotWritten(token),
+        (Some(token), Some(_)) => Leased::Answer(LeasedApply::Committed {
+            token,
+            status: t.to,
+        }),
+    })
+}
 
 /// Takes `amount` out of (or, negative, back into) the event's parent
 /// payment; `None` when done, else why not.
