@@ -12,6 +12,10 @@
 //!    (`awaiting_payment`), or is refused (`refund_rejected`);
 //! 4. release the lease (compare-and-delete) and answer.
 //!
+//! With the PostgreSQL lease backend and no downstream, steps 2–4 are one
+//! statement: the lease is taken and given back inside the write
+//! (`Processor::apply_with_the_lease_inside`).
+//!
 //! The processor never answers `processed` unless the commit that made the
 //! outcome durable succeeded; every error is an [`Error`] (answered 503),
 //! never a duplicate.

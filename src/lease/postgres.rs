@@ -7,6 +7,12 @@
 //! clock (`clock_timestamp()`), so instances never compare wall clocks. Each
 //! operation is one statement, atomic by itself. The backend has its own small
 //! pool so renewals never queue behind payment writes.
+//!
+//! These statements serve holders that keep the lease around a downstream
+//! call. Without a downstream, deliveries take the lease inside their own
+//! write instead (`APPLY_LEASED` in `store`): the same row, the same
+//! condition and the same counter, held by the row's lock for that write's
+//! transaction only.
 
 use std::time::Duration;
 

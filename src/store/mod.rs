@@ -438,7 +438,7 @@ impl Connection {
 
     /// [`Connection::apply`] for the PostgreSQL lease backend: the lease is
     /// taken, used and given back inside the write's own transaction
-    /// ([`APPLY_LEASED`]), so a new payment costs one statement instead of
+    /// (`APPLY_LEASED`), so a new payment costs one statement instead of
     /// three (acquire, write, release). `fence_floor` is the payment's fence
     /// as last read (0 when there was no row): the token taken is above it.
     /// When the payment's money moves, the cap update comes first in the
