@@ -52,11 +52,16 @@ test-integration:
 # Seeded fault schedule against three real instances; CHAOS_SEED=<n> replays a run.
 # CHAOS_MODE=inbox (or `make chaos-inbox`): the instances run in inbox mode, with two more
 # faults (SIGKILL mid-attempt, a downstream answering 500) and a drain check at the end.
+# CHAOS_LEASE_BACKEND=postgres CHAOS_DOWNSTREAM=off: the PostgreSQL lease backend without a
+# downstream, where the lease is taken inside the write.
 CHAOS_DURATION_SECS ?= 60
 CHAOS_MODE ?= sync
+CHAOS_LEASE_BACKEND ?= redis
+CHAOS_DOWNSTREAM ?= on
 chaos:
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
-	CHAOS_MODE=$(CHAOS_MODE) CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) $(CARGO) test --locked --features test-support --test api chaos:: -- --ignored --nocapture
+	CHAOS_MODE=$(CHAOS_MODE) CHAOS_DURATION_SECS=$(CHAOS_DURATION_SECS) \
+	CHAOS_LEASE_BACKEND=$(CHAOS_LEASE_BACKEND) CHAOS_DOWNSTREAM=$(CHAOS_DOWNSTREAM) $(CARGO) test --locked --features test-support --test api chaos:: -- --ignored --nocapture
 
 .PHONY: chaos-inbox
 chaos-inbox:

@@ -26,6 +26,11 @@
 //! every event answered 200 has a row and an event, that no event is dead
 //! (with 1000 attempts and the downstream back up, none may die), and the
 //! same ledger and audit checks as sync mode.
+//!
+//! `CHAOS_LEASE_BACKEND=postgres` runs the instances on the PostgreSQL lease
+//! backend, and `CHAOS_DOWNSTREAM=off` without a downstream service: both
+//! together exercise the lease taken inside the write. The Redis faults still
+//! fire; with the PostgreSQL backend they hit nothing the instances use.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -92,6 +97,10 @@ struct Env {
     redis_proxy: FaultProxy,
     redis: tokio::sync::Mutex<PrivateRedis>,
     downstream: MockDownstream,
+    /// `CHAOS_LEASE_BACKEND`: `redis` (the default) or `postgres`.
+    lease_backend: String,
+    /// `CHAOS_DOWNSTREAM`: `on` (the default) or `off` (the inline path).
+    downstream_on: bool,
 }
 
 impl Env {
@@ -115,11 +124,15 @@ impl Env {
                 self.downstream.url().to_string(),
             ),
             ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "2000".to_owned()),
+            ("FENCEHOOK_LEASE_BACKEND", self.lease_backend.clone()),
             (
                 "FENCEHOOK_LOG",
                 "warn,fencehook=info,fencehook::http::webhook=warn".to_owned(),
             ),
         ];
+        if !self.downstream_on {
+            env.retain(|(name, _)| *name != "FENCEHOOK_DOWNSTREAM_URL");
+        }
         if self.mode == Mode::Inbox {
             env.extend([
                 ("FENCEHOOK_MODE", "inbox".to_owned()),
@@ -151,9 +164,20 @@ async fn chaos() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
     let mode = Mode::from_env();
+    let lease_backend = match std::env::var("CHAOS_LEASE_BACKEND").as_deref() {
+        Err(_) | Ok("" | "redis") => "redis",
+        Ok("postgres") => "postgres",
+        Ok(other) => panic!("CHAOS_LEASE_BACKEND must be redis or postgres, not {other:?}"),
+    };
+    let downstream_on = match std::env::var("CHAOS_DOWNSTREAM").as_deref() {
+        Err(_) | Ok("" | "on") => true,
+        Ok("off") => false,
+        Ok(other) => panic!("CHAOS_DOWNSTREAM must be on or off, not {other:?}"),
+    };
     println!(
-        "chaos: seed {seed} (replay with CHAOS_SEED={seed}{}), {secs} s, {INSTANCES} instances, k={DUPLICATES}, {} mode",
+        "chaos: seed {seed} (replay with CHAOS_SEED={seed}{} CHAOS_LEASE_BACKEND={lease_backend} CHAOS_DOWNSTREAM={}), {secs} s, {INSTANCES} instances, k={DUPLICATES}, {} mode",
         if mode == Mode::Inbox { " CHAOS_MODE=inbox" } else { "" },
+        if downstream_on { "on" } else { "off" },
         mode.as_str()
     );
     let mut rng = StdRng::seed_from_u64(seed);
@@ -171,6 +195,8 @@ async fn chaos() {
         redis_proxy,
         redis: tokio::sync::Mutex::new(redis),
         downstream,
+        lease_backend: lease_backend.to_owned(),
+        downstream_on,
     });
 
     let mut procs = Vec::new();
