@@ -247,9 +247,15 @@ impl Answer {
                 .headers_mut()
                 .insert(RETRY_AFTER, secs.max(1).into());
         }
-        if self.result == WebhookResult::RequestTimeout {
-            // The rest of the body may still be on its way: the connection
-            // cannot carry another request, and a slow client keeps no slot.
+        if matches!(
+            self.result,
+            WebhookResult::RequestTimeout | WebhookResult::TooLarge
+        ) {
+            // The rest of the body may still be on its way (a slow client, or
+            // one too large to read): the connection cannot carry another
+            // request, and a slow client keeps no slot. Said in the answer, so
+            // a client that pools connections does not send its next request
+            // down this one while the server is closing it.
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -332,9 +338,12 @@ mod tests {
     }
 
     #[test]
-    fn a_body_that_timed_out_is_408_and_closes_the_connection() {
+    fn a_body_that_timed_out_or_is_too_large_closes_the_connection() {
         let r = Answer::new(WebhookResult::RequestTimeout).response(None);
         assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(r.headers()[CONNECTION], "close");
+        let r = Answer::new(WebhookResult::TooLarge).response(None);
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(r.headers()[CONNECTION], "close");
         let ok = Answer::new(WebhookResult::Processed).response(None);
         assert!(ok.headers().get(CONNECTION).is_none());

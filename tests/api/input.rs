@@ -100,6 +100,9 @@ async fn size_content_type_and_unknown_provider_get_their_statuses_and_write_not
         .post_signed("generic", big.to_string().as_bytes(), now(), SECRET)
         .await;
     assert_eq!((r.status, r.result()), (413, "too_large"));
+    // The rest of the body was never read: the answer says the connection
+    // closes, so the client's pool does not reuse it for the next request.
+    assert_eq!(r.connection.as_deref(), Some("close"));
 
     let body = payment("tx_ct", 100).to_string();
     let r = app

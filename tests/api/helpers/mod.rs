@@ -342,6 +342,8 @@ pub struct Reply {
     /// The body as text.
     pub text: String,
     pub content_type: Option<String>,
+    /// The `Connection` header, when the answer has one.
+    pub connection: Option<String>,
 }
 
 impl Reply {
@@ -394,6 +396,7 @@ impl TestApp {
         };
         let retry_after = header("retry-after");
         let content_type = header("content-type");
+        let connection = header("connection");
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         Reply {
@@ -402,6 +405,7 @@ impl TestApp {
             body,
             text: String::from_utf8_lossy(&bytes).into_owned(),
             content_type,
+            connection,
         }
     }
 

@@ -222,14 +222,14 @@ pub async fn deliver_signed(base: &str, payload: &serde_json::Value, secret: &st
     match tokio::time::timeout(Duration::from_secs(30), client().request(req)).await {
         Ok(Ok(resp)) => {
             let status = resp.status().as_u16();
-            let retry_after = resp
-                .headers()
-                .get("retry-after")
-                .map(|v| v.to_str().unwrap().to_owned());
-            let content_type = resp
-                .headers()
-                .get("content-type")
-                .map(|v| v.to_str().unwrap().to_owned());
+            let header = |name: &str| {
+                resp.headers()
+                    .get(name)
+                    .map(|v| v.to_str().unwrap().to_owned())
+            };
+            let retry_after = header("retry-after");
+            let content_type = header("content-type");
+            let connection = header("connection");
             let bytes = http_body_util::BodyExt::collect(resp.into_body())
                 .await
                 .map(|b| b.to_bytes())
@@ -240,6 +240,7 @@ pub async fn deliver_signed(base: &str, payload: &serde_json::Value, secret: &st
                 body: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
                 text: String::from_utf8_lossy(&bytes).into_owned(),
                 content_type,
+                connection,
             }
         }
         _ => Reply {
@@ -248,6 +249,7 @@ pub async fn deliver_signed(base: &str, payload: &serde_json::Value, secret: &st
             body: serde_json::Value::Null,
             text: String::new(),
             content_type: None,
+            connection: None,
         },
     }
 }
