@@ -241,7 +241,12 @@ SELECT id FROM claim"
 /// its own counter and `$10` (the fence last read: a floor for a counter the
 /// unlogged table lost), and given back at once (`owner` stays NULL): the
 /// row lock this write holds until its commit is what keeps every other
-/// taker out meanwhile. The payment row and its entry are written only from
+/// taker out meanwhile. Before it touches the row, the write takes a
+/// transaction-scoped advisory lock on the key *without waiting*: a copy of
+/// the same event finds it taken and answers as for a held lease (and polls
+/// the row, as with Redis), instead of queueing on the row lock and writing a
+/// token of its own once the first copy is done. A hash collision with
+/// another transaction's key only sends a delivery round that loop once more. The payment row and its entry are written only from
 /// that token (`FROM lease`). Returns the token (NULL: held by someone else),
 /// the payment id (NULL: not written) and, when held, the milliseconds left
 /// on the holder's lease. The same parameters as [`APPLY`], `$10` the floor;
@@ -250,7 +255,8 @@ SELECT id FROM claim"
 const APPLY_LEASED: &str = "\
 WITH lease AS (
     INSERT INTO leases AS l (provider, transaction_id, owner, token, expires_at)
-    VALUES ($1::text, $2::text, NULL, $10::int8 + 1, clock_timestamp())
+    SELECT $1::text, $2::text, NULL::uuid, $10::int8 + 1, clock_timestamp()
+     WHERE pg_try_advisory_xact_lock(hashtextextended($1::text || ':' || $2::text, 0))
     ON CONFLICT (provider, transaction_id) DO UPDATE
        SET token = greatest(l.token, $10::int8) + 1, expires_at = EXCLUDED.expires_at
      WHERE l.owner IS NULL OR l.expires_at <= EXCLUDED.expires_at

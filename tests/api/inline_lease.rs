@@ -1,15 +1,16 @@
 //! The inline path with the PostgreSQL lease backend takes the lease inside
 //! its own write: held by the lease row's lock for as long as the write's
-//! transaction, never around it. What that must keep: a copy waits for a
-//! write in flight, a lease taken the other way keeps the write out, and a
-//! lost counter is passed without a second write.
+//! transaction, never around it. What that must keep: nobody writes while
+//! the row is locked, a copy of an event in flight polls instead of queueing,
+//! a lease taken the other way keeps the write out, and a lost counter is
+//! passed without a second write.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::config::{LeaseBackendKind, LeaseConfig};
 use fencehook::lease::{Acquire, Lease, LeaseKey};
-use fencehook::metrics::{Metrics, FENCE_RESYNC_TOTAL, LEASE_ACQUIRE_TOTAL};
+use fencehook::metrics::{Metrics, FENCE_RESYNC_TOTAL, INFLIGHT_WAIT_TOTAL, LEASE_ACQUIRE_TOTAL};
 
 use crate::helpers::{downstream::MockDownstream, payment, wait_for, TestContext};
 
@@ -30,12 +31,14 @@ fn key(tx: &str) -> LeaseKey {
     }
 }
 
-/// A copy that finds the lease row locked by a write still in flight waits for
-/// that transaction instead of writing beside it: the delivery blocks on the
-/// row lock (seen in `pg_stat_activity`), and books only once the lock is
-/// gone, with the token after the one the row had.
+/// The lease row's lock is what keeps takers of either kind apart: a delivery
+/// that finds the row locked (here by a test transaction, standing for an
+/// acquire or a renewal of the other kind in flight) waits for that
+/// transaction instead of writing beside it. It blocks on the row lock (seen
+/// in `pg_stat_activity`), and books only once the lock is gone, with the
+/// token after the one the row had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_delivery_waits_for_a_write_that_holds_the_lease_row() {
+async fn a_delivery_waits_for_a_statement_that_holds_the_lease_row() {
     let ctx = TestContext::new().await;
     let lease = separate_lease(&ctx);
     match lease.acquire(&key("tx_row_locked")).await.unwrap() {
@@ -85,6 +88,52 @@ async fn a_delivery_waits_for_a_write_that_holds_the_lease_row() {
         Some(("succeeded".to_owned(), 2))
     );
     assert_eq!(ctx.entries().await, 1);
+    ctx.assert_audit_clean().await;
+}
+
+/// A copy of an event whose write is in flight (its advisory lock taken, here
+/// by a test transaction) does not queue behind it: it answers as for a held
+/// lease, polling the row for the in-flight wait, then 409 `in_progress`,
+/// with nothing written. Once the write is gone it books with token 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_an_event_whose_write_is_in_flight_polls_instead_of_queueing() {
+    let ctx = TestContext::new().await;
+    let mut cfg = ctx.config_for(LeaseBackendKind::Postgres);
+    cfg.inflight_wait = Duration::from_millis(150);
+    let app = ctx.spawn(cfg).await;
+    let (mut holder, conn) = tokio_postgres::connect(&ctx.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let in_flight = holder.transaction().await.unwrap();
+    in_flight
+        .execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('generic:tx_in_flight', 0))",
+            &[],
+        )
+        .await
+        .unwrap();
+    let p = payment("tx_in_flight", 1250);
+    let r = app.deliver(&p).await;
+    assert_eq!((r.status, r.result()), (409, "in_progress"), "{r:?}");
+    assert_eq!(r.retry_after.as_deref(), Some("1"));
+    assert_eq!(ctx.payments().await, 0);
+    assert_eq!(ctx.count("SELECT count(*) FROM leases").await, 0);
+    assert!(
+        app.metric(LEASE_ACQUIRE_TOTAL, &[("result", "held")]) >= 2.0,
+        "it polled"
+    );
+    assert_eq!(
+        app.metric(INFLIGHT_WAIT_TOTAL, &[("outcome", "timeout")]),
+        1.0
+    );
+    in_flight.commit().await.unwrap();
+    let r = app.deliver(&p).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(
+        ctx.payment("tx_in_flight").await,
+        Some(("succeeded".to_owned(), 1))
+    );
     ctx.assert_audit_clean().await;
 }
 
