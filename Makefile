@@ -32,7 +32,7 @@ build:
 
 run: build
 	@set -e; $(SERVICES); \
-	export DATABASE_URL="$${DATABASE_URL%/*}/$(FENCEHOOK_DB)"; \
+	export DATABASE_URL="$${DATABASE_URL%/*}/$(FENCEHOOK_DB)"; unset FENCEHOOK_DB; \
 	export FENCEHOOK_GENERIC_SECRET="$${FENCEHOOK_GENERIC_SECRET:-$(DEV_SECRET)}"; \
 	./target/release/fencehook migrate --create-database; \
 	echo "fencehook: serving http://127.0.0.1:8080/webhooks/generic (admin http://127.0.0.1:9090), database $${DATABASE_URL##*/}"; \
