@@ -5,6 +5,7 @@
 //! nothing but a provider's name.
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -12,7 +13,7 @@ use fencehook::providers::testkeys;
 use serde_json::Value;
 
 use crate::helpers::process::ServeProcess;
-use crate::helpers::{closed_port, now, TestContext, SECRET};
+use crate::helpers::{free_addr_on, now, TestContext, SECRET};
 
 /// Runs the `fencehook` binary with `args`; (exit code, stdout, stderr).
 /// The settings of the environment the tests run in are not the child's:
@@ -300,9 +301,9 @@ const WECHAT_SERIAL: &str = "PUB_KEY_ID_0000000000000024101100397200000006";
 const APIV3_KEY: &str = "fencehook-LOAD-apiv3-key-32bytes";
 
 impl RsaPsp {
-    /// `scheme`'s provider; paypal's certificate is served (by `load`) on
-    /// `cert_port`.
-    fn write(ctx: &TestContext, scheme: &str, cert_port: u16) -> RsaPsp {
+    /// `scheme`'s provider; paypal's certificate is served (by `load`) at
+    /// `cert_addr`.
+    fn write(ctx: &TestContext, scheme: &str, cert_addr: SocketAddr) -> RsaPsp {
         let dir = std::env::temp_dir().join(format!("fencehook-load-{scheme}-{}", ctx.prefix));
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("psp.key");
@@ -335,7 +336,7 @@ impl RsaPsp {
                     ),
                 )
                 .unwrap();
-                let prefix = format!("http://127.0.0.1:{cert_port}/");
+                let prefix = format!("http://{cert_addr}/");
                 (
                     "paypal",
                     format!(
@@ -403,9 +404,12 @@ fn answer_lines(path: &Path) -> Vec<(String, Option<u64>, String)> {
 /// 2xx answers of the answers file.
 async fn a_load_run_of_an_rsa_scheme_books_each_2xx_once(scheme: &str) -> (Value, Vec<String>) {
     let ctx = TestContext::new().await;
-    // PayPal's certificate is served by the load on a port the providers
-    // file must name before the serves start: one nothing listens on now.
-    let psp = RsaPsp::write(&ctx, scheme, closed_port().await);
+    // PayPal's certificate is served by the load on an address the providers
+    // file must name before the serves start, so the port is picked now and
+    // bound only when the load starts. On 127.0.0.1 another test could take
+    // it in between (every test binds port 0 there); nothing else binds
+    // 127.0.0.2, so a port free there now is still free then.
+    let psp = RsaPsp::write(&ctx, scheme, free_addr_on("127.0.0.2").await);
     let instances = [
         serve(&ctx, &psp.providers).await,
         serve(&ctx, &psp.providers).await,

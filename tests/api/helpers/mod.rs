@@ -494,6 +494,15 @@ where
     }
 }
 
+/// An address on loopback `ip` (e.g. `127.0.0.2`) with nothing listening on
+/// it, for a server another process will start there. Only use an `ip` no
+/// other test binds: a port free on 127.0.0.1 now may be taken by any test
+/// before the server binds it.
+pub async fn free_addr_on(ip: &str) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    l.local_addr().unwrap()
+}
+
 /// A loopback port with nothing listening on it.
 pub async fn closed_port() -> u16 {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
