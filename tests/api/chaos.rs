@@ -184,7 +184,7 @@ async fn chaos() {
 
     let ctx = TestContext::new().await;
     let redis = PrivateRedis::start().await;
-    let redis_proxy = FaultProxy::start(format!("127.0.0.1:{}", redis.port).parse().unwrap()).await;
+    let redis_proxy = FaultProxy::start(redis.addr).await;
     let pg_proxy = FaultProxy::start(socket_of(&ctx.database_url)).await;
     let downstream = MockDownstream::start().await;
     downstream.set_delay(DOWNSTREAM_DELAY);

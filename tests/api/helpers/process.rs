@@ -254,22 +254,30 @@ pub async fn deliver_signed(base: &str, payload: &serde_json::Value, secret: &st
     }
 }
 
-/// A private `redis-server` on its own port, without persistence.
+/// A private `redis-server` without persistence, on an address of its own:
+/// a loopback address no other test binds (`127.x.y.z`, chosen at random), so
+/// the port it is restarted on stays free while it is down.
 pub struct PrivateRedis {
-    pub port: u16,
+    pub addr: std::net::SocketAddr,
     child: Option<Child>,
 }
 
 impl PrivateRedis {
     pub async fn start() -> PrivateRedis {
-        let port = super::closed_port().await;
-        let mut r = PrivateRedis { port, child: None };
+        let ip = format!(
+            "127.{}.{}.{}",
+            100 + rand::random::<u8>() % 100,
+            rand::random::<u8>(),
+            1 + rand::random::<u8>() % 254
+        );
+        let addr = super::free_addr_on(&ip).await;
+        let mut r = PrivateRedis { addr, child: None };
         r.restart().await;
         r
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}", self.addr)
     }
 
     /// Starts (again) on the same port, empty, and waits until it answers.
@@ -277,9 +285,9 @@ impl PrivateRedis {
         let child = Command::new("redis-server")
             .args([
                 "--port",
-                &self.port.to_string(),
+                &self.addr.port().to_string(),
                 "--bind",
-                "127.0.0.1",
+                &self.addr.ip().to_string(),
                 "--save",
                 "",
                 "--appendonly",
