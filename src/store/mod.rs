@@ -420,26 +420,11 @@ impl Connection {
         t: Transition,
     ) -> Result<Applied, StoreError> {
         let w = Write::new(ev, fingerprint, token, t);
-        let Some(parent) = w.parent_move() else {
-            let stmt = self.0.prepare_cached(APPLY).await?;
-            let row = self.0.query_opt(&stmt, &w.apply_params()).await?;
-            return Ok(match row {
-                Some(_) => Applied::Committed(t.to),
-                None => Applied::NotWritten(reread(&self.0, ev).await?),
-            });
-        };
-        let tx = self.0.transaction().await?;
-        if let Some(refusal) = move_parent_money(&tx, ev, parent).await? {
-            tx.rollback().await?;
-            return Ok(Applied::Parent(refusal));
-        }
-        let stmt = tx.prepare_cached(APPLY).await?;
-        if tx.query_opt(&stmt, &w.apply_params()).await?.is_none() {
-            tx.rollback().await?;
-            return Ok(Applied::NotWritten(reread(&self.0, ev).await?));
-        }
-        tx.commit().await?;
-        Ok(Applied::Committed(t.to))
+        Ok(match self.inline(&w, APPLY, |row| row.is_some()).await? {
+            Err(refusal) => Applied::Parent(refusal),
+            Ok(Some(_)) => Applied::Committed(t.to),
+            Ok(None) => Applied::NotWritten(reread(&self.0, ev).await?),
+        })
     }
 
     /// [`Connection::apply`] for the PostgreSQL lease backend: the lease is
@@ -447,8 +432,8 @@ impl Connection {
     /// (`APPLY_LEASED`), so a new payment costs one statement instead of
     /// three (acquire, write, release). `fence_floor` is the payment's fence
     /// as last read (0 when there was no row): the token taken is above it.
-    /// When the payment's money moves, the cap update comes first in the
-    /// same transaction, as in [`Connection::apply`].
+    /// When it writes nothing (and moves no money), what it commits is the
+    /// counter raised and the lease given back.
     pub async fn apply_leased(
         &mut self,
         ev: &CanonicalEvent,
@@ -457,44 +442,53 @@ impl Connection {
         t: Transition,
     ) -> Result<LeasedApply, StoreError> {
         let w = Write::new(ev, fingerprint, fence_floor, t);
+        // The statement always answers one row; column 1 is the payment id.
+        let wrote = |row: &Option<tokio_postgres::Row>| {
+            row.as_ref()
+                .is_some_and(|r| matches!(r.try_get::<_, Option<i64>>(1), Ok(Some(_))))
+        };
+        let row = match self.inline(&w, APPLY_LEASED, wrote).await? {
+            Err(refusal) => return Ok(LeasedApply::Parent(refusal)),
+            Ok(row) => row.ok_or_else(|| {
+                StoreError::Corrupt("the leased write answered no row".to_owned())
+            })?,
+        };
+        Ok(match leased(&row, t)? {
+            Leased::NotWritten(token) => LeasedApply::NotWritten {
+                token,
+                row: reread(&self.0, ev).await?,
+            },
+            Leased::Answer(answer) => answer,
+        })
+    }
+
+    /// Runs one inline write (`sql` with [`Write::apply_params`]): alone, or,
+    /// when the write moves its payment's money, after the cap update in one
+    /// transaction that is committed only if `wrote` says the statement
+    /// wrote (the money moves only with the entry that takes it).
+    async fn inline(
+        &mut self,
+        w: &Write<'_>,
+        sql: &str,
+        wrote: impl Fn(&Option<tokio_postgres::Row>) -> bool,
+    ) -> Result<Result<Option<tokio_postgres::Row>, ParentRefusal>, StoreError> {
         let Some(amount) = w.parent_move() else {
-            // One statement, its own transaction. When it writes nothing, what
-            // it commits is the counter raised and the lease given back.
-            let stmt = self.0.prepare_cached(APPLY_LEASED).await?;
-            let row = self.0.query_one(&stmt, &w.apply_params()).await?;
-            return Ok(match leased(&row, t)? {
-                Leased::NotWritten(token) => LeasedApply::NotWritten {
-                    token,
-                    row: reread(&self.0, ev).await?,
-                },
-                Leased::Answer(answer) => answer,
-            });
+            let stmt = self.0.prepare_cached(sql).await?;
+            return Ok(Ok(self.0.query_opt(&stmt, &w.apply_params()).await?));
         };
         let tx = self.0.transaction().await?;
-        if let Some(refusal) = move_parent_money(&tx, ev, amount).await? {
+        if let Some(refusal) = move_parent_money(&tx, w.ev, amount).await? {
             tx.rollback().await?;
-            return Ok(LeasedApply::Parent(refusal));
+            return Ok(Err(refusal));
         }
-        let stmt = tx.prepare_cached(APPLY_LEASED).await?;
-        let row = tx.query_one(&stmt, &w.apply_params()).await?;
-        match leased(&row, t)? {
-            Leased::Answer(answer @ LeasedApply::Committed { .. }) => {
-                tx.commit().await?;
-                Ok(answer)
-            }
-            // The parent's money moves only with the entry that takes it.
-            Leased::Answer(answer) => {
-                tx.rollback().await?;
-                Ok(answer)
-            }
-            Leased::NotWritten(token) => {
-                tx.rollback().await?;
-                Ok(LeasedApply::NotWritten {
-                    token,
-                    row: reread(&self.0, ev).await?,
-                })
-            }
+        let stmt = tx.prepare_cached(sql).await?;
+        let row = tx.query_opt(&stmt, &w.apply_params()).await?;
+        if wrote(&row) {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
         }
+        Ok(Ok(row))
     }
 
     /// Fenced claim in its own transaction (the downstream path: the claim

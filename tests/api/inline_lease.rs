@@ -24,6 +24,20 @@ fn separate_lease(ctx: &TestContext) -> Lease {
     Lease::new(&cfg, &ctx.config().db, Metrics::new(&[])).unwrap()
 }
 
+/// A connection of the test's own with a transaction left open after `sql`
+/// (what it locks stays locked until the test sends `COMMIT`).
+async fn open_transaction(ctx: &TestContext, sql: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&ctx.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("BEGIN; {sql};"))
+        .await
+        .unwrap();
+    client
+}
+
 fn key(tx: &str) -> LeaseKey {
     LeaseKey {
         provider: "generic".into(),
@@ -47,18 +61,11 @@ async fn a_delivery_waits_for_a_statement_that_holds_the_lease_row() {
     }
     let app = Arc::new(ctx.spawn(ctx.config_for(LeaseBackendKind::Postgres)).await);
     // Another write's transaction, stopped while it holds the lease row.
-    let (mut holder, conn) = tokio_postgres::connect(&ctx.database_url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let in_flight = holder.transaction().await.unwrap();
-    in_flight
-        .execute(
-            "SELECT 1 FROM leases WHERE transaction_id = 'tx_row_locked' FOR UPDATE",
-            &[],
-        )
-        .await
-        .unwrap();
+    let in_flight = open_transaction(
+        &ctx,
+        "SELECT 1 FROM leases WHERE transaction_id = 'tx_row_locked' FOR UPDATE",
+    )
+    .await;
     let p = payment("tx_row_locked", 1200);
     let delivery = tokio::spawn({
         let (app, p) = (app.clone(), p.clone());
@@ -80,7 +87,7 @@ async fn a_delivery_waits_for_a_statement_that_holds_the_lease_row() {
     .await;
     assert_eq!(ctx.payments().await, 0, "nothing written while it waits");
     assert!(!delivery.is_finished());
-    in_flight.commit().await.unwrap();
+    in_flight.batch_execute("COMMIT").await.unwrap();
     let r = delivery.await.unwrap();
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     assert_eq!(
@@ -101,18 +108,11 @@ async fn a_copy_of_an_event_whose_write_is_in_flight_polls_instead_of_queueing()
     let mut cfg = ctx.config_for(LeaseBackendKind::Postgres);
     cfg.inflight_wait = Duration::from_millis(150);
     let app = ctx.spawn(cfg).await;
-    let (mut holder, conn) = tokio_postgres::connect(&ctx.database_url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let in_flight = holder.transaction().await.unwrap();
-    in_flight
-        .execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('generic:tx_in_flight', 0))",
-            &[],
-        )
-        .await
-        .unwrap();
+    let in_flight = open_transaction(
+        &ctx,
+        "SELECT pg_advisory_xact_lock(hashtextextended('generic:tx_in_flight', 0))",
+    )
+    .await;
     let p = payment("tx_in_flight", 1250);
     let r = app.deliver(&p).await;
     assert_eq!((r.status, r.result()), (409, "in_progress"), "{r:?}");
@@ -127,7 +127,7 @@ async fn a_copy_of_an_event_whose_write_is_in_flight_polls_instead_of_queueing()
         app.metric(INFLIGHT_WAIT_TOTAL, &[("outcome", "timeout")]),
         1.0
     );
-    in_flight.commit().await.unwrap();
+    in_flight.batch_execute("COMMIT").await.unwrap();
     let r = app.deliver(&p).await;
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     assert_eq!(

@@ -389,11 +389,7 @@ impl TestApp {
             .await
             .expect("app answers");
         let status = resp.status().as_u16();
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .map(|v| v.to_str().unwrap().to_owned())
-        };
+        let header = |name| header_of(resp.headers(), name);
         let retry_after = header("retry-after");
         let content_type = header("content-type");
         let connection = header("connection");
@@ -492,6 +488,11 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A response header as text, when present.
+pub fn header_of(headers: &hyper::HeaderMap, name: &str) -> Option<String> {
+    headers.get(name).map(|v| v.to_str().unwrap().to_owned())
 }
 
 /// An address on loopback `ip` (e.g. `127.0.0.2`) with nothing listening on

@@ -222,11 +222,7 @@ pub async fn deliver_signed(base: &str, payload: &serde_json::Value, secret: &st
     match tokio::time::timeout(Duration::from_secs(30), client().request(req)).await {
         Ok(Ok(resp)) => {
             let status = resp.status().as_u16();
-            let header = |name: &str| {
-                resp.headers()
-                    .get(name)
-                    .map(|v| v.to_str().unwrap().to_owned())
-            };
+            let header = |name| super::header_of(resp.headers(), name);
             let retry_after = header("retry-after");
             let content_type = header("content-type");
             let connection = header("connection");
