@@ -280,8 +280,9 @@ async fn reload_on_sighup(
 }
 
 /// The inbox of this configuration: workers book with the sync processor
-/// minus its in-flight wait, and own a taken event for as long as a lease
-/// can be held for it.
+/// minus its in-flight wait, and own a taken event for one lease TTL past
+/// the last renewal of its lock (renewed every third of it, as the lease is),
+/// so a dead worker's events are taken again about when its leases expire.
 fn inbox_of(cfg: &Config, store: &Store, processor: &Processor, metrics: &Metrics) -> Inbox {
     Inbox::new(
         store.clone(),
@@ -289,7 +290,7 @@ fn inbox_of(cfg: &Config, store: &Store, processor: &Processor, metrics: &Metric
         metrics.clone(),
         cfg.inbox.clone(),
         cfg.db.clone(),
-        cfg.lease.max_hold + cfg.lease.ttl,
+        cfg.lease.ttl,
     )
 }
 

@@ -26,6 +26,15 @@
 //!   and one `LISTEN` connection per process wakes the workers; this
 //!   process's own workers are woken at once. Polling every second is only
 //!   the fallback, for a NOTIFY lost with its process.
+//! - A worker's lock on the events it took is short (one lease TTL) and
+//!   extended every third of it while their attempts live, so a dead
+//!   worker's events are taken again within about a TTL; the fence stops
+//!   the dead worker if it wakes up. An event this binary cannot read is made
+//!   `dead` alone, with the reason; the others of its take are attempted.
+//! - What waits for a payment (a refund, a dispute, a reinstatement waiting
+//!   for its withdrawal) is woken by the booking it waits for, in either mode
+//!   (V11's trigger on `payments`), including one booked while its worker
+//!   had it; its pause is only the fallback.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -39,11 +48,11 @@ use tokio::task::JoinSet;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::config::{DbConfig, InboxConfig};
-use crate::domain::{CanonicalEvent, EventKind, Rejection};
+use crate::domain::{CanonicalEvent, Rejection};
 use crate::error::Error;
 use crate::metrics::{InboxAttempt, Metrics};
 use crate::processor::{Outcome, Processor};
-use crate::store::inbox::{Accepted, Settle, Taken, ToAccept, CHANNEL};
+use crate::store::inbox::{Accepted, Settle, Taken, ToAccept, Unreadable, CHANNEL};
 use crate::store::{Store, StoreError};
 
 /// How soon a worker tries a store or lease backend again after it failed.
@@ -51,7 +60,8 @@ const BACKEND_RETRY: Duration = Duration::from_secs(1);
 /// How soon an event held by another worker is looked at again.
 const HELD_RETRY: Duration = Duration::from_millis(200);
 /// Longest pause of a refund waiting for its payment (its payment's booking
-/// wakes it at once; this is the fallback).
+/// wakes it at once, V11's trigger; this is the fallback, for a wake-up lost
+/// to a failed statement).
 const AWAIT_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// How often the first worker looks for events whose lock ran out while
@@ -73,7 +83,8 @@ pub struct Inbox {
     metrics: Metrics,
     cfg: InboxConfig,
     db: DbConfig,
-    /// How long a worker owns an event it took (past it another may).
+    /// How long a worker owns an event it took past the lock's last renewal
+    /// (past it another may take it); renewed every third of it.
     lock: Duration,
     /// This process's idle workers wait on it.
     wake: Arc<Notify>,
@@ -274,7 +285,17 @@ impl Inbox {
                 self.rescue().await;
             }
             match self.store.take(self.lock, TAKE_BATCH).await {
-                Ok(taken) if !taken.is_empty() => self.attempts(taken).await,
+                Ok(taken) if !taken.is_empty() => {
+                    let (taken, unreadable): (Vec<_>, Vec<_>) =
+                        taken.into_iter().partition(Result::is_ok);
+                    for event in unreadable.into_iter().filter_map(Result::err) {
+                        self.bury(&event).await;
+                    }
+                    let taken: Vec<Taken> = taken.into_iter().filter_map(Result::ok).collect();
+                    if !taken.is_empty() {
+                        self.attempts(taken).await;
+                    }
+                }
                 Ok(_) => {
                     if n == 0 {
                         last_rescue = tokio::time::Instant::now();
@@ -311,13 +332,64 @@ impl Inbox {
         }
     }
 
-    /// The attempts at the events of one take, side by side, and their
-    /// results recorded: first the ones not done, one by one (so a refund
-    /// re-queued here is queued when its payment's booking wakes it below),
-    /// then the done ones in one statement, which also wakes the refunds and
-    /// disputes waiting for the payments among them.
+    /// Makes an event this binary cannot read `dead` with the reason: taken
+    /// again and again it would only fail again.
+    async fn bury(&self, event: &Unreadable) {
+        self.metrics.inbox_attempts(InboxAttempt::Dead).increment(1);
+        tracing::warn!(event = event.id, error = %event.error,
+            "an event this binary cannot read is dead; replay it with a binary that can");
+        let settle = Settle::Dead {
+            error: event.error.clone(),
+            spent: false,
+        };
+        if let Err(e) = self.store.settle_unreadable(event).await {
+            tracing::warn!(event = event.id, ?settle, error = %crate::error::chain(&e),
+                "could not record an attempt's result; the event will be taken again");
+        }
+    }
+
+    /// The attempts at the events of one take, side by side, their lock
+    /// renewed while they run, and their results recorded: first the ones
+    /// not done, one by one, then the done ones in one statement.
     async fn attempts(&self, taken: Vec<Taken>) {
-        let results = join_all(taken.into_iter().map(|t| self.attempt(t))).await;
+        let ids: Vec<i64> = taken.iter().map(|t| t.id).collect();
+        // One take, one lock value (see `Store::take`).
+        let Some(taken_lock) = taken.first().map(|t| t.locked_until) else {
+            return;
+        };
+        let (finished, mut running) = watch::channel(false);
+        let attempts = async {
+            let results = join_all(taken.into_iter().map(|t| self.attempt(t))).await;
+            let _ = finished.send(true);
+            results
+        };
+        let renewal = async {
+            let mut lock = taken_lock;
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(self.lock / 3) => {}
+                    _ = running.changed() => return lock,
+                }
+                // Never cut short: the lock it sets is the one the results
+                // are recorded under.
+                match self.store.renew_locks(&ids, lock, self.lock).await {
+                    Ok(Some(renewed)) => lock = renewed,
+                    // Each was taken again (our lock ran out): their results
+                    // will not be recorded, whatever we do.
+                    Ok(None) => {
+                        let _ = running.changed().await;
+                        return lock;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %crate::error::chain(&e), "could not renew the lock of taken events");
+                    }
+                }
+            }
+        };
+        let (mut results, lock) = tokio::join!(attempts, renewal);
+        for (taken, _) in &mut results {
+            taken.locked_until = lock;
+        }
         let (done, others): (Vec<_>, Vec<_>) = results
             .iter()
             .partition(|(_, settle)| *settle == Settle::Done);
@@ -328,13 +400,8 @@ impl Inbox {
         if done.is_empty() {
             return;
         }
-        let booked: Vec<(&str, &str)> = done
-            .iter()
-            .filter(|(t, _)| t.event.event_type == EventKind::PaymentSucceeded)
-            .map(|(t, _)| (t.event.provider.as_str(), t.event.transaction_id.as_str()))
-            .collect();
         let done: Vec<&Taken> = done.iter().map(|(t, _)| t).collect();
-        match self.store.settle_done(&done, &booked).await {
+        match self.store.settle_done(&done).await {
             Ok(ids) => {
                 for taken in done {
                     report_settle(taken, &Settle::Done, Ok(ids.contains(&taken.id)));
@@ -350,7 +417,7 @@ impl Inbox {
 
     /// One attempt at one event: what its row should record.
     async fn attempt(&self, taken: Taken) -> (Taken, Settle) {
-        let age = age_of(taken.received_at);
+        let age = age_of(taken.age_from);
         let outcome = self
             .processor
             .process_after(&taken.event, taken.row.clone())
@@ -358,7 +425,9 @@ impl Inbox {
         let (settle, counted) = self.settle_for(&taken, age, outcome);
         self.metrics.inbox_attempts(counted).increment(1);
         if settle == Settle::Done {
-            self.metrics.inbox_lag().record(age.as_secs_f64());
+            self.metrics
+                .inbox_lag()
+                .record(age_of(taken.received_at).as_secs_f64());
         }
         (taken, settle)
     }
@@ -406,7 +475,8 @@ impl Inbox {
                 requeue(HELD_RETRY, "lease lost before the commit".to_owned())
             }
             Ok(Outcome::AwaitingPayment) => {
-                // Woken at once when the payment is booked; this is the fallback.
+                // Woken at once when the payment is booked (V11's trigger),
+                // even while we hold it; this is the fallback.
                 let payment = ev.parent_transaction_id.as_deref().unwrap_or("-");
                 requeue(
                     self.await_delay(age),
@@ -545,6 +615,6 @@ fn report_settle(taken: &Taken, settle: &Settle, recorded: Result<bool, &StoreEr
     }
 }
 
-fn age_of(received_at: OffsetDateTime) -> Duration {
-    Duration::try_from(OffsetDateTime::now_utc() - received_at).unwrap_or(Duration::ZERO)
+fn age_of(since: OffsetDateTime) -> Duration {
+    Duration::try_from(OffsetDateTime::now_utc() - since).unwrap_or(Duration::ZERO)
 }

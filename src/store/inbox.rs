@@ -10,9 +10,16 @@
 //! - An event is deduplicated by (provider, transaction id, event type): a
 //!   PSP's re-send under a new envelope is the same event.
 //! - A worker owns an event only while `locked_until` is ahead; past it (the
-//!   worker died) another may take it. The booking itself is fenced by the
-//!   lease's token like every write (`store::Connection`), so a worker rescued
-//!   too early still cannot book twice.
+//!   worker died) another may take it. The worker extends the lock while its
+//!   attempt lives ([`Store::renew_locks`]), so the lock is short and a dead
+//!   worker's event is taken again soon. Each take's (and renewal's) lock
+//!   value is the attempt's mark: its result is recorded only while the event
+//!   still carries it. The booking itself is fenced by the lease's token like
+//!   every write (`store::Connection`), so a worker rescued too early still
+//!   cannot book twice.
+//! - Every taken event is read alone: one this binary cannot read is given
+//!   back as [`Unreadable`] (and made `dead` by the worker), never failing the
+//!   take of the others.
 //! - No statement's work grows with the table. Every lookup names all the
 //!   columns of the index it is meant to use, so a plan cached while the
 //!   table was empty cannot fall back on another index that ties with it on
@@ -54,22 +61,46 @@ pub struct ToAccept {
     pub body: String,
 }
 
-/// What an accept found, from what its statement returned: the object's
-/// stored fingerprint, whether the event was inserted, the stored event's.
-fn accepted(
-    fingerprint: &str,
+/// What an accept statement returned for one event.
+struct Seen {
+    /// The object's stored fingerprint, as the statement's snapshot saw it.
     existing: Option<String>,
-    inserted: bool,
+    /// The event's id, when the statement inserted it.
+    inserted: Option<i64>,
+    /// Whether it inserted the object's payments row.
+    row_inserted: bool,
+    /// The stored event's fingerprint, as the snapshot saw it.
     event_fp: Option<String>,
-) -> Accepted {
-    if existing.is_some_and(|fp| fp != fingerprint) {
-        Accepted::Mismatch
-    } else if inserted {
-        Accepted::New
-    } else if event_fp.is_some_and(|fp| fp != fingerprint) {
-        Accepted::Mismatch
+}
+
+/// What an accept found, from what its statement returned; `None` when its
+/// snapshot cannot tell. The statement's snapshot is taken when it starts:
+/// a concurrent accept of the same event (or object) that commits meanwhile
+/// makes its insert do nothing, yet is invisible to its reads. Then only a
+/// look after the statement knows ([`Store::after_race`]).
+fn accepted(fingerprint: &str, seen: &Seen) -> Option<Accepted> {
+    if seen.existing.as_deref().is_some_and(|fp| fp != fingerprint) {
+        Some(Accepted::Mismatch)
+    } else if seen.inserted.is_some() {
+        // The object was there (with this payload), or we stored it; else
+        // another accept stored it meanwhile, maybe with another payload.
+        (seen.existing.is_some() || seen.row_inserted).then_some(Accepted::New)
     } else {
-        Accepted::Duplicate
+        match seen.event_fp.as_deref() {
+            Some(fp) if fp != fingerprint => Some(Accepted::Mismatch),
+            Some(_) => Some(Accepted::Duplicate),
+            // Our insert met an event our snapshot does not see.
+            None => None,
+        }
+    }
+}
+
+fn seen(row: &tokio_postgres::Row, at: usize) -> Seen {
+    Seen {
+        existing: row.get(at),
+        inserted: row.get(at + 1),
+        row_inserted: row.get(at + 2),
+        event_fp: row.get(at + 3),
     }
 }
 
@@ -81,14 +112,29 @@ pub struct Taken {
     /// Attempts spent before this one.
     pub attempts: i32,
     pub received_at: OffsetDateTime,
-    /// The lock this take set: the attempt's result is recorded only while
-    /// the event still carries it. A worker that stalled past its lock, whose
-    /// event was taken again, records nothing over the new attempt.
+    /// What its age (`FENCEHOOK_MAX_AGE_SECS`) counts from: its last replay,
+    /// or its acceptance.
+    pub age_from: OffsetDateTime,
+    /// The lock this take (or its last renewal) set: the attempt's result is
+    /// recorded only while the event still carries it. A worker that stalled
+    /// past its lock, whose event was taken again, records nothing over the
+    /// new attempt.
     pub locked_until: OffsetDateTime,
     /// Its object's payments row as the take read it: the worker's fast-path
     /// lookup, one statement fewer per event. Only a hint, as in sync mode:
     /// the fenced claim decides.
     pub row: Option<PaymentRow>,
+}
+
+/// A taken event this binary cannot read (its stored canonical form does not
+/// decode: a rollback to an older binary after a new event kind, a hand
+/// edit). Taken like the others, so it can be made `dead` under its lock.
+#[derive(Debug, Clone)]
+pub struct Unreadable {
+    pub id: i64,
+    pub locked_until: OffsetDateTime,
+    /// Why it cannot be read.
+    pub error: String,
 }
 
 /// How an attempt ended, for the event's row.
@@ -124,6 +170,10 @@ pub struct EventRow {
     pub psp_event_id: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub received_at: OffsetDateTime,
+    /// The last replay: the event's age counts from it.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub replayed_at: Option<OffsetDateTime>,
+    pub replays: i32,
     pub attempts: i32,
     #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,
@@ -151,7 +201,8 @@ row AS (
     ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO NOTHING
     RETURNING id)
 SELECT (SELECT fingerprint FROM existing),
-       (SELECT count(*) FROM ev) + 0 * (SELECT count(*) FROM row),
+       (SELECT id FROM ev),
+       EXISTS (SELECT 1 FROM row),
        (SELECT fingerprint FROM events
          WHERE provider = $1 AND transaction_id = $2 AND event_type = $3)";
 
@@ -180,7 +231,7 @@ ev AS (
      WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.n = i.n AND e.fingerprint <> i.fingerprint)
      ORDER BY i.n
     ON CONFLICT ON CONSTRAINT events_provider_transaction_id_event_type_key DO NOTHING
-    RETURNING provider, transaction_id),
+    RETURNING id, provider, transaction_id),
 row AS (
     INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type,
                           amount_minor, currency, fingerprint, status, fence, occurred_at)
@@ -188,10 +239,13 @@ row AS (
            i.fingerprint, 'queued', 0, i.occurred_at
       FROM input i JOIN ev ON ev.provider = i.provider AND ev.transaction_id = i.transaction_id
      ORDER BY i.n
-    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO NOTHING)
+    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO NOTHING
+    RETURNING provider, transaction_id)
 SELECT i.n,
        (SELECT e.fingerprint FROM existing e WHERE e.n = i.n),
-       EXISTS (SELECT 1 FROM ev WHERE ev.provider = i.provider AND ev.transaction_id = i.transaction_id),
+       (SELECT ev.id FROM ev WHERE ev.provider = i.provider AND ev.transaction_id = i.transaction_id),
+       EXISTS (SELECT 1 FROM row WHERE row.provider = i.provider
+                                   AND row.transaction_id = i.transaction_id),
        (SELECT x.fingerprint FROM events x
          WHERE x.provider = i.provider AND x.transaction_id = i.transaction_id
            AND x.event_type = i.event_type)
@@ -205,13 +259,23 @@ const NOTIFY: &str = "SELECT pg_notify('fencehook_inbox', '')";
 /// module's rules.
 const TAKE: &str = "\
 WITH taken AS (
-    UPDATE events SET status = 'processing', locked_until = now() + $1 * interval '1 millisecond'
+    UPDATE events SET status = 'processing', locked_until = now() + $1 * interval '1 millisecond',
+                      woken = false
      WHERE id = ANY(ARRAY(SELECT id FROM events WHERE status = 'queued' AND next_attempt_at <= now()
                            ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING id, provider, transaction_id, canonical, attempts, received_at, locked_until)
+    RETURNING id, provider, transaction_id, canonical, attempts, received_at, locked_until,
+              coalesce(replayed_at, received_at) AS age_from)
 SELECT t.id, t.canonical, t.attempts, t.received_at, t.locked_until,
-       p.id, p.kind, p.status, p.fingerprint, p.fence
+       p.id, p.kind, p.status, p.fingerprint, p.fence, t.age_from
   FROM taken t LEFT JOIN payments p ON p.provider = t.provider AND p.transaction_id = t.transaction_id";
+
+/// Extends the lock `$2` of the events `$1` still carrying it to `$3` ms
+/// from now; returns the new lock (one value: `now()` is the statement's).
+/// Unprepared: see the module's rules.
+const RENEW: &str = "\
+UPDATE events SET locked_until = now() + $3 * interval '1 millisecond'
+ WHERE id = ANY($1) AND status = 'processing' AND locked_until = $2
+RETURNING locked_until";
 
 /// Events whose worker's lock ran out (it died, or stalled): due again.
 const RESCUE: &str = "\
@@ -222,23 +286,13 @@ WITH again AS (
     RETURNING id)
 SELECT count(*) FROM again";
 
-/// Records the events `$1` of one take (lock `$2`) done, and wakes the
-/// refunds and disputes waiting for the payments just booked (providers
-/// `$3`, transactions `$4`: any pair of the two lists — waking one too many
-/// only makes it look again). Returns the ids recorded. Unprepared: see the
-/// module's rules.
+/// Records the events `$1` of one take (lock `$2`) done; returns the ids
+/// recorded. (What waited for a payment among them is woken by the booking
+/// itself: V11's trigger on `payments`.) Unprepared: see the module's rules.
 const DONE: &str = "\
-WITH done AS (
-    UPDATE events SET status = 'done', finished_at = now(), locked_until = NULL
-     WHERE id = ANY($1) AND status = 'processing' AND locked_until = $2
-    RETURNING id),
-woken AS (
-    UPDATE events SET next_attempt_at = now()
-     WHERE provider = ANY($3) AND parent_transaction_id = ANY($4) AND status = 'queued'
-       AND next_attempt_at > now()
-    RETURNING id)
-SELECT ARRAY(SELECT id FROM done),
-       (SELECT count(*) FROM (SELECT pg_notify('fencehook_inbox', '') FROM woken LIMIT 1) AS n)";
+UPDATE events SET status = 'done', finished_at = now(), locked_until = NULL
+ WHERE id = ANY($1) AND status = 'processing' AND locked_until = $2
+RETURNING id";
 
 const RETRY: &str = "\
 UPDATE events SET status = 'queued', attempts = attempts + 1, locked_until = NULL,
@@ -247,9 +301,12 @@ UPDATE events SET status = 'queued', attempts = attempts + 1, locked_until = NUL
            'at', now(), 'attempt', attempts + 1, 'error', $3::text))
  WHERE id = $1 AND status = 'processing' AND locked_until = $4";
 
+/// Puts an event back without spending an attempt; due at once when what
+/// it waits for was booked during the attempt (`woken`, V11's trigger).
 const REQUEUE: &str = "\
-UPDATE events SET status = 'queued', locked_until = NULL,
-       next_attempt_at = now() + $2 * interval '1 millisecond', last_error = $3
+UPDATE events SET status = 'queued', locked_until = NULL, woken = false,
+       next_attempt_at = now() + CASE WHEN woken THEN interval '0' ELSE $2 * interval '1 millisecond' END,
+       last_error = $3
  WHERE id = $1 AND status = 'processing' AND locked_until = $4";
 
 /// Gives up on an event; its object's row, if no event ever settled it, is
@@ -274,7 +331,7 @@ SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
        (SELECT count(*) FROM events WHERE status = 'dead')";
 
 const EVENT_COLUMNS: &str = "id, status, provider, transaction_id, event_type, psp_event_id, \
-     received_at, attempts, next_attempt_at, last_error, errors, finished_at";
+     received_at, replayed_at, replays, attempts, next_attempt_at, last_error, errors, finished_at";
 
 impl Store {
     /// Stores an accepted event (and the row of a new object) in one statement.
@@ -308,10 +365,55 @@ impl Store {
                 ],
             )
             .await?;
+        let seen = seen(&row, 0);
+        match accepted(fingerprint, &seen) {
+            Some(answer) => Ok(answer),
+            None => self.after_race(ev, fingerprint, seen.inserted).await,
+        }
+    }
+
+    /// The answer of an accept whose statement raced another accept of the
+    /// same event or object (see [`accepted`]), from what is committed now
+    /// (the other statement's insert waited for it): the payload sync mode
+    /// would compare against. An event we stored for an object stored
+    /// meanwhile with another payload is deleted again while no worker has
+    /// taken it (one that took it finds the mismatch and makes it `dead`).
+    async fn after_race(
+        &self,
+        ev: &CanonicalEvent,
+        fingerprint: &str,
+        inserted: Option<i64>,
+    ) -> Result<Accepted, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT (SELECT fingerprint FROM payments WHERE provider = $1 AND transaction_id = $2),
+                        (SELECT fingerprint FROM events
+                          WHERE provider = $1 AND transaction_id = $2 AND event_type = $3)",
+                &[&ev.provider, &ev.transaction_id, &ev.event_type.as_str()],
+            )
+            .await?;
         let existing: Option<String> = row.get(0);
-        let inserted: i64 = row.get(1);
-        let event_fp: Option<String> = row.get(2);
-        Ok(accepted(fingerprint, existing, inserted == 1, event_fp))
+        let event_fp: Option<String> = row.get(1);
+        match inserted {
+            Some(id) if existing.as_deref().is_some_and(|fp| fp != fingerprint) => {
+                client
+                    .execute(
+                        "DELETE FROM events WHERE id = $1 AND status = 'queued' AND attempts = 0",
+                        &[&id],
+                    )
+                    .await?;
+                Ok(Accepted::Mismatch)
+            }
+            Some(_) => Ok(Accepted::New),
+            None => match event_fp {
+                Some(fp) if fp == fingerprint => Ok(Accepted::Duplicate),
+                Some(_) => Ok(Accepted::Mismatch),
+                None => Err(StoreError::Corrupt(
+                    "an accept's insert met an event that is gone".to_owned(),
+                )),
+            },
+        }
     }
 
     /// Accepts several events with as few statements as it can, each
@@ -335,10 +437,10 @@ impl Store {
         let mut alone = firsts.clone();
         if firsts.len() > 1 {
             let batch: Vec<&ToAccept> = firsts.iter().map(|&i| &items[i]).collect();
-            match self.accept_many(&batch).await {
+            match self.accept_many_each(&batch).await {
                 Ok(answers) => {
                     for (&i, answer) in firsts.iter().zip(answers) {
-                        results[i] = Some(Ok(answer));
+                        results[i] = Some(answer);
                     }
                     alone.clear();
                 }
@@ -373,6 +475,16 @@ impl Store {
     /// their order. Their transactions must be distinct (a caller with two
     /// events of one transaction accepts the second after the first).
     pub async fn accept_many(&self, items: &[&ToAccept]) -> Result<Vec<Accepted>, StoreError> {
+        self.accept_many_each(items).await?.into_iter().collect()
+    }
+
+    /// [`Store::accept_many`], with the answer of each event apart once the
+    /// statement committed: a look after a race that fails is that event's
+    /// error only (accepting the others again would answer them `duplicate`).
+    async fn accept_many_each(
+        &self,
+        items: &[&ToAccept],
+    ) -> Result<Vec<Result<Accepted, StoreError>>, StoreError> {
         let mut keys: Vec<(&str, &str)> = items
             .iter()
             .map(|i| (i.event.provider.as_str(), i.event.transaction_id.as_str()))
@@ -432,67 +544,104 @@ impl Store {
                 items.len()
             )));
         }
-        Ok(rows
-            .iter()
-            .zip(items)
-            .map(|(row, item)| accepted(&item.fingerprint, row.get(1), row.get(2), row.get(3)))
-            .collect())
+        drop(client);
+        let mut answers = Vec::with_capacity(items.len());
+        for (row, item) in rows.iter().zip(items) {
+            let seen = seen(row, 1);
+            answers.push(match accepted(&item.fingerprint, &seen) {
+                Some(answer) => Ok(answer),
+                None => {
+                    self.after_race(&item.event, &item.fingerprint, seen.inserted)
+                        .await
+                }
+            });
+        }
+        Ok(answers)
     }
 
     /// Takes up to `limit` due events, oldest due first, locked for `lock`;
-    /// none when nothing is due.
-    pub async fn take(&self, lock: Duration, limit: i64) -> Result<Vec<Taken>, StoreError> {
+    /// none when nothing is due. Each is read alone: one this binary cannot
+    /// read comes back as [`Unreadable`], the others as they are.
+    pub async fn take(
+        &self,
+        lock: Duration,
+        limit: i64,
+    ) -> Result<Vec<Result<Taken, Unreadable>>, StoreError> {
         let client = self.pool.get().await?;
         let ms = lock.as_millis() as f64;
         let rows = client
             .query_typed(TAKE, &[(&ms, Type::FLOAT8), (&limit, Type::INT8)])
             .await?;
-        rows.iter()
+        Ok(rows
+            .iter()
             .map(|row| {
-                let Json(event): Json<CanonicalEvent> = row.try_get(1)?;
-                Ok(Taken {
-                    id: row.get(0),
-                    event,
-                    attempts: row.get(2),
-                    received_at: row.get(3),
-                    locked_until: row.get(4),
-                    row: payment_at(row, 5)?,
+                let id: i64 = row.get(0);
+                let locked_until: OffsetDateTime = row.get(4);
+                taken(row).map_err(|e| Unreadable {
+                    id,
+                    locked_until,
+                    error: crate::error::chain(&e),
                 })
             })
-            .collect()
+            .collect())
     }
 
-    /// Records events of one take done, in one statement, and wakes what
-    /// waits for the payments among them (`booked`: provider and
-    /// transaction of each). Returns the ids recorded: an event missing from
-    /// it no longer carries the take's lock (see [`Store::settle`]).
-    pub async fn settle_done(
+    /// Extends the lock `lock` of the events `ids` by `duration` from now,
+    /// for those still carrying it; the new lock, or `None` when none did
+    /// (each was recorded, or taken again by another worker).
+    pub async fn renew_locks(
         &self,
-        taken: &[&Taken],
-        booked: &[(&str, &str)],
-    ) -> Result<Vec<i64>, StoreError> {
+        ids: &[i64],
+        lock: OffsetDateTime,
+        duration: Duration,
+    ) -> Result<Option<OffsetDateTime>, StoreError> {
+        let client = self.pool.get().await?;
+        let ms = duration.as_millis() as f64;
+        let rows = client
+            .query_typed(
+                RENEW,
+                &[
+                    (&ids, Type::INT8_ARRAY),
+                    (&lock, Type::TIMESTAMPTZ),
+                    (&ms, Type::FLOAT8),
+                ],
+            )
+            .await?;
+        Ok(rows.first().map(|row| row.get(0)))
+    }
+
+    /// Records events of one take done, in one statement. Returns the ids
+    /// recorded: an event missing from it no longer carries the take's lock
+    /// (see [`Store::settle`]).
+    pub async fn settle_done(&self, taken: &[&Taken]) -> Result<Vec<i64>, StoreError> {
         let Some(first) = taken.first() else {
             return Ok(Vec::new());
         };
         debug_assert!(taken.iter().all(|t| t.locked_until == first.locked_until));
         let client = self.pool.get().await?;
         let ids: Vec<i64> = taken.iter().map(|t| t.id).collect();
-        let providers: Vec<&str> = booked.iter().map(|(p, _)| *p).collect();
-        let payments: Vec<&str> = booked.iter().map(|(_, t)| *t).collect();
-        let row = client
+        let rows = client
             .query_typed(
                 DONE,
                 &[
                     (&ids, Type::INT8_ARRAY),
                     (&first.locked_until, Type::TIMESTAMPTZ),
-                    (&providers, Type::TEXT_ARRAY),
-                    (&payments, Type::TEXT_ARRAY),
                 ],
             )
-            .await?
-            .pop()
-            .ok_or_else(|| StoreError::Corrupt("the done statement returned no row".to_owned()))?;
-        Ok(row.get(0))
+            .await?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    /// Makes an event this binary cannot read `dead` with the reason (no
+    /// attempt spent); `false` when it no longer carries its take's lock.
+    pub async fn settle_unreadable(&self, event: &Unreadable) -> Result<bool, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(DEAD).await?;
+        let error = format!("unreadable: {}", event.error);
+        let row = client
+            .query_one(&stmt, &[&event.id, &error, &0i32, &event.locked_until])
+            .await?;
+        Ok(row.get::<_, i64>(0) > 0)
     }
 
     /// Puts events whose worker's lock ran out back in the queue; how many.
@@ -512,7 +661,7 @@ impl Store {
         let rows = match settle {
             Settle::Done => {
                 drop(client);
-                return Ok(!self.settle_done(&[taken], &[]).await?.is_empty());
+                return Ok(!self.settle_done(&[taken]).await?.is_empty());
             }
             Settle::Retry { delay, error } => {
                 let stmt = client.prepare_cached(RETRY).await?;
@@ -588,14 +737,15 @@ impl Store {
         Ok(rows.iter().map(event_row).collect())
     }
 
-    /// Puts dead events back in the queue (attempts from zero); their rows
-    /// too. Returns what was re-queued.
+    /// Puts dead events back in the queue (attempts from zero, their age
+    /// from now: `replayed_at`); their rows too. Returns what was re-queued.
     pub async fn replay(&self, which: &Replay) -> Result<Vec<EventRow>, StoreError> {
         let client = self.pool.get().await?;
         let sql = format!(
             "WITH again AS (
                 UPDATE events SET status = 'queued', attempts = 0, next_attempt_at = now(),
-                       locked_until = NULL, finished_at = NULL
+                       locked_until = NULL, finished_at = NULL, replayed_at = now(),
+                       replays = replays + 1
                  WHERE status = 'dead'
                    AND ($1::text IS NULL OR provider = $1)
                    AND ($2::text IS NULL OR transaction_id = $2)
@@ -666,6 +816,20 @@ pub struct Replay {
     pub since: Option<OffsetDateTime>,
 }
 
+/// One row of [`TAKE`] as a [`Taken`]; an error when this binary cannot read it.
+fn taken(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
+    let Json(event): Json<CanonicalEvent> = row.try_get(1)?;
+    Ok(Taken {
+        id: row.try_get(0)?,
+        event,
+        attempts: row.try_get(2)?,
+        received_at: row.try_get(3)?,
+        locked_until: row.try_get(4)?,
+        row: payment_at(row, 5)?,
+        age_from: row.try_get(10)?,
+    })
+}
+
 /// The key events are deduplicated on.
 pub fn delivery_id(ev: &CanonicalEvent) -> String {
     format!("{}:{}", ev.transaction_id, ev.event_type.as_str())
@@ -680,6 +844,8 @@ fn event_row(r: &tokio_postgres::Row) -> EventRow {
         event_type: r.get("event_type"),
         psp_event_id: r.get("psp_event_id"),
         received_at: r.get("received_at"),
+        replayed_at: r.get("replayed_at"),
+        replays: r.get("replays"),
         attempts: r.get("attempts"),
         next_attempt_at: r.get("next_attempt_at"),
         last_error: r.get("last_error"),

@@ -218,8 +218,16 @@ pub async fn prune(args: &PruneArgs) -> Result<bool, String> {
 fn print_events(rows: &[EventRow], indent: &str) {
     for r in rows {
         let when = r.received_at.format(&Rfc3339).unwrap_or_default();
+        // Its age counts from the last replay: show it.
+        let replayed = r
+            .replayed_at
+            .map(|at| {
+                let at = at.format(&Rfc3339).unwrap_or_default();
+                format!("  replayed {at} ({}x)", r.replays)
+            })
+            .unwrap_or_default();
         println!(
-            "{indent}#{:<6} {:<10} {}:{} {:<25} received {when}  attempts {}{}",
+            "{indent}#{:<6} {:<10} {}:{} {:<25} received {when}{replayed}  attempts {}{}",
             r.id,
             r.status,
             r.provider,

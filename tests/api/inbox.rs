@@ -630,7 +630,8 @@ async fn an_attempt_that_outlived_its_lock_records_nothing_over_the_newer_one() 
         .await
         .unwrap()
         .pop()
-        .expect("the first take");
+        .expect("the first take")
+        .unwrap();
     wait_for(
         "the first lock rescued",
         Duration::from_secs(10),
@@ -642,7 +643,8 @@ async fn an_attempt_that_outlived_its_lock_records_nothing_over_the_newer_one() 
         .await
         .unwrap()
         .pop()
-        .expect("taken again");
+        .expect("taken again")
+        .unwrap();
     assert_eq!(newer.id, stalled.id);
     let dead = Settle::Dead {
         error: "the stalled worker's verdict".to_owned(),
