@@ -11,6 +11,7 @@ mod exactly_once;
 mod faults;
 mod hardening;
 mod inbox;
+mod inbox_liveness;
 mod inline_lease;
 mod input;
 mod lease;

@@ -1,0 +1,505 @@
+//! Inbox mode never wedges: a dead worker's event is taken again within
+//! about a lease TTL, an unreadable event is dead alone, a replay restarts
+//! the age clock, an accept that loses a race answers as sync mode would, and
+//! what waits for a payment is woken when the payment is booked.
+
+use std::time::Duration;
+
+use fencehook::domain::{CanonicalEvent, EventKind};
+use fencehook::metrics::INBOX_ATTEMPTS_TOTAL;
+use fencehook::store::inbox::{Replay, Settle};
+use fencehook::store::Store;
+use serde_json::json;
+
+use crate::helpers::downstream::MockDownstream;
+use crate::helpers::process::WorkProcess;
+use crate::helpers::{payment, wait_for, TestContext};
+
+async fn event_status(ctx: &TestContext, tx: &str) -> Vec<(String, i32)> {
+    ctx.db()
+        .await
+        .query(
+            "SELECT status, attempts FROM events WHERE transaction_id = $1 ORDER BY id",
+            &[&tx],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+async fn booked(ctx: &TestContext, tx: &str) -> bool {
+    matches!(ctx.payment(tx).await, Some((s, _)) if s == "succeeded")
+}
+
+fn refund_of(payment_tx: &str, tx: &str, amount: i64) -> serde_json::Value {
+    let mut refund = payment(tx, amount);
+    refund["event_type"] = json!("refund.succeeded");
+    refund["payment_transaction_id"] = json!(payment_tx);
+    refund
+}
+
+/// Waits until a worker has looked at `tx` and put it back to wait.
+async fn wait_until_waiting(ctx: &TestContext, tx: &str) {
+    wait_for(
+        "put back to wait for its payment",
+        Duration::from_secs(10),
+        || async {
+            ctx.count(&format!(
+                "SELECT count(*) FROM events WHERE transaction_id = '{tx}'
+                AND status = 'queued' AND last_error LIKE 'waiting for payment %'"
+            ))
+            .await
+                == 1
+        },
+    )
+    .await;
+}
+
+/// A worker frozen (SIGSTOP) in the middle of its downstream call, with a
+/// maximum hold far longer than its TTL: another worker books its event
+/// within about one TTL, because the event's lock is only renewed while
+/// the attempt lives. Woken up, the frozen worker books nothing: exactly
+/// one ledger entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_workers_event_is_booked_by_another_within_about_one_ttl_and_once() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    // Accept only, in process: the workers are the processes below.
+    let app = ctx.spawn(ctx.inbox_config(0)).await;
+    downstream.gate_token(1);
+    let env = vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_LEASE_TTL_MS", "1000".to_owned()),
+        // Before the lock was renewed, a taken event was locked for the
+        // maximum hold plus a TTL: 31 s here.
+        ("FENCEHOOK_LEASE_MAX_MS", "30000".to_owned()),
+        ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+        ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "1500".to_owned()),
+        ("FENCEHOOK_WORKERS", "2".to_owned()),
+        ("FENCEHOOK_RETRY_BASE_MS", "100".to_owned()),
+    ];
+    let a = WorkProcess::start(&env).await;
+    assert_eq!(
+        app.deliver(&payment("tx_frozen", 610)).await.result(),
+        "accepted"
+    );
+    wait_for("A's downstream call", Duration::from_secs(10), || async {
+        !downstream.calls().is_empty()
+    })
+    .await;
+    let b = WorkProcess::start(&env).await;
+    a.signal("STOP");
+    // One TTL for A's lease and its event's lock to run out, a second for the
+    // rescue to look, and room for a loaded machine; far below 31 s.
+    wait_for(
+        "booked by B within about one TTL",
+        Duration::from_secs(7),
+        || async { event_status(&ctx, "tx_frozen").await == [("done".to_owned(), 0)] },
+    )
+    .await;
+    assert_eq!(
+        ctx.payment("tx_frozen").await,
+        Some(("succeeded".to_owned(), 2)),
+        "booked under B's newer token"
+    );
+    downstream.open_gate();
+    a.signal("CONT");
+    wait_for(
+        "A noticed it lost its lease",
+        Duration::from_secs(10),
+        || async {
+            a.logs
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains("lease lost") || l.contains("fence rejected"))
+        },
+    )
+    .await;
+    assert_eq!(ctx.entries().await, 1, "booked once");
+    assert_eq!(
+        event_status(&ctx, "tx_frozen").await,
+        [("done".to_owned(), 0)],
+        "A recorded nothing over B's attempt"
+    );
+    ctx.assert_audit_clean().await;
+    drop(b);
+}
+
+/// An event whose stored canonical form this binary cannot decode (here a
+/// hand edit to an event kind it does not know) does not fail the take it
+/// is in: it is dead with the reason, counted, and the events taken with it
+/// are booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_this_binary_cannot_read_is_dead_alone_and_the_others_of_its_take_are_booked() {
+    let ctx = TestContext::new().await;
+    let accepting = ctx.spawn(ctx.inbox_config(0)).await;
+    for (i, tx) in ["tx_read_1", "tx_unreadable", "tx_read_2"]
+        .iter()
+        .enumerate()
+    {
+        let r = accepting.deliver(&payment(tx, 100 + i as i64)).await;
+        assert_eq!(r.result(), "accepted");
+    }
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET canonical = jsonb_set(canonical, '{event_type}', '\"payment.teleported\"')
+              WHERE transaction_id = 'tx_unreadable'",
+        )
+        .await
+        .unwrap();
+    // One worker takes all three in one take.
+    let worker = ctx.spawn(ctx.inbox_config(1)).await;
+    wait_for(
+        "the readable events booked",
+        Duration::from_secs(10),
+        || async { booked(&ctx, "tx_read_1").await && booked(&ctx, "tx_read_2").await },
+    )
+    .await;
+    wait_for(
+        "the unreadable event dead",
+        Duration::from_secs(10),
+        || async { event_status(&ctx, "tx_unreadable").await == [("dead".to_owned(), 0)] },
+    )
+    .await;
+    let reason: String = ctx
+        .db()
+        .await
+        .query_one(
+            "SELECT last_error FROM events WHERE transaction_id = 'tx_unreadable'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        reason.starts_with("unreadable: ") && reason.contains("payment.teleported"),
+        "{reason}"
+    );
+    assert_eq!(
+        ctx.payment("tx_unreadable").await.map(|(s, _)| s),
+        Some("dead".to_owned()),
+        "its row is dead with it, for the replay"
+    );
+    assert_eq!(ctx.entries().await, 2);
+    assert!(worker.metric(INBOX_ATTEMPTS_TOTAL, &[("result", "dead")]) >= 1.0);
+}
+
+/// After a long outage an event older than FENCEHOOK_MAX_AGE_SECS is
+/// replayed: its age counts from the replay, so its first failure after it
+/// is retried, not dead; `inspect` shows the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replayed_event_ages_from_its_replay_and_its_next_failure_is_retried() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    downstream.set_status(500);
+    let mut cfg = ctx.inbox_config(1);
+    cfg.downstream_url = Some(downstream.url());
+    cfg.inbox.max_attempts = 2;
+    cfg.inbox.max_age = Duration::from_secs(3600);
+    let _app = ctx.spawn(cfg).await;
+    let store = Store::new(&ctx.config().db).unwrap();
+    assert_eq!(
+        _app.deliver(&payment("tx_outage", 77)).await.result(),
+        "accepted"
+    );
+    wait_for(
+        "dead after two failures",
+        Duration::from_secs(15),
+        || async { event_status(&ctx, "tx_outage").await == [("dead".to_owned(), 2)] },
+    )
+    .await;
+    // The outage lasted longer than the age limit.
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET received_at = now() - interval '2 hours'
+              WHERE transaction_id = 'tx_outage'",
+        )
+        .await
+        .unwrap();
+    let calls_before = downstream.calls().len();
+    let replayed = store
+        .replay(&Replay {
+            transaction_id: Some("tx_outage".to_owned()),
+            ..Replay::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(replayed.len(), 1);
+    wait_for(
+        "the replayed event's first failure",
+        Duration::from_secs(15),
+        || async { downstream.calls().len() > calls_before },
+    )
+    .await;
+    wait_for("retried, not dead", Duration::from_secs(10), || async {
+        let status = event_status(&ctx, "tx_outage").await;
+        assert_ne!(
+            status[0].0, "dead",
+            "dead on its first failure after the replay"
+        );
+        status[0].1 >= 1
+    })
+    .await;
+    downstream.set_status(200);
+    wait_for("booked", Duration::from_secs(15), || async {
+        booked(&ctx, "tx_outage").await
+    })
+    .await;
+    assert_eq!(ctx.entries().await, 1);
+    let inspection = store.inspect("generic", "tx_outage").await.unwrap();
+    let event = &inspection.events[0];
+    assert_eq!(event.replays, 1);
+    assert!(event.replayed_at.is_some_and(|at| at > event.received_at));
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"))
+        .args([
+            "inspect",
+            "--provider",
+            "generic",
+            "--transaction-id",
+            "tx_outage",
+        ])
+        .env("DATABASE_URL", &ctx.database_url)
+        .env("FENCEHOOK_MIGRATE_ON_START", "false")
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(" replayed ") && text.contains("(1x)"),
+        "{text}"
+    );
+}
+
+/// The canonical event of a generic payment-family delivery, as the edge
+/// maps it, for a hand-written winner of a race.
+fn generic(tx: &str, kind: EventKind, amount: i64) -> CanonicalEvent {
+    CanonicalEvent {
+        provider: "generic".to_owned(),
+        transaction_id: tx.to_owned(),
+        event_type: kind,
+        amount_minor: amount,
+        currency: "EUR".to_owned(),
+        parent_transaction_id: None,
+        occurred_at: None,
+    }
+}
+
+/// Opens a transaction that stores `ev` (its event and its payments row) as
+/// an accept would, and keeps it open: the winner of a race, not committed
+/// yet.
+async fn uncommitted_accept(ctx: &TestContext, ev: &CanonicalEvent) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&ctx.database_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let fp = ev.fingerprint();
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .execute(
+            "INSERT INTO events (provider, transaction_id, event_type, delivery_id, fingerprint,
+                                 canonical, body)
+             VALUES ($1, $2, $3, $2 || ':' || $3, $4, $5, '{}')",
+            &[
+                &ev.provider,
+                &ev.transaction_id,
+                &ev.event_type.as_str(),
+                &fp,
+                &tokio_postgres::types::Json(ev),
+            ],
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            "INSERT INTO payments (provider, transaction_id, kind, event_type, amount_minor,
+                                   currency, fingerprint, status, fence)
+             VALUES ($1, $2::text, 'payment', $3::text, $4::int8, 'EUR', $5, 'queued', 0)",
+            &[
+                &ev.provider,
+                &ev.transaction_id,
+                &ev.event_type.as_str(),
+                &ev.amount_minor,
+                &fp,
+            ],
+        )
+        .await
+        .unwrap();
+    client
+}
+
+/// Waits until a statement of this test's database waits for a row lock:
+/// the racing accept has met the winner's uncommitted rows.
+async fn wait_until_an_accept_waits(ctx: &TestContext) {
+    wait_for(
+        "the accept waiting for the winner",
+        Duration::from_secs(10),
+        || async {
+            ctx.count(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .await
+                >= 1
+        },
+    )
+    .await;
+}
+
+/// Two accepts of one new event with different payloads at once: the one
+/// whose insert met the other's (its snapshot saw no event) must answer as
+/// sync mode would, 422 `payload_mismatch`, not `duplicate` for a payload
+/// never stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_accept_racing_another_payload_of_the_same_event_is_answered_payload_mismatch() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.inbox_config(0)).await;
+    let winner =
+        uncommitted_accept(&ctx, &generic("tx_race", EventKind::PaymentSucceeded, 999)).await;
+    let loser = tokio::spawn({
+        let app_base = app.base.clone();
+        async move { crate::helpers::process::deliver_to(&app_base, &payment("tx_race", 500)).await }
+    });
+    wait_until_an_accept_waits(&ctx).await;
+    winner.batch_execute("COMMIT").await.unwrap();
+    let r = loser.await.unwrap();
+    assert_eq!((r.status, r.result()), (422, "payload_mismatch"), "{r:?}");
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE transaction_id = 'tx_race'")
+            .await,
+        1,
+        "only the winner's event"
+    );
+    // The same payload is a duplicate, as always.
+    let r = app.deliver(&payment("tx_race", 999)).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+}
+
+/// Two accepts of new events of one object (a payment's success and its
+/// failure) with different amounts at once: the one whose row insert met the
+/// other's is answered `payload_mismatch` and its event is not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_accept_racing_another_payload_of_the_same_object_is_answered_payload_mismatch() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.inbox_config(0)).await;
+    let winner = uncommitted_accept(
+        &ctx,
+        &generic("tx_race_obj", EventKind::PaymentSucceeded, 999),
+    )
+    .await;
+    let mut failed = payment("tx_race_obj", 500);
+    failed["event_type"] = json!("payment.failed");
+    let loser = tokio::spawn({
+        let app_base = app.base.clone();
+        async move { crate::helpers::process::deliver_to(&app_base, &failed).await }
+    });
+    wait_until_an_accept_waits(&ctx).await;
+    winner.batch_execute("COMMIT").await.unwrap();
+    let r = loser.await.unwrap();
+    assert_eq!((r.status, r.result()), (422, "payload_mismatch"), "{r:?}");
+    assert_eq!(
+        ctx.count(
+            "SELECT count(*) FROM events WHERE transaction_id = 'tx_race_obj'
+                AND event_type = 'payment.failed'"
+        )
+        .await,
+        0,
+        "the loser's event is not kept"
+    );
+}
+
+/// A refund waiting for its payment (far into its pause) is woken when a
+/// sync instance books the payment, not at the end of its pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_refund_is_woken_when_a_sync_instance_books_its_payment() {
+    let ctx = TestContext::new().await;
+    let inbox = ctx.spawn(ctx.inbox_config(1)).await;
+    assert_eq!(
+        inbox
+            .deliver(&refund_of("pay_sync", "re_sync", 300))
+            .await
+            .result(),
+        "accepted"
+    );
+    wait_until_waiting(&ctx, "re_sync").await;
+    // Deep into its wait: the fallback would take an hour.
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET next_attempt_at = now() + interval '1 hour'
+              WHERE transaction_id = 're_sync'",
+        )
+        .await
+        .unwrap();
+    let sync = ctx.spawn(ctx.config()).await;
+    assert_eq!(
+        sync.deliver(&payment("pay_sync", 1000)).await.result(),
+        "processed"
+    );
+    wait_for(
+        "the refund booked once its payment is",
+        Duration::from_secs(5),
+        || async { booked(&ctx, "re_sync").await },
+    )
+    .await;
+    assert_eq!(ctx.entries().await, 2);
+    ctx.assert_audit_clean().await;
+}
+
+/// A refund whose worker saw its payment not booked yet, and re-queues it
+/// just after the payment was booked: the re-queue makes it due at once
+/// instead of after its pause, and it is booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refund_re_queued_just_after_its_payment_was_booked_is_due_at_once() {
+    let ctx = TestContext::new().await;
+    let accepting = ctx.spawn(ctx.inbox_config(0)).await;
+    assert_eq!(
+        accepting
+            .deliver(&refund_of("pay_late", "re_late", 300))
+            .await
+            .result(),
+        "accepted"
+    );
+    let store = Store::new(&ctx.config().db).unwrap();
+    let taken = store
+        .take(Duration::from_secs(60), 1)
+        .await
+        .unwrap()
+        .pop()
+        .expect("the refund taken")
+        .unwrap();
+    // While this worker has it, the payment is booked (here by a sync
+    // instance); then the worker puts the refund back to wait.
+    let sync = ctx.spawn(ctx.config()).await;
+    assert_eq!(
+        sync.deliver(&payment("pay_late", 1000)).await.result(),
+        "processed"
+    );
+    let requeue = Settle::Requeue {
+        delay: Duration::from_secs(3600),
+        reason: "waiting for payment pay_late".to_owned(),
+    };
+    assert!(store.settle(&taken, &requeue).await.unwrap());
+    assert_eq!(
+        ctx.count(
+            "SELECT count(*) FROM events WHERE transaction_id = 're_late'
+                AND status = 'queued' AND next_attempt_at <= now()"
+        )
+        .await,
+        1,
+        "due at once"
+    );
+    let _worker = ctx.spawn(ctx.inbox_config(1)).await;
+    wait_for("the refund booked", Duration::from_secs(5), || async {
+        booked(&ctx, "re_late").await
+    })
+    .await;
+    assert_eq!(ctx.entries().await, 2);
+}
