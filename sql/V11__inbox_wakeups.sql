@@ -1,35 +1,31 @@
--- Inbox mode: replays restart an event's age, and what waits is woken when
--- what it waits for is booked.
+-- Inbox mode: what waits for a payment is woken when the payment is booked,
+-- whoever books it.
 --
--- Additive: two columns with defaults, a flag, and a trigger on `payments`.
--- A binary from before it ignores the columns (its replays leave
--- `replayed_at` alone, so their events age from their acceptance, as
--- before), and its bookings fire the trigger like this release's: old and
--- new side by side is safe.
-
--- The last replay, and how many there were: an event's age
--- (FENCEHOOK_MAX_AGE_SECS) counts from its last replay, not from its
--- acceptance, so an event replayed after a long outage is not dead on its
--- first failure.
-ALTER TABLE events ADD COLUMN replayed_at timestamptz;
-ALTER TABLE events ADD COLUMN replays integer NOT NULL DEFAULT 0;
-
--- What this event waited for was booked while a worker had it (between the
--- worker's look and its re-queue): the re-queue makes it due at once instead
--- of after its pause. Cleared by each take.
-ALTER TABLE events ADD COLUMN woken boolean NOT NULL DEFAULT false;
-
--- When a payments row becomes `succeeded`, in either mode and whoever booked
--- it, the events waiting for it are woken: the refunds and disputes of a
--- payment, and a dispute's reinstatement waiting for its withdrawal. A queued
--- one is made due now and the workers are notified (only then: a NOTIFY in a
--- transaction serializes its commit behind a global lock, and most bookings
--- wake nothing); one a worker holds is flagged, and its re-queue makes it due.
--- A waiting event re-queued concurrently is caught either way: whichever of
--- the two updates of its row comes second sees the other's.
+-- Additive: a function and a trigger on `payments`, no column. Binaries from
+-- before it run beside it unchanged (their bookings fire the trigger too),
+-- and this release runs on the schema before it (its waiting events then
+-- fall back to their pause).
+--
+-- When a payments row becomes `succeeded`, in either mode (a sync instance's
+-- booking included), the events waiting for it are woken: the refunds and
+-- disputes of a payment, and a dispute's reinstatement waiting for its
+-- withdrawal.
+--
+-- - A queued one is made due now and the workers are notified. Only then: a
+--   NOTIFY in a transaction serializes its commit behind a global lock, and
+--   most bookings wake nothing.
+-- - One a worker holds (`processing`: the worker looked before the booking
+--   and will re-queue it to wait) gets `next_attempt_at` = the wall clock,
+--   which is past the moment it was taken; its re-queue sees that and makes
+--   it due at once instead of after its pause.
+--
+-- A re-queue concurrent with the booking is caught either way: whichever of
+-- the two updates of the event's row comes second waits for the first and
+-- sees what it wrote.
 CREATE FUNCTION events_wake_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     queued bigint;
+    woken bigint;
 BEGIN
     IF TG_OP = 'UPDATE' AND OLD.status = 'succeeded' THEN
         RETURN NULL;
@@ -40,20 +36,17 @@ BEGIN
        AND status = 'queued' AND next_attempt_at > now();
     GET DIAGNOSTICS queued = ROW_COUNT;
     -- Children being attempted: a handful of rows at most (V5's events_locked_idx).
-    UPDATE events SET woken = true
+    UPDATE events SET next_attempt_at = clock_timestamp()
      WHERE status = 'processing' AND provider = NEW.provider
        AND parent_transaction_id = NEW.transaction_id;
     -- The reinstatement of this dispute, by the unique key (V7).
-    WITH r AS (
-        UPDATE events
-           SET next_attempt_at = CASE WHEN status = 'queued' THEN now() ELSE next_attempt_at END,
-               woken = (status = 'processing')
-         WHERE provider = NEW.provider AND transaction_id = NEW.transaction_id
-           AND event_type = 'dispute.funds_reinstated'
-           AND (status = 'processing' OR (status = 'queued' AND next_attempt_at > now()))
-        RETURNING status)
-    SELECT queued + count(*) FILTER (WHERE status = 'queued') INTO queued FROM r;
-    IF queued > 0 THEN
+    UPDATE events
+       SET next_attempt_at = CASE WHEN status = 'queued' THEN now() ELSE clock_timestamp() END
+     WHERE provider = NEW.provider AND transaction_id = NEW.transaction_id
+       AND event_type = 'dispute.funds_reinstated'
+       AND (status = 'processing' OR (status = 'queued' AND next_attempt_at > now()));
+    GET DIAGNOSTICS woken = ROW_COUNT;
+    IF queued + woken > 0 THEN
         PERFORM pg_notify('fencehook_inbox', '');
     END IF;
     RETURN NULL;

@@ -115,6 +115,9 @@ pub struct Taken {
     /// What its age (`FENCEHOOK_MAX_AGE_SECS`) counts from: its last replay,
     /// or its acceptance.
     pub age_from: OffsetDateTime,
+    /// When it was taken (the database's clock): a `next_attempt_at` past it
+    /// means what it waits for was booked during the attempt (V11's trigger).
+    pub taken_at: OffsetDateTime,
     /// The lock this take (or its last renewal) set: the attempt's result is
     /// recorded only while the event still carries it. A worker that stalled
     /// past its lock, whose event was taken again, records nothing over the
@@ -170,7 +173,7 @@ pub struct EventRow {
     pub psp_event_id: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub received_at: OffsetDateTime,
-    /// The last replay: the event's age counts from it.
+    /// The last replay (from its history): the event's age counts from it.
     #[serde(with = "time::serde::rfc3339::option")]
     pub replayed_at: Option<OffsetDateTime>,
     pub replays: i32,
@@ -259,14 +262,14 @@ const NOTIFY: &str = "SELECT pg_notify('fencehook_inbox', '')";
 /// module's rules.
 const TAKE: &str = "\
 WITH taken AS (
-    UPDATE events SET status = 'processing', locked_until = now() + $1 * interval '1 millisecond',
-                      woken = false
+    UPDATE events SET status = 'processing', locked_until = now() + $1 * interval '1 millisecond'
      WHERE id = ANY(ARRAY(SELECT id FROM events WHERE status = 'queued' AND next_attempt_at <= now()
                            ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED))
     RETURNING id, provider, transaction_id, canonical, attempts, received_at, locked_until,
-              coalesce(replayed_at, received_at) AS age_from)
+              coalesce((SELECT max((e->>'at')::timestamptz) FROM jsonb_array_elements(errors) e
+                         WHERE e ? 'replay'), received_at) AS age_from)
 SELECT t.id, t.canonical, t.attempts, t.received_at, t.locked_until,
-       p.id, p.kind, p.status, p.fingerprint, p.fence, t.age_from
+       p.id, p.kind, p.status, p.fingerprint, p.fence, t.age_from, now()
   FROM taken t LEFT JOIN payments p ON p.provider = t.provider AND p.transaction_id = t.transaction_id";
 
 /// Extends the lock `$2` of the events `$1` still carrying it to `$3` ms
@@ -302,11 +305,12 @@ UPDATE events SET status = 'queued', attempts = attempts + 1, locked_until = NUL
  WHERE id = $1 AND status = 'processing' AND locked_until = $4";
 
 /// Puts an event back without spending an attempt; due at once when what
-/// it waits for was booked during the attempt (`woken`, V11's trigger).
+/// it waits for was booked during the attempt (V11's trigger moved its
+/// `next_attempt_at` past `$5`, when it was taken).
 const REQUEUE: &str = "\
-UPDATE events SET status = 'queued', locked_until = NULL, woken = false,
-       next_attempt_at = now() + CASE WHEN woken THEN interval '0' ELSE $2 * interval '1 millisecond' END,
-       last_error = $3
+UPDATE events SET status = 'queued', locked_until = NULL, last_error = $3,
+       next_attempt_at = CASE WHEN next_attempt_at > $5 THEN now()
+                              ELSE now() + $2 * interval '1 millisecond' END
  WHERE id = $1 AND status = 'processing' AND locked_until = $4";
 
 /// Gives up on an event; its object's row, if no event ever settled it, is
@@ -330,8 +334,12 @@ SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
        (SELECT count(*) FROM events WHERE status = 'processing'),
        (SELECT count(*) FROM events WHERE status = 'dead')";
 
+/// An event's replays are entries of its history (`errors`: `{at, replay}`).
 const EVENT_COLUMNS: &str = "id, status, provider, transaction_id, event_type, psp_event_id, \
-     received_at, replayed_at, replays, attempts, next_attempt_at, last_error, errors, finished_at";
+     received_at, attempts, next_attempt_at, last_error, errors, finished_at, \
+     (SELECT max((e->>'at')::timestamptz) FROM jsonb_array_elements(errors) e \
+       WHERE e ? 'replay') AS replayed_at, \
+     (SELECT count(*)::int4 FROM jsonb_array_elements(errors) e WHERE e ? 'replay') AS replays";
 
 impl Store {
     /// Stores an accepted event (and the row of a new object) in one statement.
@@ -672,7 +680,7 @@ impl Store {
             Settle::Requeue { delay, reason } => {
                 let stmt = client.prepare_cached(REQUEUE).await?;
                 client
-                    .execute(&stmt, &[id, &ms(delay), reason, lock])
+                    .execute(&stmt, &[id, &ms(delay), reason, lock, &taken.taken_at])
                     .await?
             }
             Settle::Dead { error, spent } => {
@@ -738,14 +746,17 @@ impl Store {
     }
 
     /// Puts dead events back in the queue (attempts from zero, their age
-    /// from now: `replayed_at`); their rows too. Returns what was re-queued.
+    /// from now: the replay is an entry of their history, `{at, replay}`);
+    /// their rows too. Returns what was re-queued.
     pub async fn replay(&self, which: &Replay) -> Result<Vec<EventRow>, StoreError> {
         let client = self.pool.get().await?;
         let sql = format!(
             "WITH again AS (
                 UPDATE events SET status = 'queued', attempts = 0, next_attempt_at = now(),
-                       locked_until = NULL, finished_at = NULL, replayed_at = now(),
-                       replays = replays + 1
+                       locked_until = NULL, finished_at = NULL,
+                       errors = errors || jsonb_build_array(jsonb_build_object(
+                           'at', now(), 'replay', 1 + (SELECT count(*) FROM jsonb_array_elements(errors) e
+                                                        WHERE e ? 'replay')))
                  WHERE status = 'dead'
                    AND ($1::text IS NULL OR provider = $1)
                    AND ($2::text IS NULL OR transaction_id = $2)
@@ -827,6 +838,7 @@ fn taken(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
         locked_until: row.try_get(4)?,
         row: payment_at(row, 5)?,
         age_from: row.try_get(10)?,
+        taken_at: row.try_get(11)?,
     })
 }
 
