@@ -503,3 +503,56 @@ async fn a_refund_re_queued_just_after_its_payment_was_booked_is_due_at_once() {
     .await;
     assert_eq!(ctx.entries().await, 2);
 }
+
+/// A dispute's reinstatement accepted before its withdrawal waits (far into
+/// its pause) and is woken when the withdrawal is booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reinstatement_waiting_for_its_withdrawal_is_woken_when_the_withdrawal_is_booked() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.inbox_config(1)).await;
+    assert_eq!(
+        app.deliver(&payment("pay_disputed", 1000)).await.result(),
+        "accepted"
+    );
+    wait_for("the payment booked", Duration::from_secs(10), || async {
+        booked(&ctx, "pay_disputed").await
+    })
+    .await;
+    let dispute = |event_type: &str| {
+        let mut ev = payment("dp_1", 400);
+        ev["event_type"] = json!(event_type);
+        ev["payment_transaction_id"] = json!("pay_disputed");
+        ev
+    };
+    assert_eq!(
+        app.deliver(&dispute("dispute.funds_reinstated"))
+            .await
+            .result(),
+        "accepted"
+    );
+    wait_until_waiting(&ctx, "dp_1").await;
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET next_attempt_at = now() + interval '1 hour'
+              WHERE transaction_id = 'dp_1'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        app.deliver(&dispute("dispute.funds_withdrawn"))
+            .await
+            .result(),
+        "accepted"
+    );
+    wait_for(
+        "the reinstatement booked once its withdrawal is",
+        Duration::from_secs(5),
+        || async {
+            event_status(&ctx, "dp_1").await == [("done".to_owned(), 0), ("done".to_owned(), 0)]
+        },
+    )
+    .await;
+    assert_eq!(ctx.entries().await, 3, "credit, dispute, dispute_reversal");
+    ctx.assert_audit_clean().await;
+}
