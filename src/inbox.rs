@@ -338,13 +338,9 @@ impl Inbox {
         self.metrics.inbox_attempts(InboxAttempt::Dead).increment(1);
         tracing::warn!(event = event.id, error = %event.error,
             "an event this binary cannot read is dead; replay it with a binary that can");
-        let settle = Settle::Dead {
-            error: event.error.clone(),
-            spent: false,
-        };
         if let Err(e) = self.store.settle_unreadable(event).await {
-            tracing::warn!(event = event.id, ?settle, error = %crate::error::chain(&e),
-                "could not record an attempt's result; the event will be taken again");
+            tracing::warn!(event = event.id, error = %crate::error::chain(&e),
+                "could not record an unreadable event dead; it will be taken again");
         }
     }
 
@@ -380,6 +376,11 @@ impl Inbox {
                         let _ = running.changed().await;
                         return lock;
                     }
+                    // Tried again next tick. Had it committed after all (its
+                    // answer lost), the events carry a lock we do not know:
+                    // the next renewals find none, their results are not
+                    // recorded, and the rescue hands them on once it runs
+                    // out (the lifecycle then finds what was booked).
                     Err(e) => {
                         tracing::debug!(error = %crate::error::chain(&e), "could not renew the lock of taken events");
                     }

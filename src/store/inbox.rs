@@ -990,3 +990,48 @@ fn row_view(r: &tokio_postgres::Row) -> RowView {
         updated_at: r.get("updated_at"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(existing: Option<&str>, inserted: bool, row: bool, event: Option<&str>) -> Seen {
+        Seen {
+            existing: existing.map(str::to_owned),
+            inserted: inserted.then_some(1),
+            row_inserted: row,
+            event_fp: event.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn an_accept_is_answered_from_its_snapshot_only_when_the_snapshot_can_tell() {
+        let fp = "ours";
+        // Alone: a new object, a new event of a known object, a repeat.
+        assert_eq!(
+            accepted(fp, &seen(None, true, true, None)),
+            Some(Accepted::New)
+        );
+        assert_eq!(
+            accepted(fp, &seen(Some(fp), true, false, None)),
+            Some(Accepted::New)
+        );
+        assert_eq!(
+            accepted(fp, &seen(Some(fp), false, false, Some(fp))),
+            Some(Accepted::Duplicate)
+        );
+        // Another payload stored before.
+        assert_eq!(
+            accepted(fp, &seen(Some("theirs"), false, false, None)),
+            Some(Accepted::Mismatch)
+        );
+        assert_eq!(
+            accepted(fp, &seen(None, false, false, Some("theirs"))),
+            Some(Accepted::Mismatch)
+        );
+        // Raced: our insert met an event we cannot see, or our event went in
+        // but the object's row was stored meanwhile by another accept.
+        assert_eq!(accepted(fp, &seen(None, false, false, None)), None);
+        assert_eq!(accepted(fp, &seen(None, true, false, None)), None);
+    }
+}

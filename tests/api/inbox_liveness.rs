@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fencehook::domain::{CanonicalEvent, EventKind};
 use fencehook::metrics::INBOX_ATTEMPTS_TOTAL;
-use fencehook::store::inbox::{Replay, Settle};
+use fencehook::store::inbox::{Accepted, Replay, Settle, ToAccept};
 use fencehook::store::Store;
 use serde_json::json;
 
@@ -380,6 +380,49 @@ async fn an_accept_racing_another_payload_of_the_same_event_is_answered_payload_
     // The same payload is a duplicate, as always.
     let r = app.deliver(&payment("tx_race", 999)).await;
     assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+}
+
+/// The same race inside a batched accept (one statement for several
+/// events): the event that met the winner's is answered `payload_mismatch`,
+/// the others of its statement as they would be alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batched_accept_racing_another_payload_answers_that_event_payload_mismatch() {
+    let ctx = TestContext::new().await;
+    let store = Store::new(&ctx.config().db).unwrap();
+    let winner = uncommitted_accept(
+        &ctx,
+        &generic("tx_race_b", EventKind::PaymentSucceeded, 999),
+    )
+    .await;
+    let item = |tx: &str, amount: i64| {
+        let event = generic(tx, EventKind::PaymentSucceeded, amount);
+        ToAccept {
+            fingerprint: event.fingerprint(),
+            psp_event_id: None,
+            body: format!("{{\"amount\":{amount}}}"),
+            event,
+        }
+    };
+    let batch = vec![item("tx_race_b", 500), item("tx_alone_b", 10)];
+    let loser = tokio::spawn({
+        let store = store.clone();
+        async move { store.accept_together(&batch).await }
+    });
+    wait_until_an_accept_waits(&ctx).await;
+    winner.batch_execute("COMMIT").await.unwrap();
+    let answers: Vec<Accepted> = loser
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(answers, [Accepted::Mismatch, Accepted::New]);
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE transaction_id = 'tx_race_b'")
+            .await,
+        1,
+        "only the winner's event"
+    );
 }
 
 /// Two accepts of new events of one object (a payment's success and its
