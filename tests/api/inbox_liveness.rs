@@ -40,6 +40,25 @@ fn refund_of(payment_tx: &str, tx: &str, amount: i64) -> serde_json::Value {
     refund
 }
 
+/// Moves `tx`'s next look an hour away, deep into a waiting event's pause,
+/// once it is queued (not while a worker has it, whose re-queue would set
+/// its own pause).
+async fn push_its_next_look_an_hour_away(ctx: &TestContext, tx: &str) {
+    wait_for("the event queued", Duration::from_secs(10), || async {
+        ctx.db()
+            .await
+            .execute(
+                "UPDATE events SET next_attempt_at = now() + interval '1 hour'
+                  WHERE transaction_id = $1 AND status = 'queued'",
+                &[&tx],
+            )
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+}
+
 /// Waits until a worker has looked at `tx` and put it back to wait.
 async fn wait_until_waiting(ctx: &TestContext, tx: &str) {
     wait_for(
@@ -202,6 +221,9 @@ async fn a_replayed_event_ages_from_its_replay_and_its_next_failure_is_retried()
     cfg.downstream_url = Some(downstream.url());
     cfg.inbox.max_attempts = 2;
     cfg.inbox.max_age = Duration::from_secs(3600);
+    // A retry waits one to two seconds: long enough to be seen queued.
+    cfg.inbox.retry_base = Duration::from_secs(2);
+    cfg.inbox.retry_max = Duration::from_secs(2);
     let _app = ctx.spawn(cfg).await;
     let store = Store::new(&ctx.config().db).unwrap();
     assert_eq!(
@@ -473,14 +495,7 @@ async fn a_waiting_refund_is_woken_when_a_sync_instance_books_its_payment() {
     );
     wait_until_waiting(&ctx, "re_sync").await;
     // Deep into its wait: the fallback would take an hour.
-    ctx.db()
-        .await
-        .batch_execute(
-            "UPDATE events SET next_attempt_at = now() + interval '1 hour'
-              WHERE transaction_id = 're_sync'",
-        )
-        .await
-        .unwrap();
+    push_its_next_look_an_hour_away(&ctx, "re_sync").await;
     let sync = ctx.spawn(ctx.config()).await;
     assert_eq!(
         sync.deliver(&payment("pay_sync", 1000)).await.result(),
@@ -574,14 +589,7 @@ async fn a_reinstatement_waiting_for_its_withdrawal_is_woken_when_the_withdrawal
         "accepted"
     );
     wait_until_waiting(&ctx, "dp_1").await;
-    ctx.db()
-        .await
-        .batch_execute(
-            "UPDATE events SET next_attempt_at = now() + interval '1 hour'
-              WHERE transaction_id = 'dp_1'",
-        )
-        .await
-        .unwrap();
+    push_its_next_look_an_hour_away(&ctx, "dp_1").await;
     assert_eq!(
         app.deliver(&dispute("dispute.funds_withdrawn"))
             .await
