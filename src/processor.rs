@@ -382,6 +382,20 @@ impl Processor {
         Ok(seen == 1)
     }
 
+    /// Binds a verified PayPal delivery's transmission id to its body (see
+    /// `store::transmissions`): whether it is new, a retry of the same body,
+    /// or the same headers on another body.
+    pub async fn bind_transmission(
+        &self,
+        provider: &str,
+        key: &crate::providers::paypal::TransmissionKey,
+    ) -> Result<crate::store::transmissions::Transmission, Error> {
+        Ok(self
+            .store
+            .bind_transmission(provider, &key.id, &key.body_sha256, key.expires_at)
+            .await?)
+    }
+
     async fn lookup(&self, ev: &CanonicalEvent) -> Result<Option<PaymentRow>, StoreError> {
         self.store.lookup(&ev.provider, &ev.transaction_id).await
     }

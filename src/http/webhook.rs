@@ -28,6 +28,7 @@ use crate::metrics::{QuarantineReason, RejectReason, WebhookResult};
 use crate::processor::Outcome;
 use crate::providers::{Item, Provider, Reject};
 use crate::store::inbox::Accepted;
+use crate::store::transmissions::Transmission;
 
 /// Items of one delivery processed at once: enough that a batch is not
 /// serialised, few enough that one large batch cannot take the whole database
@@ -170,7 +171,37 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default();
-    let items = match provider.accept(&parts.headers, &body, now).await {
+    let accepted = provider.accept(&parts.headers, &body, now).await;
+    // PayPal signs only the CRC-32 of the body, which any body can be made to
+    // match: its headers are bound to the first body seen with them before
+    // anything is booked. Also when the body does not map (a 400 after the
+    // signature verified), so those headers cannot carry another body later.
+    if matches!(accepted, Ok(_) | Err(Reject::Invalid(_))) {
+        if let Some(key) = provider.paypal_transmission(&parts.headers, &body) {
+            match state
+                .processor
+                .bind_transmission(&provider.name, &key)
+                .await
+            {
+                Ok(Transmission::New | Transmission::SameBody) => {}
+                Ok(Transmission::OtherBody) => {
+                    state
+                        .metrics
+                        .request_rejected(RejectReason::TransmissionReused)
+                        .increment(1);
+                    tracing::warn!(provider = %provider.name, transmission_id = %key.id,
+                        "a transmission id seen before with another body; answered 401");
+                    return refused(Kind::Unauthorized, Answer::new(WebhookResult::Unauthorized));
+                }
+                Err(e) => {
+                    tracing::error!(provider = %provider.name, kind = e.kind(),
+                        error = %crate::error::chain(&e), "could not record the transmission id; answered 503");
+                    return refused(Kind::VerificationUnavailable, Answer::unavailable(None));
+                }
+            }
+        }
+    }
+    let items = match accepted {
         Ok(items) => items,
         Err(reject) => {
             tracing::debug!(provider = %provider.name, reason = %reject, "delivery refused");

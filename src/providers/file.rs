@@ -45,11 +45,13 @@ struct Entry {
     public_keys: Option<Vec<String>>,
     webhook_id: Option<String>,
     cert_url_prefixes: Option<Vec<String>>,
+    max_age_secs: Option<u64>,
+    future_skew_secs: Option<u64>,
     #[serde(flatten)]
     unknown: BTreeMap<String, toml::Value>,
 }
 
-const ENTRY_FIELDS: &str = "scheme, secrets, tolerance_secs, platform_keys, app_id, public_keys, webhook_id, cert_url_prefixes";
+const ENTRY_FIELDS: &str = "scheme, secrets, tolerance_secs, platform_keys, app_id, public_keys, webhook_id, cert_url_prefixes, max_age_secs, future_skew_secs";
 
 /// Providers of a file's text; key files relative to the working directory.
 pub(super) fn parse(text: &str) -> Result<Vec<Provider>, String> {
@@ -133,6 +135,8 @@ fn provider(name: &str, entry: Entry, dir: &Path) -> Result<Provider, String> {
             public_keys,
             webhook_id: entry.webhook_id,
             cert_url_prefixes: entry.cert_url_prefixes,
+            max_age_secs: entry.max_age_secs,
+            future_skew_secs: entry.future_skew_secs,
         },
     )
 }

@@ -219,7 +219,7 @@ enum Scheme {
 /// | standard, stripe, adyen | `secrets` | `tolerance_secs` (not adyen) |
 /// | wechatpay | `secrets` (APIv3 keys), `platform_keys` | `tolerance_secs` |
 /// | alipay | `app_id`, `public_keys` | – |
-/// | paypal | `webhook_id` | `cert_url_prefixes` |
+/// | paypal | `webhook_id` | `cert_url_prefixes`, `max_age_secs`, `future_skew_secs` |
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
     pub secrets: Option<Vec<String>>,
@@ -230,6 +230,10 @@ pub struct Settings {
     pub public_keys: Option<Vec<(String, Vec<u8>)>>,
     pub webhook_id: Option<String>,
     pub cert_url_prefixes: Option<Vec<String>>,
+    /// PayPal: how old a transmission time may be (default 3 days).
+    pub max_age_secs: Option<u64>,
+    /// PayPal: how far ahead of the clock a transmission time may be.
+    pub future_skew_secs: Option<u64>,
 }
 
 impl Settings {
@@ -248,6 +252,8 @@ impl Settings {
         note(self.public_keys.is_some(), "public_keys");
         note(self.webhook_id.is_some(), "webhook_id");
         note(self.cert_url_prefixes.is_some(), "cert_url_prefixes");
+        note(self.max_age_secs.is_some(), "max_age_secs");
+        note(self.future_skew_secs.is_some(), "future_skew_secs");
         given
     }
 }
@@ -259,7 +265,12 @@ fn scheme_settings(scheme: SchemeKind) -> &'static [&'static str] {
         SchemeKind::Adyen => &["secrets"],
         SchemeKind::WechatPay => &["secrets", "platform_keys", "tolerance_secs"],
         SchemeKind::Alipay => &["app_id", "public_keys"],
-        SchemeKind::Paypal => &["webhook_id", "cert_url_prefixes"],
+        SchemeKind::Paypal => &[
+            "webhook_id",
+            "cert_url_prefixes",
+            "max_age_secs",
+            "future_skew_secs",
+        ],
     }
 }
 
@@ -414,6 +425,14 @@ impl Provider {
                         "the webhook's id at PayPal",
                     )?,
                     settings.cert_url_prefixes.as_deref(),
+                    paypal::Window {
+                        max_age_secs: settings
+                            .max_age_secs
+                            .unwrap_or(paypal::DEFAULT_MAX_AGE_SECS),
+                        future_skew_secs: settings
+                            .future_skew_secs
+                            .unwrap_or(paypal::DEFAULT_FUTURE_SKEW_SECS),
+                    },
                 )
                 .map_err(setting)?,
             ),
@@ -600,6 +619,20 @@ impl Provider {
         }
     }
 
+    /// PayPal: the transmission id of a delivery whose signature verified,
+    /// to be bound to its body (see `paypal`'s docs: PayPal signs only the
+    /// CRC-32 of the body). `None` for the other schemes.
+    pub fn paypal_transmission(
+        &self,
+        headers: &http::HeaderMap,
+        body: &[u8],
+    ) -> Option<paypal::TransmissionKey> {
+        match &self.scheme {
+            Scheme::Paypal(p) => p.transmission(headers, body),
+            _ => None,
+        }
+    }
+
     /// PayPal: puts a certificate in the provider's cache as if fetched from
     /// `url` (for tests whose deliveries name a PayPal URL).
     #[cfg(any(test, feature = "test-support"))]
@@ -744,6 +777,10 @@ secrets = ["{ADYEN_KEY}"]
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance_secs = \"5m\"", "tolerance_secs"),
             (&format!("[providers.s]\nscheme = \"adyen\"\nsecrets = [\"{ADYEN_KEY}\"]\ntolerance_secs = 300"), "tolerance_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5", "tolerance"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nmax_age_secs = 0", "max_age_secs"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nmax_age_secs = -5", "max_age_secs"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nfuture_skew_secs = 86400", "future_skew_secs"),
+            ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\nmax_age_secs = 60", "max_age_secs"),
         ] {
             let err = file::parse(text).unwrap_err();
             assert!(

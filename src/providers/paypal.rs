@@ -17,6 +17,21 @@
 //! the certificate at `PAYPAL-CERT-URL`, which must be within its validity
 //! period at `now`.
 //!
+//! # What the signature does not prove, and what is added
+//!
+//! CRC-32 is linear: any body can be padded to the CRC of another, so one
+//! genuine set of headers verifies any number of forged bodies, and nothing
+//! in PayPal's scheme limits how old a transmission may be. So, on top:
+//!
+//! - `PAYPAL-TRANSMISSION-TIME` must lie within `max_age_secs` (default 3
+//!   days, PayPal's retry period) before `now`, and at most
+//!   `future_skew_secs` (default 300) after it: else 401.
+//! - The transmission id is bound to the SHA-256 of the first body seen
+//!   with it, for as long as its time is inside that window ([`Paypal::transmission`];
+//!   kept in PostgreSQL, `paypal_transmissions`, shared by every instance).
+//!   The same id with another body is a 401, counted
+//!   (`fencehook_requests_rejected_total{reason="transmission_reused"}`).
+//!
 //! # The certificate URL is the sender's
 //!
 //! So it is fetched only when it starts with one of `cert_url_prefixes`
@@ -95,6 +110,37 @@ pub const MAX_CERT_BYTES: usize = 64 * 1024;
 pub const CACHE_ENTRIES: usize = 16;
 /// The longest `PAYPAL-CERT-URL` looked at.
 const MAX_URL_LEN: usize = 2048;
+/// `max_age_secs`: PayPal retries a delivery for up to 3 days.
+pub const DEFAULT_MAX_AGE_SECS: u64 = 3 * 86_400;
+/// `future_skew_secs`: how far ahead of our clock PayPal's may run.
+pub const DEFAULT_FUTURE_SKEW_SECS: u64 = 300;
+/// Above this, a "skew" lets a transmission time stay valid for hours longer.
+pub const MAX_FUTURE_SKEW_SECS: u64 = 3600;
+
+/// How old (and how far ahead) a `PAYPAL-TRANSMISSION-TIME` may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub max_age_secs: u64,
+    pub future_skew_secs: u64,
+}
+
+impl Default for Window {
+    fn default() -> Window {
+        Window {
+            max_age_secs: DEFAULT_MAX_AGE_SECS,
+            future_skew_secs: DEFAULT_FUTURE_SKEW_SECS,
+        }
+    }
+}
+
+/// A verified delivery's transmission id and the SHA-256 (hex) of its body,
+/// to be bound for as long as its transmission time is inside the window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransmissionKey {
+    pub id: String,
+    pub body_sha256: String,
+    pub expires_at: OffsetDateTime,
+}
 
 type CertClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
@@ -103,6 +149,7 @@ type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
 pub struct Paypal {
     webhook_id: String,
     prefixes: Vec<String>,
+    window: Window,
     cache: Arc<CertCache>,
     client: CertClient,
 }
@@ -153,7 +200,20 @@ impl Paypal {
     pub fn new(
         webhook_id: &str,
         cert_url_prefixes: Option<&[String]>,
+        window: Window,
     ) -> Result<Paypal, super::wechatpay::SettingError> {
+        if window.max_age_secs == 0 || window.max_age_secs > i64::MAX as u64 / 2 {
+            return Err((
+                "max_age_secs",
+                format!("must be above 0 (PayPal retries for 3 days: {DEFAULT_MAX_AGE_SECS})"),
+            ));
+        }
+        if window.future_skew_secs > MAX_FUTURE_SKEW_SECS {
+            return Err((
+                "future_skew_secs",
+                format!("must be at most {MAX_FUTURE_SKEW_SECS} (a clock skew, not a window)"),
+            ));
+        }
         if webhook_id.is_empty() || !webhook_id.bytes().all(|b| b.is_ascii_graphic()) {
             return Err((
                 "webhook_id",
@@ -180,6 +240,7 @@ impl Paypal {
         Ok(Paypal {
             webhook_id: webhook_id.to_owned(),
             prefixes,
+            window,
             cache: Arc::default(),
             client: cert_client().map_err(|e| ("cert_url_prefixes", e))?,
         })
@@ -215,6 +276,18 @@ impl Paypal {
         }
         let id = header(TRANSMISSION_ID_HEADER)?;
         let time = header(TRANSMISSION_TIME_HEADER)?;
+        // Before any fetch: an old transmission costs nothing to refuse.
+        let sent = transmission_time(time)?;
+        if now.saturating_sub(sent) > self.window.max_age_secs as i64 {
+            return Err(unauthorized(
+                "PAYPAL-TRANSMISSION-TIME is older than max_age_secs",
+            ));
+        }
+        if sent.saturating_sub(now) > self.window.future_skew_secs as i64 {
+            return Err(unauthorized(
+                "PAYPAL-TRANSMISSION-TIME is ahead of the clock by more than future_skew_secs",
+            ));
+        }
         let signature = B64
             .decode(header(TRANSMISSION_SIG_HEADER)?)
             .map_err(|_| unauthorized("PAYPAL-TRANSMISSION-SIG is not base64"))?;
@@ -241,6 +314,26 @@ impl Paypal {
         } else {
             Err(unauthorized("signature does not match"))
         }
+    }
+
+    /// The transmission id of a delivery [`Paypal::verify`] accepted, with
+    /// the SHA-256 of its body and how long the binding must be kept: until
+    /// its time leaves the window (after that it is refused on its time
+    /// alone), plus the skew allowed between clocks. `None` when the headers
+    /// are not those of a verified delivery.
+    pub fn transmission(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<TransmissionKey> {
+        use sha2::{Digest, Sha256};
+        let id = signed_header(headers, TRANSMISSION_ID_HEADER).ok()?;
+        let sent =
+            transmission_time(signed_header(headers, TRANSMISSION_TIME_HEADER).ok()?).ok()?;
+        let keep = self.window.max_age_secs + self.window.future_skew_secs;
+        let expires_at =
+            OffsetDateTime::from_unix_timestamp(sent.checked_add(keep as i64)?).ok()?;
+        Some(TransmissionKey {
+            id: id.to_owned(),
+            body_sha256: hex::encode(Sha256::digest(body)),
+            expires_at,
+        })
     }
 
     /// The certificate at `url`, from the cache or fetched once.
@@ -333,6 +426,15 @@ async fn fetch(client: &CertClient, url: &str) -> Result<Arc<CertificateInfo>, R
         Reject::Unauthorized(format!("PAYPAL-CERT-URL serves no usable certificate: {e}"))
     })?;
     Ok(Arc::new(cert))
+}
+
+/// `PAYPAL-TRANSMISSION-TIME` (RFC 3339, as PayPal sends it) in unix seconds.
+fn transmission_time(time: &str) -> Result<i64, Reject> {
+    OffsetDateTime::parse(time, &Rfc3339)
+        .map(OffsetDateTime::unix_timestamp)
+        .map_err(|_| {
+            Reject::Unauthorized("PAYPAL-TRANSMISSION-TIME is not an RFC 3339 time".to_owned())
+        })
 }
 
 /// `{transmission_id}|{transmission_time}|{webhook_id}|{crc32}`: what PayPal signs.
@@ -491,7 +593,7 @@ mod tests {
 
     /// A provider that has test key 0's certificate cached at TEST_CERT_URL.
     fn paypal() -> Paypal {
-        let p = Paypal::new(WEBHOOK_ID, None).unwrap();
+        let p = Paypal::new(WEBHOOK_ID, None, Window::default()).unwrap();
         let cert = testkeys::certificate(
             0,
             "0A1B",
@@ -505,10 +607,11 @@ mod tests {
     }
 
     fn signed(key: usize, url: &str, body: &[u8]) -> http::HeaderMap {
-        let (id, time) = (
-            "b2384410-f8d2-11e8-8f60-2b25b2c5c0f3",
-            "2024-08-02T19:35:04Z",
-        );
+        let id = "b2384410-f8d2-11e8-8f60-2b25b2c5c0f3";
+        let time = &OffsetDateTime::from_unix_timestamp(NOW)
+            .unwrap()
+            .format(&Rfc3339)
+            .unwrap();
         let mut h = http::HeaderMap::new();
         h.insert(TRANSMISSION_ID_HEADER, id.parse().unwrap());
         h.insert(TRANSMISSION_TIME_HEADER, time.parse().unwrap());
@@ -536,7 +639,7 @@ mod tests {
     fn five_real_deliveries_verify_with_paypals_production_certificate() {
         // Traktormaster/paypal2 paypal2_tests/const.py: simulator deliveries
         // (webhook id WEBHOOK_ID) signed with PayPal's 2024 certificate.
-        let p = Paypal::new("WEBHOOK_ID", None).unwrap();
+        let p = Paypal::new("WEBHOOK_ID", None, Window::default()).unwrap();
         p.preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
             .unwrap();
         type Expected<'a> = Option<(&'a str, EventKind, Option<&'a str>, i64, &'a str)>;
@@ -599,7 +702,7 @@ mod tests {
                 None => assert!(matches!(items[0], Item::Ignored { .. }), "{name}"),
             }
             // Another webhook id, another body, or after the certificate expired: refused.
-            let other = Paypal::new("WH-OTHER", None).unwrap();
+            let other = Paypal::new("WH-OTHER", None, Window::default()).unwrap();
             other
                 .preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
                 .unwrap();
@@ -623,7 +726,7 @@ mod tests {
             serde_json::from_slice(&read(&format!("{dir}/headers.json"))).unwrap();
         let h = headers_of(&map);
         let url = h[CERT_URL_HEADER].to_str().unwrap().to_owned();
-        let p = Paypal::new("96605875FF6516633", None).unwrap();
+        let p = Paypal::new("96605875FF6516633", None, Window::default()).unwrap();
         p.preload_certificate(&url, &read(&format!("{dir}/testClientCert.crt")))
             .unwrap();
         // 2017-03-30, within the certificate's validity.
@@ -697,13 +800,55 @@ mod tests {
     }
 
     #[test]
+    fn a_transmission_time_outside_the_window_is_401_and_inside_it_binds_until_it_leaves() {
+        let p = paypal();
+        let body = read("capture_completed.body.json");
+        let h = signed(0, TEST_CERT_URL, &body);
+        let max_age = DEFAULT_MAX_AGE_SECS as i64;
+        let skew = DEFAULT_FUTURE_SKEW_SECS as i64;
+        // Signed at NOW: verified from `skew` before it to `max_age` after it.
+        for now in [NOW - skew, NOW, NOW + max_age] {
+            assert!(block_on(p.verify(&h, &body, now)).is_ok(), "{now}");
+        }
+        for now in [NOW - skew - 1, NOW + max_age + 1] {
+            assert!(
+                matches!(
+                    block_on(p.verify(&h, &body, now)),
+                    Err(Reject::Unauthorized(_))
+                ),
+                "{now}"
+            );
+        }
+        let mut garbled = h.clone();
+        garbled.insert(TRANSMISSION_TIME_HEADER, "yesterday".parse().unwrap());
+        assert!(matches!(
+            block_on(p.verify(&garbled, &body, NOW)),
+            Err(Reject::Unauthorized(_))
+        ));
+        let key = p.transmission(&h, &body).unwrap();
+        assert_eq!(key.id, "b2384410-f8d2-11e8-8f60-2b25b2c5c0f3");
+        assert_eq!(key.expires_at.unix_timestamp(), NOW + max_age + skew);
+        let mut other = body.clone();
+        other.push(b' ');
+        assert_ne!(
+            p.transmission(&h, &other).unwrap().body_sha256,
+            key.body_sha256
+        );
+    }
+
+    #[test]
     fn an_unreachable_certificate_is_503_and_not_cached() {
         // A prefix that points at a closed local port: the fetch fails fast.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
         let prefix = format!("http://127.0.0.1:{port}/");
-        let p = Paypal::new(WEBHOOK_ID, Some(std::slice::from_ref(&prefix))).unwrap();
+        let p = Paypal::new(
+            WEBHOOK_ID,
+            Some(std::slice::from_ref(&prefix)),
+            Window::default(),
+        )
+        .unwrap();
         let body = read("capture_completed.body.json");
         let h = signed(0, &format!("{prefix}certs/1"), &body);
         assert!(matches!(
@@ -740,15 +885,16 @@ mod tests {
             "api.paypal.com/",
         ] {
             assert!(
-                Paypal::new(WEBHOOK_ID, Some(&[bad.to_owned()])).is_err(),
+                Paypal::new(WEBHOOK_ID, Some(&[bad.to_owned()]), Window::default()).is_err(),
                 "{bad}"
             );
         }
-        assert!(Paypal::new(WEBHOOK_ID, Some(&[])).is_err());
-        assert!(Paypal::new("", None).is_err());
+        assert!(Paypal::new(WEBHOOK_ID, Some(&[]), Window::default()).is_err());
+        assert!(Paypal::new("", None, Window::default()).is_err());
         assert!(Paypal::new(
             WEBHOOK_ID,
-            Some(&["http://127.0.0.1:8181/certs/".to_owned()])
+            Some(&["http://127.0.0.1:8181/certs/".to_owned()]),
+            Window::default()
         )
         .is_ok());
     }

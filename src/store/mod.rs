@@ -37,6 +37,7 @@ pub mod audit;
 pub mod drain;
 pub mod inbox;
 pub mod migrate;
+pub mod transmissions;
 
 use std::time::Duration;
 

@@ -794,10 +794,18 @@ async fn one_alipay_notification_to_two_instances_at_once_is_credited_once() {
 
 // ---- PayPal -----------------------------------------------------------------
 
-/// PayPal's headers for `body`, signed with test key `key`, naming `cert_url`.
+/// PayPal's headers for `body`, signed now with test key `key`, naming `cert_url`.
 fn paypal_headers(key: usize, cert_url: &str, body: &[u8]) -> Vec<(String, String)> {
+    paypal_headers_at(key, cert_url, body, now())
+}
+
+/// [`paypal_headers`] with a transmission time of `at` (unix seconds).
+fn paypal_headers_at(key: usize, cert_url: &str, body: &[u8], at: i64) -> Vec<(String, String)> {
     let id = uuid::Uuid::new_v4().to_string();
-    let time = "2024-08-02T19:35:04Z";
+    let time = &time::OffsetDateTime::from_unix_timestamp(at)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
     let sig = paypal::sign(&testkeys::signer(key), &id, time, WEBHOOK_ID, body);
     vec![
         ("content-type".into(), "application/json".into()),
@@ -1047,4 +1055,158 @@ async fn one_paypal_event_to_two_instances_at_once_is_credited_once_and_each_fet
         certs.hits(PAYPAL_CERT)
     );
     ctx.assert_audit_clean().await;
+}
+
+// ---- PayPal: what CRC-32 and an unlimited transmission time leave open ------
+
+/// `prefix`, 64 characters each `A` or `@`, then `suffix`: chosen so that the
+/// whole has the CRC-32 `target`. CRC-32 is affine over GF(2) for a fixed
+/// length, so flipping bit 0 of a character XORs a fixed 32-bit vector into
+/// the CRC; solving for the flips that reach `target` is Gaussian
+/// elimination. Both characters are plain in a JSON string.
+fn crc_forged(prefix: &[u8], suffix: &[u8], target: u32) -> Vec<u8> {
+    const PAD: usize = 64;
+    let build = |flips: u64| -> Vec<u8> {
+        let mut b = prefix.to_vec();
+        b.extend((0..PAD).map(|i| if flips >> i & 1 == 1 { b'@' } else { b'A' }));
+        b.extend_from_slice(suffix);
+        b
+    };
+    let base = crc32fast::hash(&build(0));
+    // Rows: (the CRC change of flipping this set of characters, the set).
+    let mut rows: Vec<(u32, u64)> = (0..PAD)
+        .map(|i| (crc32fast::hash(&build(1 << i)) ^ base, 1u64 << i))
+        .collect();
+    let (mut want, mut flips) = (base ^ target, 0u64);
+    for bit in (0..32).rev() {
+        let Some(pivot) = rows.iter().position(|(v, _)| v >> bit & 1 == 1) else {
+            continue;
+        };
+        let (pv, pf) = rows.swap_remove(pivot);
+        for row in rows.iter_mut().filter(|(v, _)| v >> bit & 1 == 1) {
+            *row = (row.0 ^ pv, row.1 ^ pf);
+        }
+        if want >> bit & 1 == 1 {
+            want ^= pv;
+            flips ^= pf;
+        }
+    }
+    assert_eq!(want, 0, "the pad spans every CRC");
+    let forged = build(flips);
+    assert_eq!(crc32fast::hash(&forged), target);
+    forged
+}
+
+/// A PayPal capture of `value` USD with its own `id`.
+fn paypal_capture(id: &str, value: &str) -> Value {
+    let mut v: Value =
+        serde_json::from_slice(&fixture("paypal/capture_completed.body.json")).unwrap();
+    v["resource"]["id"] = id.into();
+    v["resource"]["amount"] = json!({"currency_code": "USD", "value": value});
+    v
+}
+
+/// A capture of `value` whose body has the CRC-32 of `genuine`: PayPal's
+/// signature over `genuine` verifies it too.
+fn crc_forged_capture(genuine: &[u8], id: &str, value: &str) -> Vec<u8> {
+    let mut v = paypal_capture(id, value);
+    v["summary"] = "PAD".into();
+    let text = v.to_string();
+    let (prefix, suffix) = text.split_once("PAD").unwrap();
+    crc_forged(
+        prefix.as_bytes(),
+        suffix.as_bytes(),
+        crc32fast::hash(genuine),
+    )
+}
+
+fn header<'a>(headers: &'a Headers, name: &str) -> &'a str {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crc_forged_paypal_bodies_and_an_old_transmission_time_are_refused_in_both_modes_while_the_genuine_delivery_is_booked(
+) {
+    for inbox in [false, true] {
+        let ctx = TestContext::new().await;
+        let certs = cert_server().await;
+        let mut cfg = config(&ctx, &certs.prefix());
+        if inbox {
+            cfg.inbox = ctx.inbox_config(0).inbox;
+        }
+        let app = ctx.spawn(cfg).await;
+        let url = certs.url(PAYPAL_CERT);
+        let genuine = paypal_capture("CAPTURE-GENUINE-10", "10.00")
+            .to_string()
+            .into_bytes();
+        let headers = paypal_headers(0, &url, &genuine);
+        // Three bodies of 99,999.00 with new capture ids, each with the CRC
+        // of the genuine one: PayPal's signature covers all of them.
+        let forged: Vec<Vec<u8>> = (1..=3)
+            .map(|i| crc_forged_capture(&genuine, &format!("CAPTURE-FORGED-{i}"), "99999.00"))
+            .collect();
+        let signed = |body: &[u8]| {
+            paypal::signed_message(
+                header(&headers, paypal::TRANSMISSION_ID_HEADER),
+                header(&headers, paypal::TRANSMISSION_TIME_HEADER),
+                WEBHOOK_ID,
+                body,
+            )
+        };
+        for body in &forged {
+            assert_eq!(signed(body), signed(&genuine), "the same signed message");
+        }
+        let expected = if inbox { "accepted" } else { "processed" };
+        let r = post(&app, "paypal", &headers, &genuine).await;
+        assert_eq!((r.status, r.result()), (200, expected), "{r:?}");
+        for body in &forged {
+            let r = post(&app, "paypal", &headers, body).await;
+            assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+        }
+        // A transmission time of 2000-01-01, correctly signed: outside the window.
+        let old_body = paypal_capture("CAPTURE-OLD", "99999.00")
+            .to_string()
+            .into_bytes();
+        let old = paypal_headers_at(0, &url, &old_body, 946_684_800);
+        let r = post(&app, "paypal", &old, &old_body).await;
+        assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+        // Ahead of the clock by an hour: outside the skew.
+        let ahead = paypal_headers_at(0, &url, &old_body, now() + 3600);
+        let r = post(&app, "paypal", &ahead, &old_body).await;
+        assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+        // PayPal's retry of the genuine delivery (same headers, same body).
+        let r = post(&app, "paypal", &headers, &genuine).await;
+        assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+        assert_eq!(
+            app.metric(
+                "fencehook_requests_rejected_total",
+                &[("reason", "transmission_reused")]
+            ),
+            3.0
+        );
+        assert_eq!(ctx.payments().await, 1, "inbox: {inbox}");
+        assert_eq!(
+            ctx.count(
+                "SELECT amount_minor FROM payments WHERE transaction_id = 'CAPTURE-GENUINE-10'"
+            )
+            .await,
+            1000,
+            "inbox: {inbox}"
+        );
+        if inbox {
+            assert_eq!(ctx.count("SELECT count(*) FROM events").await, 1);
+        } else {
+            assert_eq!(ledger_sum(&ctx).await, 1000);
+        }
+        assert_eq!(
+            ctx.count("SELECT count(*) FROM paypal_transmissions").await,
+            1,
+            "only the verified, accepted transmission is remembered"
+        );
+        ctx.assert_audit_clean().await;
+    }
 }

@@ -1,0 +1,25 @@
+-- PayPal deliveries already seen, by transmission id, for as long as their
+-- transmission time is inside the provider's window.
+--
+-- PayPal signs `transmission_id|transmission_time|webhook_id|CRC32(body)`,
+-- and CRC-32 is linear: any body can be padded to the CRC of a captured one,
+-- so one genuine set of headers verifies any number of forged bodies. The
+-- headers are bound to the first body seen with them: the SHA-256 of that
+-- body is kept here, and a later delivery with the same transmission id and
+-- another body is refused (401). Shared by every instance behind the load
+-- balancer, which is why it is a table and not process memory.
+--
+-- A row is needed only until its transmission time leaves the window (after
+-- that the delivery is refused on its time alone): `expires_at`. Rows past
+-- it are pruned a few at a time by the statement that records new ones.
+--
+-- Additive: a new table that no earlier binary reads or writes.
+CREATE TABLE paypal_transmissions (
+    provider        text        NOT NULL,
+    transmission_id text        NOT NULL,
+    body_sha256     text        NOT NULL,
+    first_seen_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL,
+    CONSTRAINT paypal_transmissions_pkey PRIMARY KEY (provider, transmission_id)
+);
+CREATE INDEX paypal_transmissions_expires_idx ON paypal_transmissions (expires_at);
