@@ -23,3 +23,14 @@ CREATE TABLE paypal_transmissions (
     CONSTRAINT paypal_transmissions_pkey PRIMARY KEY (provider, transmission_id)
 );
 CREATE INDEX paypal_transmissions_expires_idx ON paypal_transmissions (expires_at);
+
+-- A quarantined batch item is one row per (provider, key), where the key is
+-- what the item's signature covers (for Adyen: pspReference,
+-- originalReference, merchantAccountCode, merchantReference, value,
+-- currency, eventCode, success), no longer the item's bytes: the unsigned
+-- fields of a captured item (eventDate, additionalData, …) can be varied
+-- at will, and each variant made a row of its own. No change of schema:
+-- `item_sha256` now holds the SHA-256 of that key; rows written before keep
+-- theirs (an item seen before and after the upgrade may have two rows).
+COMMENT ON COLUMN quarantined_items.item_sha256 IS
+    'SHA-256 (hex) of the item''s key: the fields its signature covers (V9); before V9, of the item as received';

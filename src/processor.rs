@@ -367,19 +367,29 @@ impl Processor {
     }
 
     /// Records a batch item that cannot be booked (see `quarantined_items`);
-    /// true the first time this very item is seen.
+    /// true the first time an item of this `key` is seen.
     pub async fn quarantine(
         &self,
         provider: &str,
         transaction_id: Option<&str>,
         reason: &str,
         item: &str,
+        key: &str,
     ) -> Result<bool, Error> {
         let seen = self
             .store
-            .quarantine(provider, transaction_id, reason, item)
+            .quarantine(provider, transaction_id, reason, item, key)
             .await?;
         Ok(seen == 1)
+    }
+
+    /// The row of (provider, transaction_id), as it stands now.
+    pub async fn payment_row(
+        &self,
+        provider: &str,
+        transaction_id: &str,
+    ) -> Result<Option<PaymentRow>, Error> {
+        Ok(self.store.lookup(provider, transaction_id).await?)
     }
 
     /// Binds a verified PayPal delivery's transmission id to its body (see

@@ -24,6 +24,7 @@ use super::answer::{self, Answer};
 use super::log_sample::Kind;
 use super::state::State;
 use super::Body;
+use crate::domain::{CanonicalEvent, ObjectKind, Status};
 use crate::metrics::{QuarantineReason, RejectReason, WebhookResult};
 use crate::processor::Outcome;
 use crate::providers::{Item, Provider, Reject};
@@ -232,6 +233,13 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     };
     // Every item on its own, under its own lease, several at once.
     let answers: Vec<Answer> = stream::iter(items.into_iter().map(|item| async move {
+        let item = match item {
+            Item::CancelOrRefund(ev) => match cancel_or_refund(state, ev).await {
+                Ok(item) => item,
+                Err(answer) => return answer,
+            },
+            item => item,
+        };
         match item {
             Item::Ignored { event_type } => {
                 tracing::debug!(provider = %provider.name, %event_type, "event type not acted on");
@@ -239,12 +247,15 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
             }
             Item::Unmappable {
                 reason,
+                key,
                 transaction_id,
                 raw,
             } => {
                 let why = format!("unmappable: {reason}");
-                quarantine(state, provider, transaction_id, &why, &raw, QuarantineReason::Unmappable).await
+                let item = Quarantined { raw: &raw, key: &key };
+                quarantine(state, provider, transaction_id, &why, item, QuarantineReason::Unmappable).await
             }
+            Item::CancelOrRefund(_) => unreachable!("resolved above"),
             Item::Event(ev) if draining => Answer::unavailable(Some(ev.transaction_id)),
             Item::Event(ev) if state.inbox.is_some() => {
                 let inbox = state.inbox.as_ref().expect("checked");
@@ -263,9 +274,13 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                 // In a batch, a refund its payment cannot give must not hold
                 // up the other items: it is recorded, and the batch goes on.
                 Ok(Outcome::RefundRejected(why)) if provider.is_batch() => {
-                    let item = serde_json::to_string(&ev).unwrap_or_default();
+                    let raw = serde_json::to_string(&ev).unwrap_or_default();
+                    // The event's identity and kind, not its JSON: that
+                    // carries `occurred_at`, which no PSP need sign.
+                    let key = format!("{}:{}", ev.fingerprint(), ev.event_type.as_str());
                     let reason = format!("refund_rejected: {}", why.as_str());
-                    quarantine(state, provider, Some(ev.transaction_id), &reason, &item, QuarantineReason::RefundRejected).await
+                    let item = Quarantined { raw: &raw, key: &key };
+                    quarantine(state, provider, Some(ev.transaction_id), &reason, item, QuarantineReason::RefundRejected).await
                 }
                 Ok(outcome) => Answer::of_outcome(&outcome, ev.transaction_id),
                 Err(e) => {
@@ -284,19 +299,54 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     )
 }
 
-/// Records a batch item that cannot be booked; durable once written (the
-/// batch may be acknowledged), 503 when the write fails.
+/// Adyen's `CANCEL_OR_REFUND`, decided by the ledger (the unsigned
+/// `modification.action` is never read): against a payment recorded `failed`
+/// here it was a cancel, which moves nothing; otherwise it is the refund of
+/// the signed amount, which books against a `succeeded` payment and waits,
+/// as every refund does, for one not settled yet. An `Err` is the answer
+/// when the payment could not be looked up.
+async fn cancel_or_refund(state: &State, ev: CanonicalEvent) -> Result<Item, Answer> {
+    let parent = ev.parent_transaction_id.as_deref().unwrap_or_default();
+    match state.processor.payment_row(&ev.provider, parent).await {
+        Ok(Some(row)) if row.kind == ObjectKind::Payment && row.status == Status::Failed => {
+            Ok(Item::Ignored {
+                event_type: "CANCEL_OR_REFUND of a failed payment (a cancel)".to_owned(),
+            })
+        }
+        Ok(_) => Ok(Item::Event(ev)),
+        Err(e) => {
+            tracing::error!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                kind = e.kind(), error = %crate::error::chain(&e), "could not look up the payment of a CANCEL_OR_REFUND; answered 503");
+            Err(Answer::unavailable(Some(ev.transaction_id)))
+        }
+    }
+}
+
+/// A batch item to quarantine: as received, and what identifies it.
+struct Quarantined<'a> {
+    raw: &'a str,
+    key: &'a str,
+}
+
+/// Records a batch item that cannot be booked, once per key; durable once
+/// written (the batch may be acknowledged), 503 when the write fails.
 async fn quarantine(
     state: &State,
     provider: &Provider,
     transaction_id: Option<String>,
     reason: &str,
-    item: &str,
+    item: Quarantined<'_>,
     kind: QuarantineReason,
 ) -> Answer {
     match state
         .processor
-        .quarantine(&provider.name, transaction_id.as_deref(), reason, item)
+        .quarantine(
+            &provider.name,
+            transaction_id.as_deref(),
+            reason,
+            item.raw,
+            item.key,
+        )
         .await
     {
         Ok(first) => {

@@ -68,11 +68,21 @@ pub enum Item {
     /// refused whole ([`Reject::Invalid`]).
     Unmappable {
         reason: String,
+        /// What identifies the item whatever is changed around it: the
+        /// fields its signature covers. Quarantined once per key, so a
+        /// captured item re-sent with altered unsigned fields is one row.
+        key: String,
         /// The item's id, when it could be read.
         transaction_id: Option<String>,
         /// The item as received (JSON), for the operator.
         raw: String,
     },
+    /// Adyen's `CANCEL_OR_REFUND`: the refund (`refund.succeeded`, the signed
+    /// amount) when its payment is booked here as `succeeded`, a cancel that
+    /// moves nothing when the payment is recorded `failed`, and, when neither
+    /// is known yet, a refund waiting for its payment. Which it was is only
+    /// said by an unsigned field, so the ledger decides (`adyen`'s docs).
+    CancelOrRefund(CanonicalEvent),
     /// A well-signed event fencehook does not act on: a type it does not
     /// book, or a state that moves no money (a pending refund, an uncaptured
     /// charge, a zero-value authorisation). Answered 200, nothing written.
