@@ -41,9 +41,11 @@
 //! is served there. Any other URL is a 401 before any network call. A
 //! fetch follows no redirect, takes at most [`FETCH_TIMEOUT`] and
 //! [`MAX_CERT_BYTES`]; a fetch that fails is a 503 (PayPal retries), a body
-//! that is no certificate a 401. Certificates are cached per URL (at most
-//! [`CACHE_ENTRIES`], oldest out first; concurrent first deliveries share one
-//! fetch); failures are not cached. Fetching is the only `await` of any
+//! that is no certificate a 401. Certificates are cached per URL; what a
+//! stranger's URLs can cost is bounded (see `CertCache`): a few fetches at
+//! once ([`MAX_CONCURRENT_FETCHES`]), one per URL, failures remembered for
+//! [`NEGATIVE_TTL`], and a certificate a signature verified with is never
+//! pushed out by certificates none has. Fetching is the only `await` of any
 //! scheme's verification.
 //!
 //! # Mapping
@@ -82,7 +84,8 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
+use tokio::time::Instant;
 
 use super::fields::{
     self, check_currency, check_transaction_id, decimal_minor, invalid, minor_unit_exponent, opt,
@@ -106,8 +109,17 @@ pub const DEFAULT_CERT_URL_PREFIXES: &[&str] =
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
 /// The largest certificate body read (a PEM leaf and its chain are ~5 KiB).
 pub const MAX_CERT_BYTES: usize = 64 * 1024;
-/// Certificates kept (per provider); PayPal rotates them yearly.
+/// Certificates kept per tier (verified, unverified) and provider; PayPal
+/// rotates its certificate yearly.
 pub const CACHE_ENTRIES: usize = 16;
+/// Certificate fetches in flight at once, per provider: PayPal needs one a
+/// year; a stranger naming new URLs must not hold many outbound connections.
+pub const MAX_CONCURRENT_FETCHES: usize = 4;
+/// How long a URL whose fetch failed answers as it did without a new fetch.
+/// Short against PayPal's retries (minutes to days apart).
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(60);
+/// Failed URLs remembered (oldest out first).
+pub const NEGATIVE_ENTRIES: usize = 256;
 /// The longest `PAYPAL-CERT-URL` looked at.
 const MAX_URL_LEN: usize = 2048;
 /// `max_age_secs`: PayPal retries a delivery for up to 3 days.
@@ -151,47 +163,137 @@ pub struct Paypal {
     prefixes: Vec<String>,
     window: Window,
     cache: Arc<CertCache>,
+    fetches: Arc<Semaphore>,
     client: CertClient,
 }
 
+/// The certificates of one provider, by URL.
+///
+/// Anyone may name a URL under the prefixes, signed or not, so what a
+/// stranger's URL can cost is bounded: at most [`MAX_CONCURRENT_FETCHES`]
+/// fetches at once (a delivery that finds none free is a 503, PayPal
+/// retries), one fetch per URL however many deliveries wait for it (the
+/// cell), a failure remembered for [`NEGATIVE_TTL`] (at most
+/// [`NEGATIVE_ENTRIES`] URLs), and two tiers of [`CACHE_ENTRIES`] each: a
+/// certificate is *unverified* until a signature verified with it, and a new
+/// URL only ever pushes out the oldest unverified one, so a flood of
+/// strangers' URLs cannot evict PayPal's certificate.
 #[derive(Default)]
 struct CertCache {
-    /// The cells by URL, and the URLs oldest first.
-    entries: Mutex<(HashMap<String, Cell>, VecDeque<String>)>,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    cells: HashMap<String, (Cell, Tier)>,
+    /// URLs of each tier, oldest first.
+    unverified: VecDeque<String>,
+    verified: VecDeque<String>,
+    /// URLs whose fetch failed: until when, and the answer meanwhile.
+    failed: HashMap<String, (Instant, Reject)>,
+    failed_order: VecDeque<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Unverified,
+    Verified,
+}
+
+/// Why a fetch gave no certificate.
+enum FetchError {
+    /// Every fetch slot was taken: says nothing about the URL, not remembered.
+    Busy,
+    /// The URL failed (unreachable, not a certificate): remembered a while.
+    Failed(Reject),
+    /// It failed for a delivery that fetched first while this one waited.
+    Remembered(Reject),
 }
 
 impl CertCache {
-    /// The cell of `url`, made (and the oldest dropped beyond the bound) when new.
-    fn cell(&self, url: &str) -> Cell {
+    /// The cell of `url`, made (in the unverified tier, dropping the oldest
+    /// unverified beyond the bound) when new; or the remembered failure.
+    fn cell(&self, url: &str, now: Instant) -> Result<Cell, Reject> {
         let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let (cells, order) = &mut *guard;
-        if let Some(cell) = cells.get(url) {
-            return cell.clone();
+        let e = &mut *guard;
+        if let Some((cell, _)) = e.cells.get(url) {
+            return Ok(cell.clone());
         }
-        while cells.len() >= CACHE_ENTRIES {
-            match order.pop_front() {
-                Some(oldest) => {
-                    cells.remove(&oldest);
-                }
-                None => break,
+        if let Some((until, reject)) = e.failed.get(url) {
+            if *until > now {
+                return Err(reject.clone());
             }
+            e.failed.remove(url);
+            e.failed_order.retain(|u| u != url);
+        }
+        while e.unverified.len() >= CACHE_ENTRIES {
+            let Some(oldest) = e.unverified.pop_front() else {
+                break;
+            };
+            e.cells.remove(&oldest);
         }
         let cell = Cell::default();
-        cells.insert(url.to_owned(), cell.clone());
-        order.push_back(url.to_owned());
-        cell
+        e.cells
+            .insert(url.to_owned(), (cell.clone(), Tier::Unverified));
+        e.unverified.push_back(url.to_owned());
+        Ok(cell)
     }
 
-    /// Drops `url`'s cell if the fetch into it failed (failures are not kept).
-    fn forget_failed(&self, url: &str, cell: &Cell) {
-        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let (cells, order) = &mut *guard;
-        if cells
+    /// The failure remembered for `url`, if any is still in force.
+    fn remembered(&self, url: &str, now: Instant) -> Option<Reject> {
+        let guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .failed
             .get(url)
-            .is_some_and(|c| Arc::ptr_eq(c, cell) && !c.initialized())
-        {
-            cells.remove(url);
-            order.retain(|u| u != url);
+            .filter(|(until, _)| *until > now)
+            .map(|(_, reject)| reject.clone())
+    }
+
+    /// A signature verified with `url`'s certificate: it moves to the
+    /// verified tier, where only another verified certificate can push it out.
+    fn mark_verified(&self, url: &str, cell: &Cell) {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut *guard;
+        match e.cells.get_mut(url) {
+            Some((c, tier)) if Arc::ptr_eq(c, cell) && *tier == Tier::Unverified => {
+                *tier = Tier::Verified;
+            }
+            _ => return,
+        }
+        e.unverified.retain(|u| u != url);
+        while e.verified.len() >= CACHE_ENTRIES {
+            let Some(oldest) = e.verified.pop_front() else {
+                break;
+            };
+            e.cells.remove(&oldest);
+        }
+        e.verified.push_back(url.to_owned());
+    }
+
+    /// Drops `url`'s cell if the fetch into it failed, remembering why
+    /// (`Some`) until `until`.
+    fn forget_failed(&self, url: &str, cell: &Cell, failure: Option<(Instant, Reject)>) {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut *guard;
+        let ours = e
+            .cells
+            .get(url)
+            .is_some_and(|(c, _)| Arc::ptr_eq(c, cell) && !c.initialized());
+        if !ours {
+            return;
+        }
+        e.cells.remove(url);
+        e.unverified.retain(|u| u != url);
+        if let Some(failure) = failure {
+            while e.failed.len() >= NEGATIVE_ENTRIES {
+                let Some(oldest) = e.failed_order.pop_front() else {
+                    break;
+                };
+                e.failed.remove(&oldest);
+            }
+            if e.failed.insert(url.to_owned(), failure).is_none() {
+                e.failed_order.push_back(url.to_owned());
+            }
         }
     }
 }
@@ -242,6 +344,7 @@ impl Paypal {
             prefixes,
             window,
             cache: Arc::default(),
+            fetches: Arc::new(Semaphore::new(MAX_CONCURRENT_FETCHES)),
             client: cert_client().map_err(|e| ("cert_url_prefixes", e))?,
         })
     }
@@ -300,7 +403,7 @@ impl Paypal {
                 "PAYPAL-CERT-URL is outside the configured cert_url_prefixes",
             ));
         }
-        let cert = self.certificate(url).await?;
+        let (cert, cell) = self.certificate(url).await?;
         if !cert.is_valid_at(now) {
             return Err(unauthorized(
                 "the certificate at PAYPAL-CERT-URL is outside its validity period",
@@ -310,6 +413,7 @@ impl Paypal {
             signed_message(id, time, &self.webhook_id, body).as_bytes(),
             &signature,
         ) {
+            self.cache.mark_verified(url, &cell);
             Ok(())
         } else {
             Err(unauthorized("signature does not match"))
@@ -336,17 +440,41 @@ impl Paypal {
         })
     }
 
-    /// The certificate at `url`, from the cache or fetched once.
-    async fn certificate(&self, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
-        let cell = self.cache.cell(url);
+    /// The certificate at `url`: from the cache, or fetched once (within the
+    /// bounds of [`CertCache`]).
+    async fn certificate(&self, url: &str) -> Result<(Arc<CertificateInfo>, Cell), Reject> {
+        let cell = self.cache.cell(url, Instant::now())?;
         let got = cell
-            .get_or_try_init(|| fetch(&self.client, url))
+            .get_or_try_init(|| async {
+                // Deliveries that waited on this cell while its fetch failed
+                // each try in turn (the cell stays empty): the failure was
+                // remembered meanwhile, so they do not fetch again.
+                if let Some(reject) = self.cache.remembered(url, Instant::now()) {
+                    return Err(FetchError::Remembered(reject));
+                }
+                // Not waited for: a delivery that would queue behind other
+                // fetches is answered 503 at once (PayPal retries).
+                let _slot = self.fetches.try_acquire().map_err(|_| FetchError::Busy)?;
+                fetch(&self.client, url).await.map_err(FetchError::Failed)
+            })
             .await
             .cloned();
-        if got.is_err() {
-            self.cache.forget_failed(url, &cell);
+        match got {
+            Ok(cert) => Ok((cert, cell)),
+            Err(FetchError::Busy) => {
+                self.cache.forget_failed(url, &cell, None);
+                Err(Reject::Unavailable(
+                    "PAYPAL-CERT-URL: every certificate fetch slot is in use".to_owned(),
+                ))
+            }
+            Err(FetchError::Remembered(reject)) => Err(reject),
+            Err(FetchError::Failed(reject)) => {
+                let until = Instant::now() + NEGATIVE_TTL;
+                self.cache
+                    .forget_failed(url, &cell, Some((until, reject.clone())));
+                Err(reject)
+            }
         }
-        got
     }
 
     /// Puts a certificate in the cache as if fetched from `url` (tests and
@@ -355,7 +483,8 @@ impl Paypal {
     pub fn preload_certificate(&self, url: &str, pem: &[u8]) -> Result<(), String> {
         let cert = Arc::new(CertificateInfo::parse(pem)?);
         self.cache
-            .cell(url)
+            .cell(url, Instant::now())
+            .map_err(|e| e.to_string())?
             .set(cert)
             .map_err(|_| "already cached".to_owned())
     }
@@ -837,7 +966,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_certificate_is_503_and_not_cached() {
+    fn an_unreachable_certificate_is_503_and_remembered_without_a_new_fetch() {
         // A prefix that points at a closed local port: the fetch fails fast.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -855,23 +984,55 @@ mod tests {
             block_on(p.verify(&h, &body, NOW)),
             Err(Reject::Unavailable(_))
         ));
+        let e = p.cache.entries.lock().unwrap();
+        assert!(e.cells.is_empty(), "no certificate kept");
         assert!(
-            p.cache.entries.lock().unwrap().0.is_empty(),
-            "failures are not kept"
+            e.failed.contains_key(&format!("{prefix}certs/1")),
+            "the failure is"
         );
     }
 
     #[test]
-    fn the_cache_is_bounded_oldest_out_first() {
+    fn strangers_urls_push_out_only_unverified_certificates_and_failures_are_bounded() {
         let cache = CertCache::default();
-        for i in 0..CACHE_ENTRIES + 3 {
-            cache.cell(&format!("u{i}"));
+        let now = Instant::now();
+        let verified = cache.cell("paypal", now).unwrap();
+        cache.mark_verified("paypal", &verified);
+        for i in 0..CACHE_ENTRIES * 3 {
+            cache.cell(&format!("u{i}"), now).unwrap();
         }
-        let (cells, order) = &*cache.entries.lock().unwrap();
-        assert_eq!(cells.len(), CACHE_ENTRIES);
-        assert_eq!(order.len(), CACHE_ENTRIES);
+        {
+            let e = cache.entries.lock().unwrap();
+            assert_eq!(e.unverified.len(), CACHE_ENTRIES);
+            assert_eq!(e.cells.len(), CACHE_ENTRIES + 1);
+            assert!(e.cells.contains_key("paypal"), "the verified one stays");
+            assert!(!e.cells.contains_key("u0"), "oldest unverified out first");
+        }
+        // Verified certificates push out only the oldest verified one.
+        for i in 0..CACHE_ENTRIES {
+            let url = format!("v{i}");
+            let cell = cache.cell(&url, now).unwrap();
+            cache.mark_verified(&url, &cell);
+        }
+        assert!(!cache.entries.lock().unwrap().cells.contains_key("paypal"));
+        // Failures: remembered until their time, at most NEGATIVE_ENTRIES.
+        let reject = Reject::Unavailable("down".into());
+        for i in 0..NEGATIVE_ENTRIES + 5 {
+            let url = format!("f{i}");
+            let cell = cache.cell(&url, now).unwrap();
+            let until = now + NEGATIVE_TTL;
+            cache.forget_failed(&url, &cell, Some((until, reject.clone())));
+        }
+        assert_eq!(cache.entries.lock().unwrap().failed.len(), NEGATIVE_ENTRIES);
+        let last = format!("f{}", NEGATIVE_ENTRIES + 4);
+        assert_eq!(cache.cell(&last, now).err(), Some(reject));
         assert!(
-            !cells.contains_key("u0") && cells.contains_key(&format!("u{}", CACHE_ENTRIES + 2))
+            cache.cell(&last, now + NEGATIVE_TTL).is_ok(),
+            "then tried again"
+        );
+        assert!(
+            cache.cell("f0", now).is_ok(),
+            "the oldest failure forgotten"
         );
     }
 

@@ -50,27 +50,42 @@ fn fixture(name: &str) -> Vec<u8> {
 struct CertServer {
     addr: SocketAddr,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    /// Requests being answered now, and the most there were at once.
+    open: Arc<Mutex<(usize, usize)>>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// Paths with this in them are answered after [`SLOW_FOR`]: fetches that
+/// stay in flight long enough to be counted.
+const SLOW: &str = "slow";
+const SLOW_FOR: Duration = Duration::from_millis(400);
 
 impl CertServer {
     async fn start(certs: HashMap<String, String>) -> CertServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let open: Arc<Mutex<(usize, usize)>> = Arc::default();
         let certs = Arc::new(certs);
         let task = tokio::spawn({
-            let hits = hits.clone();
+            let (hits, open) = (hits.clone(), open.clone());
             async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let (hits, certs) = (hits.clone(), certs.clone());
+                    let (hits, certs, open) = (hits.clone(), certs.clone(), open.clone());
                     tokio::spawn(async move {
                         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                             let path = req.uri().path().to_owned();
                             *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+                            let slow = path.contains(SLOW);
+                            let open = open.clone();
+                            {
+                                let mut o = open.lock().unwrap();
+                                o.0 += 1;
+                                o.1 = o.1.max(o.0);
+                            }
                             let resp = match certs.get(&path) {
                                 Some(pem) => {
                                     hyper::Response::new(Full::new(Bytes::from(pem.clone())))
@@ -81,7 +96,13 @@ impl CertServer {
                                     r
                                 }
                             };
-                            async move { Ok::<_, Infallible>(resp) }
+                            async move {
+                                if slow {
+                                    tokio::time::sleep(SLOW_FOR).await;
+                                }
+                                open.lock().unwrap().0 -= 1;
+                                Ok::<_, Infallible>(resp)
+                            }
                         });
                         let _ = http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), svc)
@@ -90,7 +111,12 @@ impl CertServer {
                 }
             }
         });
-        CertServer { addr, hits, task }
+        CertServer {
+            addr,
+            hits,
+            open,
+            task,
+        }
     }
 
     fn prefix(&self) -> String {
@@ -122,6 +148,11 @@ const PAYPAL_CERT: &str = "CERT-360caa42-fca2a594-fencehook0";
 const PAYPAL_NEXT_CERT: &str = "CERT-360caa42-fca2a594-fencehook1";
 
 async fn cert_server() -> CertServer {
+    cert_server_with(HashMap::new()).await
+}
+
+/// [`cert_server`] serving `more` too.
+async fn cert_server_with(more: HashMap<String, String>) -> CertServer {
     let far = now() as u64 + 86_400 * 365;
     let cert = |key| {
         testkeys::certificate(
@@ -132,7 +163,8 @@ async fn cert_server() -> CertServer {
             far,
         )
     };
-    CertServer::start(HashMap::from([
+    let mut certs = more;
+    certs.extend([
         (format!("/v1/notifications/certs/{PAYPAL_CERT}"), cert(0)),
         (
             format!("/v1/notifications/certs/{PAYPAL_NEXT_CERT}"),
@@ -150,8 +182,8 @@ async fn cert_server() -> CertServer {
             "/v1/notifications/certs/not-a-certificate".to_owned(),
             "hello".to_owned(),
         ),
-    ]))
-    .await
+    ]);
+    CertServer::start(certs).await
 }
 
 /// The three RSA providers: `wechat`, `alipay`, `paypal` (certificates
@@ -1014,7 +1046,8 @@ async fn bad_paypal_deliveries_are_refused_and_a_cert_url_outside_the_prefixes_i
             "{value} {currency}"
         );
     }
-    // A 503 is retried, and fetched again (failures are not cached).
+    // A 503 is retried; the failure is remembered a while, not fetched again
+    // for every delivery that names the URL.
     let r = post(
         &app,
         "paypal",
@@ -1024,7 +1057,7 @@ async fn bad_paypal_deliveries_are_refused_and_a_cert_url_outside_the_prefixes_i
     .await;
     assert_eq!(r.status, 503);
     assert!(r.retry_after.is_some());
-    assert_eq!(certs.hits("CERT-404"), 2);
+    assert_eq!(certs.hits("CERT-404"), 1);
     ctx.assert_nothing_written().await;
 }
 
@@ -1209,4 +1242,92 @@ async fn crc_forged_paypal_bodies_and_an_old_transmission_time_are_refused_in_bo
         );
         ctx.assert_audit_clean().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paypal_certificate_fetches_are_bounded_remembered_when_they_fail_and_never_push_out_a_verified_certificate(
+) {
+    let ctx = TestContext::new().await;
+    // Strangers' URLs under the prefix that do serve a certificate (of a key
+    // that signed nothing here).
+    let strangers = 2 * paypal::CACHE_ENTRIES;
+    let stranger_cert = testkeys::certificate(
+        UNKNOWN_KEY,
+        "0FF1CE",
+        "CN=messageverificationcerts.paypal.com",
+        0,
+        now() as u64 + 86_400,
+    );
+    let certs = cert_server_with(
+        (0..strangers)
+            .map(|i| {
+                (
+                    format!("/v1/notifications/certs/CERT-stranger-{i}"),
+                    stranger_cert.clone(),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let app = Arc::new(ctx.spawn(config(&ctx, &certs.prefix())).await);
+    let capture = Arc::new(fixture("paypal/capture_completed.body.json"));
+    let r = post(
+        &app,
+        "paypal",
+        &paypal_headers(0, &certs.url(PAYPAL_CERT), &capture),
+        &capture,
+    )
+    .await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    // 40 requests at once, each naming a new slow URL: a few fetches at a
+    // time, the rest answered 503 at once.
+    let replies = futures_util::future::join_all((0..40).map(|i| {
+        let (app, capture, url) = (
+            app.clone(),
+            capture.clone(),
+            certs.url(&format!("CERT-{SLOW}-{i}")),
+        );
+        async move { post(&app, "paypal", &paypal_headers(0, &url, &capture), &capture).await }
+    }))
+    .await;
+    for r in &replies {
+        assert!(matches!(r.status, 401 | 503), "{r:?}");
+    }
+    let most = certs.open.lock().unwrap().1;
+    assert!(
+        (1..=paypal::MAX_CONCURRENT_FETCHES).contains(&most),
+        "at most {} fetches at once, saw {most}",
+        paypal::MAX_CONCURRENT_FETCHES
+    );
+    // A URL that failed is not fetched again for the next delivery naming it.
+    let fetched = (0..40)
+        .find(|i| certs.hits(&format!("CERT-{SLOW}-{i}")) == 1)
+        .expect("some URL was fetched");
+    let url = certs.url(&format!("CERT-{SLOW}-{fetched}"));
+    let r = post(&app, "paypal", &paypal_headers(0, &url, &capture), &capture).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(certs.hits(&format!("CERT-{SLOW}-{fetched}")), 1);
+    // Twice as many certificates as the cache keeps, none of which any
+    // signature verifies with: they push out each other, not PayPal's.
+    for i in 0..strangers {
+        let url = certs.url(&format!("CERT-stranger-{i}"));
+        let r = post(&app, "paypal", &paypal_headers(0, &url, &capture), &capture).await;
+        assert_eq!(r.status, 401, "{i}: {r:?}");
+        assert_eq!(certs.hits(&format!("CERT-stranger-{i}")), 1);
+    }
+    let r = post(
+        &app,
+        "paypal",
+        &paypal_headers(0, &certs.url(PAYPAL_CERT), &capture),
+        &capture,
+    )
+    .await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    assert_eq!(
+        certs.hits(PAYPAL_CERT),
+        1,
+        "PayPal's certificate stayed cached"
+    );
+    assert_eq!(ctx.payments().await, 1);
+    ctx.assert_audit_clean().await;
 }
