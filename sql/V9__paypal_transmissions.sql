@@ -20,6 +20,9 @@ CREATE TABLE paypal_transmissions (
     body_sha256     text        NOT NULL,
     first_seen_at   timestamptz NOT NULL DEFAULT now(),
     expires_at      timestamptz NOT NULL,
+    -- confirm = "api": when PayPal's API confirmed the event (NULL: not yet,
+    -- or the provider does not ask).
+    confirmed_at    timestamptz,
     CONSTRAINT paypal_transmissions_pkey PRIMARY KEY (provider, transmission_id)
 );
 CREATE INDEX paypal_transmissions_expires_idx ON paypal_transmissions (expires_at);

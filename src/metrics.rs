@@ -121,6 +121,9 @@ label_enum! {
         /// signature verifies (PayPal signs only the body's CRC-32), but
         /// the body is not the one it was sent with. Answered 401.
         TransmissionReused => "transmission_reused",
+        /// `confirm = "api"`: PayPal's API knows no such event, or knows it
+        /// otherwise than delivered. Answered 401.
+        EventUnconfirmed => "event_unconfirmed",
     }
 }
 
@@ -708,7 +711,7 @@ fn describe(rec: &PrometheusRecorder) {
     d(
         REQUESTS_REJECTED_TOTAL,
         None,
-        "Requests on the public listener that were no delivery: unknown_provider, not_found, method_not_allowed (scans), transmission_reused (a PayPal delivery's signed headers on another body).",
+        "Requests on the public listener that were no delivery: unknown_provider, not_found, method_not_allowed (scans), transmission_reused (a PayPal delivery's signed headers on another body), event_unconfirmed (a PayPal event its API does not confirm).",
     );
     d(
         CONNECTIONS_OPEN,

@@ -383,6 +383,27 @@ impl Processor {
         Ok(seen == 1)
     }
 
+    /// PayPal's API confirmed the body bound to this transmission id (`true`),
+    /// or contradicted it (`false`: the binding is dropped, so the genuine
+    /// body can still take the id).
+    pub async fn settle_transmission(
+        &self,
+        provider: &str,
+        key: &crate::providers::paypal::TransmissionKey,
+        confirmed: bool,
+    ) -> Result<(), Error> {
+        if confirmed {
+            self.store
+                .confirm_transmission(provider, &key.id, &key.body_sha256)
+                .await?;
+        } else {
+            self.store
+                .unbind_transmission(provider, &key.id, &key.body_sha256)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// The row of (provider, transaction_id), as it stands now.
     pub async fn payment_row(
         &self,

@@ -90,7 +90,9 @@ pub fn rejected(reason: RejectReason) -> Response<Body> {
         RejectReason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         // Answered in the provider's shape by the delivery path; here for
         // completeness.
-        RejectReason::TransmissionReused => StatusCode::UNAUTHORIZED,
+        RejectReason::TransmissionReused | RejectReason::EventUnconfirmed => {
+            StatusCode::UNAUTHORIZED
+        }
     };
     let mut resp = super::json(status, json!({ "result": reason.as_str() }));
     if reason == RejectReason::MethodNotAllowed {

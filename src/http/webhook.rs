@@ -173,34 +173,8 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default();
     let accepted = provider.accept(&parts.headers, &body, now).await;
-    // PayPal signs only the CRC-32 of the body, which any body can be made to
-    // match: its headers are bound to the first body seen with them before
-    // anything is booked. Also when the body does not map (a 400 after the
-    // signature verified), so those headers cannot carry another body later.
-    if matches!(accepted, Ok(_) | Err(Reject::Invalid(_))) {
-        if let Some(key) = provider.paypal_transmission(&parts.headers, &body) {
-            match state
-                .processor
-                .bind_transmission(&provider.name, &key)
-                .await
-            {
-                Ok(Transmission::New | Transmission::SameBody) => {}
-                Ok(Transmission::OtherBody) => {
-                    state
-                        .metrics
-                        .request_rejected(RejectReason::TransmissionReused)
-                        .increment(1);
-                    tracing::warn!(provider = %provider.name, transmission_id = %key.id,
-                        "a transmission id seen before with another body; answered 401");
-                    return refused(Kind::Unauthorized, Answer::new(WebhookResult::Unauthorized));
-                }
-                Err(e) => {
-                    tracing::error!(provider = %provider.name, kind = e.kind(),
-                        error = %crate::error::chain(&e), "could not record the transmission id; answered 503");
-                    return refused(Kind::VerificationUnavailable, Answer::unavailable(None));
-                }
-            }
-        }
+    if let Err(refusal) = paypal_gate(state, provider, &parts.headers, &body, &accepted).await {
+        return refusal;
     }
     let items = match accepted {
         Ok(items) => items,
@@ -297,6 +271,89 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     Delivery::Processed(
         Answer::of_batch(answers).unwrap_or_else(|| Answer::invalid("no event in the delivery")),
     )
+}
+
+/// PayPal signs only the CRC-32 of the body, which any body can be made to
+/// match: a verified delivery's headers are bound to the first body seen with
+/// them before anything is booked (also when the body does not map, a 400
+/// after the signature verified, so those headers cannot carry another body
+/// later), and with `confirm = "api"` a new event is fetched from PayPal's
+/// API and must be what was delivered. Nothing for other providers.
+async fn paypal_gate(
+    state: &State,
+    provider: &Provider,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    accepted: &Result<Vec<Item>, Reject>,
+) -> Result<(), Delivery> {
+    if !matches!(accepted, Ok(_) | Err(Reject::Invalid(_))) {
+        return Ok(());
+    }
+    let Some(key) = provider.paypal_transmission(headers, body) else {
+        return Ok(());
+    };
+    let unavailable = |e: crate::error::Error, what: &str| {
+        tracing::error!(provider = %provider.name, kind = e.kind(),
+            error = %crate::error::chain(&e), "could not {what}; answered 503");
+        refused(Kind::VerificationUnavailable, Answer::unavailable(None))
+    };
+    let unauthorized = |reason: RejectReason, why: &str| {
+        state.metrics.request_rejected(reason).increment(1);
+        tracing::warn!(provider = %provider.name, transmission_id = %key.id, "{why}; answered 401");
+        refused(Kind::Unauthorized, Answer::new(WebhookResult::Unauthorized))
+    };
+    let confirmed = match state
+        .processor
+        .bind_transmission(&provider.name, &key)
+        .await
+    {
+        Ok(Transmission::New) => false,
+        Ok(Transmission::SameBody { confirmed }) => confirmed,
+        Ok(Transmission::OtherBody) => {
+            return Err(unauthorized(
+                RejectReason::TransmissionReused,
+                "a transmission id seen before with another body",
+            ))
+        }
+        Err(e) => return Err(unavailable(e, "record the transmission id")),
+    };
+    // Only an event that would be booked is worth PayPal's API's time.
+    let item = match accepted {
+        Ok(items) => match items.as_slice() {
+            [item @ Item::Event(_)] => item,
+            _ => return Ok(()),
+        },
+        Err(_) => return Ok(()),
+    };
+    if confirmed || !provider.paypal_confirms() {
+        return Ok(());
+    }
+    match provider.paypal_confirm(body, item).await {
+        Ok(()) => state
+            .processor
+            .settle_transmission(&provider.name, &key, true)
+            .await
+            .map_err(|e| unavailable(e, "record the confirmation")),
+        Err(Reject::Unauthorized(why)) => {
+            // Dropped, so that the genuine body can still take the id.
+            if let Err(e) = state
+                .processor
+                .settle_transmission(&provider.name, &key, false)
+                .await
+            {
+                return Err(unavailable(e, "drop a contradicted transmission id"));
+            }
+            Err(unauthorized(RejectReason::EventUnconfirmed, &why))
+        }
+        Err(reject) => Err(Delivery::Refused {
+            kind: match reject {
+                Reject::Invalid(_) => Kind::InvalidPayload,
+                _ => Kind::VerificationUnavailable,
+            },
+            answer: Answer::of_reject(&reject),
+            why: Some(reject.to_string()),
+        }),
+    }
 }
 
 /// Adyen's `CANCEL_OR_REFUND`, decided by the ledger (the unsigned

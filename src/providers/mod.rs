@@ -41,6 +41,7 @@ mod file;
 mod hmac;
 pub mod keys;
 pub mod paypal;
+pub mod paypal_api;
 pub mod standard;
 pub mod stripe;
 #[cfg(any(test, feature = "test-support"))]
@@ -244,6 +245,12 @@ pub struct Settings {
     pub max_age_secs: Option<u64>,
     /// PayPal: how far ahead of the clock a transmission time may be.
     pub future_skew_secs: Option<u64>,
+    /// PayPal: `offline` (the default) or `api` (fetch-to-confirm).
+    pub confirm: Option<String>,
+    /// PayPal, `confirm = "api"`: the REST API's base URL and the app's credentials.
+    pub api_url: Option<String>,
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
 }
 
 impl Settings {
@@ -264,6 +271,10 @@ impl Settings {
         note(self.cert_url_prefixes.is_some(), "cert_url_prefixes");
         note(self.max_age_secs.is_some(), "max_age_secs");
         note(self.future_skew_secs.is_some(), "future_skew_secs");
+        note(self.confirm.is_some(), "confirm");
+        note(self.api_url.is_some(), "api_url");
+        note(self.client_id.is_some(), "client_id");
+        note(self.client_secret.is_some(), "client_secret");
         given
     }
 }
@@ -280,6 +291,10 @@ fn scheme_settings(scheme: SchemeKind) -> &'static [&'static str] {
             "cert_url_prefixes",
             "max_age_secs",
             "future_skew_secs",
+            "confirm",
+            "api_url",
+            "client_id",
+            "client_secret",
         ],
     }
 }
@@ -290,6 +305,11 @@ fn unix_now() -> i64 {
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default()
 }
+
+/// PayPal's `confirm` settings: signature, time window and transmission id
+/// binding only (the default), or each new event fetched from PayPal's API too.
+pub const PAYPAL_CONFIRM_OFFLINE: &str = "offline";
+pub const PAYPAL_CONFIRM_API: &str = "api";
 
 /// Timestamp window of the schemes that sign one (Standard Webhooks, Stripe).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
@@ -426,8 +446,9 @@ impl Provider {
                 )
                 .map_err(setting)?,
             ),
-            SchemeKind::Paypal => Scheme::Paypal(
-                paypal::Paypal::new(
+            SchemeKind::Paypal => Scheme::Paypal({
+                let api = (settings.api_url, settings.client_id, settings.client_secret);
+                let p = paypal::Paypal::new(
                     &required(
                         settings.webhook_id,
                         name,
@@ -444,8 +465,30 @@ impl Provider {
                             .unwrap_or(paypal::DEFAULT_FUTURE_SKEW_SECS),
                     },
                 )
-                .map_err(setting)?,
-            ),
+                .map_err(setting)?;
+                match settings.confirm.as_deref().unwrap_or(PAYPAL_CONFIRM_OFFLINE) {
+                    PAYPAL_CONFIRM_OFFLINE => {
+                        let given = [(&api.0, "api_url"), (&api.1, "client_id"), (&api.2, "client_secret")];
+                        if let Some((_, name)) = given.iter().find(|(v, _)| v.is_some()) {
+                            return Err(field(name, "only with confirm = \"api\"".into()));
+                        }
+                        p
+                    }
+                    PAYPAL_CONFIRM_API => p
+                        .with_api_confirm(paypal_api::ApiSettings {
+                            api_url: api.0.unwrap_or_else(|| paypal_api::DEFAULT_API_URL.to_owned()),
+                            client_id: required(api.1, name, "client_id", "the REST app's client id, with confirm = \"api\"")?,
+                            client_secret: required(api.2, name, "client_secret", "the REST app's secret, with confirm = \"api\"")?,
+                        })
+                        .map_err(setting)?,
+                    other => {
+                        return Err(field(
+                            "confirm",
+                            format!("`{other}` is not one of {PAYPAL_CONFIRM_OFFLINE} | {PAYPAL_CONFIRM_API}"),
+                        ))
+                    }
+                }
+            }),
         };
         if tolerance > TOLERANCE_WARN_SECS
             && matches!(
@@ -465,7 +508,7 @@ impl Provider {
         if let Scheme::Paypal(p) = &scheme {
             if p.allows_plain_http() {
                 warnings.push(format!(
-                    "provider `{name}`: cert_url_prefixes has an http:// prefix: certificates fetched without TLS (for a local test server only)"
+                    "provider `{name}`: cert_url_prefixes or api_url is http://: PayPal reached without TLS (for a local test server only)"
                 ));
             }
         }
@@ -643,6 +686,20 @@ impl Provider {
         }
     }
 
+    /// PayPal with `confirm = "api"`: checks what the delivery mapped to
+    /// against PayPal's API. Ok for every other provider.
+    pub async fn paypal_confirm(&self, body: &[u8], item: &Item) -> Result<(), Reject> {
+        match &self.scheme {
+            Scheme::Paypal(p) => p.confirm(&self.name, body, item).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether deliveries are confirmed with PayPal's API before booking.
+    pub fn paypal_confirms(&self) -> bool {
+        matches!(&self.scheme, Scheme::Paypal(p) if p.confirms_with_api())
+    }
+
     /// PayPal: puts a certificate in the provider's cache as if fetched from
     /// `url` (for tests whose deliveries name a PayPal URL).
     #[cfg(any(test, feature = "test-support"))]
@@ -791,6 +848,11 @@ secrets = ["{ADYEN_KEY}"]
             ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nmax_age_secs = -5", "max_age_secs"),
             ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nfuture_skew_secs = 86400", "future_skew_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\nmax_age_secs = 60", "max_age_secs"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"maybe\"", "confirm"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nclient_id = \"abc\"", "client_id"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_secret = \"x\"", "client_id"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_id = \"abc\"", "client_secret"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_id = \"abc\"\nclient_secret = \"x\"\napi_url = \"https://api-m.paypal.com\"", "api_url"),
         ] {
             let err = file::parse(text).unwrap_err();
             assert!(

@@ -92,6 +92,7 @@ use super::fields::{
     opt_str, req_object, req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaSigner};
+use super::paypal_api::{ApiConfirm, ApiSettings};
 use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
@@ -154,7 +155,7 @@ pub struct TransmissionKey {
     pub expires_at: OffsetDateTime,
 }
 
-type CertClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub(super) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
 
 #[derive(Clone)]
@@ -164,7 +165,9 @@ pub struct Paypal {
     window: Window,
     cache: Arc<CertCache>,
     fetches: Arc<Semaphore>,
-    client: CertClient,
+    client: HttpClient,
+    /// `confirm = "api"`: each new event is fetched from PayPal's API first.
+    confirm: Option<Arc<ApiConfirm>>,
 }
 
 /// The certificates of one provider, by URL.
@@ -345,13 +348,39 @@ impl Paypal {
             window,
             cache: Arc::default(),
             fetches: Arc::new(Semaphore::new(MAX_CONCURRENT_FETCHES)),
-            client: cert_client().map_err(|e| ("cert_url_prefixes", e))?,
+            confirm: None,
+            client: http_client(FETCH_TIMEOUT).map_err(|e| ("cert_url_prefixes", e))?,
         })
     }
 
-    /// Whether a configured prefix fetches without TLS (a local test server).
+    /// Turns on the fetch-to-confirm mode (`confirm = "api"`, see `paypal_api`).
+    pub fn with_api_confirm(
+        mut self,
+        settings: ApiSettings,
+    ) -> Result<Paypal, super::wechatpay::SettingError> {
+        self.confirm = Some(Arc::new(ApiConfirm::new(settings)?));
+        Ok(self)
+    }
+
+    /// Whether a configured prefix (or the API's URL) is reached without
+    /// TLS (a local test server).
     pub fn allows_plain_http(&self) -> bool {
         self.prefixes.iter().any(|p| p.starts_with("http://"))
+            || self.confirm.as_ref().is_some_and(|c| c.allows_plain_http())
+    }
+
+    /// Whether events are confirmed with PayPal's API before booking.
+    pub fn confirms_with_api(&self) -> bool {
+        self.confirm.is_some()
+    }
+
+    /// In the fetch-to-confirm mode, checks `item` (what `body` mapped to)
+    /// against PayPal's API; nothing to do otherwise.
+    pub async fn confirm(&self, provider: &str, body: &[u8], item: &Item) -> Result<(), Reject> {
+        match &self.confirm {
+            Some(c) => c.confirm(provider, body, item).await,
+            None => Ok(()),
+        }
     }
 
     /// Verifies (fetching the certificate when it is not cached), then maps.
@@ -493,7 +522,7 @@ impl Paypal {
 /// A prefix must be `http(s)://host[:port]/…`: ending the host with `/`
 /// pins it (`https://api.paypal.com` alone would let
 /// `https://api.paypal.com.example/` through).
-fn check_prefix(prefix: &str) -> Result<(), String> {
+pub(super) fn check_prefix(prefix: &str) -> Result<(), String> {
     let rest = prefix
         .strip_prefix("https://")
         .or_else(|| prefix.strip_prefix("http://"))
@@ -512,11 +541,12 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn cert_client() -> Result<CertClient, String> {
+/// An HTTP(S) client for PayPal's hosts, following no redirect.
+pub(super) fn http_client(connect_timeout: Duration) -> Result<HttpClient, String> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    http.set_connect_timeout(Some(FETCH_TIMEOUT));
+    http.set_connect_timeout(Some(connect_timeout));
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
         .map_err(|e| format!("cannot set up TLS: {e}"))?
@@ -526,7 +556,7 @@ fn cert_client() -> Result<CertClient, String> {
     Ok(Client::builder(TokioExecutor::new()).build(https))
 }
 
-async fn fetch(client: &CertClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
+async fn fetch(client: &HttpClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
     let unavailable = |why: String| Reject::Unavailable(format!("PAYPAL-CERT-URL: {why}"));
     let uri: http::Uri = url
         .parse()

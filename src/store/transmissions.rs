@@ -33,16 +33,26 @@ bound AS (
     VALUES ($1, $2, $3, $4)
     ON CONFLICT ON CONSTRAINT paypal_transmissions_pkey DO UPDATE
        SET expires_at = t.expires_at
-    RETURNING (xmax = 0) AS inserted, body_sha256 = $3 AS same)
-SELECT inserted, same FROM bound";
+    RETURNING (xmax = 0) AS inserted, body_sha256 = $3 AS same, confirmed_at IS NOT NULL AS confirmed)
+SELECT inserted, same, confirmed FROM bound";
+
+/// Marks a binding confirmed by PayPal's API.
+const CONFIRM: &str = "UPDATE paypal_transmissions SET confirmed_at = now() \
+     WHERE provider = $1 AND transmission_id = $2 AND body_sha256 = $3";
+
+/// Drops a binding PayPal's API contradicted, so the genuine body can take
+/// the id when PayPal delivers (or retries) it. Never a confirmed one.
+const UNBIND: &str = "DELETE FROM paypal_transmissions \
+     WHERE provider = $1 AND transmission_id = $2 AND body_sha256 = $3 AND confirmed_at IS NULL";
 
 /// What [`Store::bind_transmission`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transmission {
     /// First seen now: bound to this body.
     New,
-    /// Seen before with this very body: a PayPal retry.
-    SameBody,
+    /// Seen before with this very body: a PayPal retry; `confirmed` when
+    /// PayPal's API confirmed it already (`confirm = "api"`).
+    SameBody { confirmed: bool },
     /// Seen before with another body: the headers were lifted onto a forged one.
     OtherBody,
 }
@@ -73,8 +83,40 @@ impl Store {
             .await?;
         Ok(match (row.get::<_, bool>(0), row.get::<_, bool>(1)) {
             (true, _) => Transmission::New,
-            (false, true) => Transmission::SameBody,
+            (false, true) => Transmission::SameBody {
+                confirmed: row.get(2),
+            },
             (false, false) => Transmission::OtherBody,
         })
+    }
+
+    /// Records that PayPal's API confirmed the body bound to `transmission_id`.
+    pub async fn confirm_transmission(
+        &self,
+        provider: &str,
+        transmission_id: &str,
+        body_sha256: &str,
+    ) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(CONFIRM).await?;
+        client
+            .execute(&stmt, &[&provider, &transmission_id, &body_sha256])
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets the unconfirmed binding of `transmission_id` to this body.
+    pub async fn unbind_transmission(
+        &self,
+        provider: &str,
+        transmission_id: &str,
+        body_sha256: &str,
+    ) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(UNBIND).await?;
+        client
+            .execute(&stmt, &[&provider, &transmission_id, &body_sha256])
+            .await?;
+        Ok(())
     }
 }

@@ -1331,3 +1331,207 @@ async fn paypal_certificate_fetches_are_bounded_remembered_when_they_fail_and_ne
     assert_eq!(ctx.payments().await, 1);
     ctx.assert_audit_clean().await;
 }
+
+// ---- PayPal: confirm = "api" --------------------------------------------------
+
+const API_CLIENT_ID: &str = "fencehook-test-client";
+const API_CLIENT_SECRET: &str = "fencehook-test-secret";
+const API_TOKEN: &str = "A21AAF-fencehook-test-token";
+
+/// PayPal's REST API as far as the confirm mode uses it: an OAuth2 token for
+/// the test app's credentials, and the events PayPal knows, by id. Counts
+/// tokens issued and fetches by event id; `down` answers every event 500.
+struct PaypalApi {
+    addr: SocketAddr,
+    events: Arc<Mutex<HashMap<String, Value>>>,
+    calls: Arc<Mutex<HashMap<String, usize>>>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PaypalApi {
+    async fn start() -> PaypalApi {
+        use base64::Engine;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let events: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
+        let calls: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let down: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let basic = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{API_CLIENT_ID}:{API_CLIENT_SECRET}"))
+        );
+        let task = tokio::spawn({
+            let (events, calls, down) = (events.clone(), calls.clone(), down.clone());
+            async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let (events, calls, down, basic) =
+                        (events.clone(), calls.clone(), down.clone(), basic.clone());
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                            let path = req.uri().path().to_owned();
+                            *calls.lock().unwrap().entry(path.clone()).or_default() += 1;
+                            let auth = req
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_owned();
+                            let (status, body) = if path == "/v1/oauth2/token" {
+                                if req.method() == hyper::Method::POST && auth == basic {
+                                    (
+                                        200,
+                                        json!({"access_token": API_TOKEN, "token_type": "Bearer", "expires_in": 32400}),
+                                    )
+                                } else {
+                                    (401, json!({"error": "invalid_client"}))
+                                }
+                            } else if let Some(id) =
+                                path.strip_prefix("/v1/notifications/webhooks-events/")
+                            {
+                                if auth != format!("Bearer {API_TOKEN}") {
+                                    (401, json!({"name": "AUTHENTICATION_FAILURE"}))
+                                } else if down.load(std::sync::atomic::Ordering::SeqCst) {
+                                    (500, json!({"name": "INTERNAL_SERVICE_ERROR"}))
+                                } else {
+                                    match events.lock().unwrap().get(id) {
+                                        Some(event) => (200, event.clone()),
+                                        None => (404, json!({"name": "INVALID_RESOURCE_ID"})),
+                                    }
+                                }
+                            } else {
+                                (404, json!({}))
+                            };
+                            let mut resp =
+                                hyper::Response::new(Full::new(Bytes::from(body.to_string())));
+                            *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                            async move { Ok::<_, Infallible>(resp) }
+                        });
+                        let _ = http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+            }
+        });
+        PaypalApi {
+            addr,
+            events,
+            calls,
+            down,
+            task,
+        }
+    }
+
+    fn knows(&self, event: &Value) {
+        let id = event["id"].as_str().unwrap().to_owned();
+        self.events.lock().unwrap().insert(id, event.clone());
+    }
+
+    fn fetches(&self, event_id: &str) -> usize {
+        let path = format!("/v1/notifications/webhooks-events/{event_id}");
+        self.calls.lock().unwrap().get(&path).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for PaypalApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A PayPal capture event `event_id` of `value` USD, capture `capture_id`.
+fn paypal_event(event_id: &str, capture_id: &str, value: &str) -> Value {
+    let mut v = paypal_capture(capture_id, value);
+    v["id"] = event_id.into();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_confirm_api_a_paypal_event_is_booked_only_as_paypals_api_knows_it() {
+    let ctx = TestContext::new().await;
+    let certs = cert_server().await;
+    let api = PaypalApi::start().await;
+    let mut cfg = config(&ctx, &certs.prefix());
+    cfg.providers.retain(|p| p.name != "paypal");
+    cfg.providers.push(
+        Provider::with_settings(
+            "paypal",
+            SchemeKind::Paypal,
+            Settings {
+                webhook_id: Some(WEBHOOK_ID.into()),
+                cert_url_prefixes: Some(vec![certs.prefix()]),
+                confirm: Some("api".into()),
+                api_url: Some(format!("http://{}/", api.addr)),
+                client_id: Some(API_CLIENT_ID.into()),
+                client_secret: Some(API_CLIENT_SECRET.into()),
+                ..Settings::default()
+            },
+        )
+        .unwrap(),
+    );
+    let app = ctx.spawn(cfg).await;
+    let url = certs.url(PAYPAL_CERT);
+    let deliver = |event: &Value| {
+        let body = event.to_string().into_bytes();
+        (paypal_headers(0, &url, &body), body)
+    };
+    // A genuine event: confirmed, booked; PayPal's retry is not asked about again.
+    let first = paypal_event("WH-CONFIRM-1", "CAP-CONFIRM-1", "10.00");
+    api.knows(&first);
+    let (h1, b1) = deliver(&first);
+    let r = post(&app, "paypal", &h1, &b1).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let r = post(&app, "paypal", &h1, &b1).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    assert_eq!(api.fetches("WH-CONFIRM-1"), 1);
+    // A CRC-forged body under the genuine headers that arrives *before* the
+    // genuine delivery: PayPal's API knows the event otherwise, so it is
+    // refused, and the genuine body can still take the headers.
+    let genuine = paypal_event("WH-CONFIRM-2", "CAP-CONFIRM-2", "10.00");
+    api.knows(&genuine);
+    let (h2, b2) = deliver(&genuine);
+    let mut forged = paypal_event("WH-CONFIRM-2", "CAP-CONFIRM-2", "99999.00");
+    forged["summary"] = "PAD".into();
+    let text = forged.to_string();
+    let (prefix, suffix) = text.split_once("PAD").unwrap();
+    let forged = crc_forged(prefix.as_bytes(), suffix.as_bytes(), crc32fast::hash(&b2));
+    let r = post(&app, "paypal", &h2, &forged).await;
+    assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+    assert_eq!(ctx.payment("CAP-CONFIRM-2").await, None);
+    let r = post(&app, "paypal", &h2, &b2).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    // An event PayPal does not know at all.
+    let (h3, b3) = deliver(&paypal_event("WH-CONFIRM-3", "CAP-CONFIRM-3", "10.00"));
+    let r = post(&app, "paypal", &h3, &b3).await;
+    assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+    assert_eq!(
+        app.metric(
+            "fencehook_requests_rejected_total",
+            &[("reason", "event_unconfirmed")]
+        ),
+        2.0
+    );
+    // PayPal's API down: 503, and PayPal's retry books once it is back.
+    let fourth = paypal_event("WH-CONFIRM-4", "CAP-CONFIRM-4", "10.00");
+    api.knows(&fourth);
+    let (h4, b4) = deliver(&fourth);
+    api.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = post(&app, "paypal", &h4, &b4).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    api.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let r = post(&app, "paypal", &h4, &b4).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(
+        api.calls.lock().unwrap().get("/v1/oauth2/token").copied(),
+        Some(1),
+        "one access token, kept"
+    );
+    assert_eq!(ctx.payments().await, 3);
+    assert_eq!(ledger_sum(&ctx).await, 3000);
+    ctx.assert_audit_clean().await;
+}
