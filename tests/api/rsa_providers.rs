@@ -1535,3 +1535,42 @@ async fn with_confirm_api_a_paypal_event_is_booked_only_as_paypals_api_knows_it(
     assert_eq!(ledger_sum(&ctx).await, 3000);
     ctx.assert_audit_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_paypal_transmission_ids_are_pruned_a_few_at_a_time_by_new_ones() {
+    let ctx = TestContext::new().await;
+    let certs = cert_server().await;
+    let app = ctx.spawn(config(&ctx, &certs.prefix())).await;
+    ctx.db()
+        .await
+        .batch_execute(
+            "INSERT INTO paypal_transmissions (provider, transmission_id, body_sha256, expires_at)
+             SELECT 'paypal', 'old-' || i, 'x', now() - interval '1 hour' FROM generate_series(1, 20) i;
+             INSERT INTO paypal_transmissions (provider, transmission_id, body_sha256, expires_at)
+             VALUES ('paypal', 'current', 'y', now() + interval '1 hour')",
+        )
+        .await
+        .unwrap();
+    let url = certs.url(PAYPAL_CERT);
+    let expired =
+        || ctx.count("SELECT count(*) FROM paypal_transmissions WHERE expires_at < now()");
+    let mut left = expired().await;
+    assert_eq!(left, 20);
+    for i in 0..3 {
+        let body = paypal_capture(&format!("CAPTURE-PRUNE-{i}"), "1.00")
+            .to_string()
+            .into_bytes();
+        let r = post(&app, "paypal", &paypal_headers(0, &url, &body), &body).await;
+        assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+        let now_left = expired().await;
+        assert!(now_left < left || now_left == 0, "{now_left} after {left}");
+        assert!(left - now_left <= 8, "a bounded prune: {left} → {now_left}");
+        left = now_left;
+    }
+    assert_eq!(left, 0);
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM paypal_transmissions").await,
+        1 + 3,
+        "the current row and the three new ones stay"
+    );
+}
