@@ -91,6 +91,11 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
                 tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
                     reason = why.as_deref().unwrap_or("-"),
                     "could not verify the delivery now; answered 503");
+            } else if let Some(reason) = why {
+                // A forged delivery (a PayPal transmission id reused, an event
+                // PayPal's API does not confirm): worth a warning, still sampled.
+                tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
+                    %reason, "delivery refused");
             } else {
                 tracing::info!(provider = %provider.name, result, status, latency_ms, suppressed,
                     "delivery");
@@ -109,7 +114,8 @@ fn rejected(state: &State, reason: RejectReason) -> Response<Body> {
 /// How far a delivery got, which decides how it is logged.
 enum Delivery {
     /// Refused before processing: its line is sampled per kind. `why` is
-    /// logged for a 503, whose body says nothing.
+    /// logged for a 503, whose body says nothing, and for a delivery
+    /// refused as forged.
     Refused {
         kind: Kind,
         answer: Answer,
@@ -297,10 +303,15 @@ async fn paypal_gate(
             error = %crate::error::chain(&e), "could not {what}; answered 503");
         refused(Kind::VerificationUnavailable, Answer::unavailable(None))
     };
+    // Anyone holding one set of PayPal's headers can send these as fast as
+    // they like: logged through the sampler like every refusal (see `handle`).
     let unauthorized = |reason: RejectReason, why: &str| {
         state.metrics.request_rejected(reason).increment(1);
-        tracing::warn!(provider = %provider.name, transmission_id = %key.id, "{why}; answered 401");
-        refused(Kind::Unauthorized, Answer::new(WebhookResult::Unauthorized))
+        Delivery::Refused {
+            kind: Kind::Unauthorized,
+            answer: Answer::new(WebhookResult::Unauthorized),
+            why: Some(format!("{why} (transmission id {})", key.id)),
+        }
     };
     let confirmed = match state
         .processor
@@ -345,14 +356,17 @@ async fn paypal_gate(
             }
             Err(unauthorized(RejectReason::EventUnconfirmed, &why))
         }
-        Err(reject) => Err(Delivery::Refused {
-            kind: match reject {
-                Reject::Invalid(_) => Kind::InvalidPayload,
-                _ => Kind::VerificationUnavailable,
-            },
-            answer: Answer::of_reject(&reject),
-            why: Some(reject.to_string()),
-        }),
+        Err(reject) => {
+            let (kind, why) = match &reject {
+                Reject::Invalid(_) => (Kind::InvalidPayload, None),
+                _ => (Kind::VerificationUnavailable, Some(reject.to_string())),
+            };
+            Err(Delivery::Refused {
+                kind,
+                answer: Answer::of_reject(&reject),
+                why,
+            })
+        }
     }
 }
 
