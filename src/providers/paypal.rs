@@ -125,6 +125,9 @@ pub const NEGATIVE_ENTRIES: usize = 256;
 const MAX_URL_LEN: usize = 2048;
 /// `max_age_secs`: PayPal retries a delivery for up to 3 days.
 pub const DEFAULT_MAX_AGE_SECS: u64 = 3 * 86_400;
+/// The longest `max_age_secs`: a year, far past any retry (and far from
+/// overflowing the expiry arithmetic).
+pub const MAX_MAX_AGE_SECS: u64 = 366 * 86_400;
 /// `future_skew_secs`: how far ahead of our clock PayPal's may run.
 pub const DEFAULT_FUTURE_SKEW_SECS: u64 = 300;
 /// Above this, a "skew" lets a transmission time stay valid for hours longer.
@@ -307,10 +310,12 @@ impl Paypal {
         cert_url_prefixes: Option<&[String]>,
         window: Window,
     ) -> Result<Paypal, super::wechatpay::SettingError> {
-        if window.max_age_secs == 0 || window.max_age_secs > i64::MAX as u64 / 2 {
+        if !(1..=MAX_MAX_AGE_SECS).contains(&window.max_age_secs) {
             return Err((
                 "max_age_secs",
-                format!("must be above 0 (PayPal retries for 3 days: {DEFAULT_MAX_AGE_SECS})"),
+                format!(
+                    "must be between 1 and {MAX_MAX_AGE_SECS} (PayPal retries for 3 days: {DEFAULT_MAX_AGE_SECS})"
+                ),
             ));
         }
         if window.future_skew_secs > MAX_FUTURE_SKEW_SECS {
