@@ -15,7 +15,8 @@
 //!   ([`http::answer`]).
 //! - [`providers`]: one file per scheme: signature check and payload mapping
 //!   to a [`domain::CanonicalEvent`]; each provider owns the body its PSP
-//!   expects. The providers file is read in `providers/file.rs`.
+//!   expects. The providers file is read in `providers/file.rs`; PayPal's
+//!   optional fetch-to-confirm API client is `providers/paypal_api.rs`.
 //! - [`processor`]: the state machine of one event (fast path → lease →
 //!   fenced claim → business step → fenced finalize → release), returning an
 //!   [`processor::Outcome`].
@@ -24,8 +25,9 @@
 //!   scripts ([`lease::redis`]) and the PostgreSQL backend.
 //! - [`store`]: fenced writes returning outcome enums, SQLSTATE
 //!   classification, migrations ([`store::migrate`]), the invariant
-//!   checks of `fencehook audit` ([`store::audit`]) and the drain figures
-//!   of an inbox-mode `fencehook load` ([`store::drain`]).
+//!   checks of `fencehook audit` ([`store::audit`]), the drain figures
+//!   of an inbox-mode `fencehook load` ([`store::drain`]) and the PayPal
+//!   transmission ids bound to their bodies ([`store::transmissions`]).
 //! - [`downstream`]: the optional business call that leaves the database.
 //! - [`health`]: readiness probes and the gauges sampled in the background.
 //! - [`db`]: the PostgreSQL pool builder the store and the lease backend share.

@@ -107,8 +107,9 @@ label_enum! {
 
 label_enum! {
     /// Why a request on the public listener was not a delivery at all
-    /// (`fencehook_requests_rejected_total{reason}`): scans and probes. A
-    /// bounded label: the requested name or path is never one.
+    /// (`fencehook_requests_rejected_total{reason}`): scans and probes, and
+    /// signed headers lifted onto a body they were not sent with. A bounded
+    /// label: the requested name or path is never one.
     RejectReason {
         /// `/webhooks/{name}` with a name no provider has.
         UnknownProvider => "unknown_provider",
@@ -116,6 +117,13 @@ label_enum! {
         NotFound => "not_found",
         /// A known provider's path with another method than POST.
         MethodNotAllowed => "method_not_allowed",
+        /// A PayPal transmission id already seen with another body: its
+        /// signature verifies (PayPal signs only the body's CRC-32), but
+        /// the body is not the one it was sent with. Answered 401.
+        TransmissionReused => "transmission_reused",
+        /// `confirm = "api"`: PayPal's API knows no such event, or knows it
+        /// otherwise than delivered. Answered 401.
+        EventUnconfirmed => "event_unconfirmed",
     }
 }
 
@@ -703,7 +711,7 @@ fn describe(rec: &PrometheusRecorder) {
     d(
         REQUESTS_REJECTED_TOTAL,
         None,
-        "Requests on the public listener that were no delivery: unknown_provider, not_found, method_not_allowed (scans).",
+        "Requests on the public listener that were no delivery: unknown_provider, not_found, method_not_allowed (scans), transmission_reused (a PayPal delivery's signed headers on another body), event_unconfirmed (a PayPal event its API does not confirm).",
     );
     d(
         CONNECTIONS_OPEN,

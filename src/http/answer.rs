@@ -88,6 +88,11 @@ pub fn rejected(reason: RejectReason) -> Response<Body> {
     let status = match reason {
         RejectReason::UnknownProvider | RejectReason::NotFound => StatusCode::NOT_FOUND,
         RejectReason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        // Answered in the provider's shape by the delivery path; here for
+        // completeness.
+        RejectReason::TransmissionReused | RejectReason::EventUnconfirmed => {
+            StatusCode::UNAUTHORIZED
+        }
     };
     let mut resp = super::json(status, json!({ "result": reason.as_str() }));
     if reason == RejectReason::MethodNotAllowed {

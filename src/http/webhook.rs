@@ -24,10 +24,12 @@ use super::answer::{self, Answer};
 use super::log_sample::Kind;
 use super::state::State;
 use super::Body;
+use crate::domain::{CanonicalEvent, ObjectKind, Status};
 use crate::metrics::{QuarantineReason, RejectReason, WebhookResult};
 use crate::processor::Outcome;
 use crate::providers::{Item, Provider, Reject};
 use crate::store::inbox::Accepted;
+use crate::store::transmissions::Transmission;
 
 /// Items of one delivery processed at once: enough that a batch is not
 /// serialised, few enough that one large batch cannot take the whole database
@@ -89,6 +91,11 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
                 tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
                     reason = why.as_deref().unwrap_or("-"),
                     "could not verify the delivery now; answered 503");
+            } else if let Some(reason) = why {
+                // A forged delivery (a PayPal transmission id reused, an event
+                // PayPal's API does not confirm): worth a warning, still sampled.
+                tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
+                    %reason, "delivery refused");
             } else {
                 tracing::info!(provider = %provider.name, result, status, latency_ms, suppressed,
                     "delivery");
@@ -107,7 +114,8 @@ fn rejected(state: &State, reason: RejectReason) -> Response<Body> {
 /// How far a delivery got, which decides how it is logged.
 enum Delivery {
     /// Refused before processing: its line is sampled per kind. `why` is
-    /// logged for a 503, whose body says nothing.
+    /// logged for a 503, whose body says nothing, and for a delivery
+    /// refused as forged.
     Refused {
         kind: Kind,
         answer: Answer,
@@ -170,7 +178,11 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default();
-    let items = match provider.accept(&parts.headers, &body, now).await {
+    let accepted = provider.accept(&parts.headers, &body, now).await;
+    if let Err(refusal) = paypal_gate(state, provider, &parts.headers, &body, &accepted).await {
+        return refusal;
+    }
+    let items = match accepted {
         Ok(items) => items,
         Err(reject) => {
             tracing::debug!(provider = %provider.name, reason = %reject, "delivery refused");
@@ -201,6 +213,13 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     };
     // Every item on its own, under its own lease, several at once.
     let answers: Vec<Answer> = stream::iter(items.into_iter().map(|item| async move {
+        let item = match item {
+            Item::CancelOrRefund(ev) => match cancel_or_refund(state, ev).await {
+                Ok(item) => item,
+                Err(answer) => return answer,
+            },
+            item => item,
+        };
         match item {
             Item::Ignored { event_type } => {
                 tracing::debug!(provider = %provider.name, %event_type, "event type not acted on");
@@ -208,12 +227,15 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
             }
             Item::Unmappable {
                 reason,
+                key,
                 transaction_id,
                 raw,
             } => {
                 let why = format!("unmappable: {reason}");
-                quarantine(state, provider, transaction_id, &why, &raw, QuarantineReason::Unmappable).await
+                let item = Quarantined { raw: &raw, key: &key };
+                quarantine(state, provider, transaction_id, &why, item, QuarantineReason::Unmappable).await
             }
+            Item::CancelOrRefund(_) => unreachable!("resolved above"),
             Item::Event(ev) if draining => Answer::unavailable(Some(ev.transaction_id)),
             Item::Event(ev) if state.inbox.is_some() => {
                 let inbox = state.inbox.as_ref().expect("checked");
@@ -232,9 +254,13 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                 // In a batch, a refund its payment cannot give must not hold
                 // up the other items: it is recorded, and the batch goes on.
                 Ok(Outcome::RefundRejected(why)) if provider.is_batch() => {
-                    let item = serde_json::to_string(&ev).unwrap_or_default();
+                    let raw = serde_json::to_string(&ev).unwrap_or_default();
+                    // The event's identity and kind, not its JSON: that
+                    // carries `occurred_at`, which no PSP need sign.
+                    let key = format!("{}:{}", ev.fingerprint(), ev.event_type.as_str());
                     let reason = format!("refund_rejected: {}", why.as_str());
-                    quarantine(state, provider, Some(ev.transaction_id), &reason, &item, QuarantineReason::RefundRejected).await
+                    let item = Quarantined { raw: &raw, key: &key };
+                    quarantine(state, provider, Some(ev.transaction_id), &reason, item, QuarantineReason::RefundRejected).await
                 }
                 Ok(outcome) => Answer::of_outcome(&outcome, ev.transaction_id),
                 Err(e) => {
@@ -253,19 +279,145 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     )
 }
 
-/// Records a batch item that cannot be booked; durable once written (the
-/// batch may be acknowledged), 503 when the write fails.
+/// PayPal signs only the CRC-32 of the body, which any body can be made to
+/// match: a verified delivery's headers are bound to the first body seen with
+/// them before anything is booked (also when the body does not map, a 400
+/// after the signature verified, so those headers cannot carry another body
+/// later), and with `confirm = "api"` a new event is fetched from PayPal's
+/// API and must be what was delivered. Nothing for other providers.
+async fn paypal_gate(
+    state: &State,
+    provider: &Provider,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    accepted: &Result<Vec<Item>, Reject>,
+) -> Result<(), Delivery> {
+    if !matches!(accepted, Ok(_) | Err(Reject::Invalid(_))) {
+        return Ok(());
+    }
+    let Some(key) = provider.paypal_transmission(headers, body) else {
+        return Ok(());
+    };
+    let unavailable = |e: crate::error::Error, what: &str| {
+        tracing::error!(provider = %provider.name, kind = e.kind(),
+            error = %crate::error::chain(&e), "could not {what}; answered 503");
+        refused(Kind::VerificationUnavailable, Answer::unavailable(None))
+    };
+    // Anyone holding one set of PayPal's headers can send these as fast as
+    // they like: logged through the sampler like every refusal (see `handle`).
+    let unauthorized = |reason: RejectReason, why: &str| {
+        state.metrics.request_rejected(reason).increment(1);
+        Delivery::Refused {
+            kind: Kind::Unauthorized,
+            answer: Answer::new(WebhookResult::Unauthorized),
+            why: Some(format!("{why} (transmission id {})", key.id)),
+        }
+    };
+    let confirmed = match state
+        .processor
+        .bind_transmission(&provider.name, &key)
+        .await
+    {
+        Ok(Transmission::New) => false,
+        Ok(Transmission::SameBody { confirmed }) => confirmed,
+        Ok(Transmission::OtherBody) => {
+            return Err(unauthorized(
+                RejectReason::TransmissionReused,
+                "a transmission id seen before with another body",
+            ))
+        }
+        Err(e) => return Err(unavailable(e, "record the transmission id")),
+    };
+    // Only an event that would be booked is worth PayPal's API's time.
+    let item = match accepted {
+        Ok(items) => match items.as_slice() {
+            [item @ Item::Event(_)] => item,
+            _ => return Ok(()),
+        },
+        Err(_) => return Ok(()),
+    };
+    if confirmed || !provider.paypal_confirms() {
+        return Ok(());
+    }
+    match provider.paypal_confirm(body, item).await {
+        Ok(()) => state
+            .processor
+            .settle_transmission(&provider.name, &key, true)
+            .await
+            .map_err(|e| unavailable(e, "record the confirmation")),
+        Err(Reject::Unauthorized(why)) => {
+            // Dropped, so that the genuine body can still take the id.
+            if let Err(e) = state
+                .processor
+                .settle_transmission(&provider.name, &key, false)
+                .await
+            {
+                return Err(unavailable(e, "drop a contradicted transmission id"));
+            }
+            Err(unauthorized(RejectReason::EventUnconfirmed, &why))
+        }
+        Err(reject) => {
+            let (kind, why) = match &reject {
+                Reject::Invalid(_) => (Kind::InvalidPayload, None),
+                _ => (Kind::VerificationUnavailable, Some(reject.to_string())),
+            };
+            Err(Delivery::Refused {
+                kind,
+                answer: Answer::of_reject(&reject),
+                why,
+            })
+        }
+    }
+}
+
+/// Adyen's `CANCEL_OR_REFUND`, decided by the ledger (the unsigned
+/// `modification.action` is never read): against a payment recorded `failed`
+/// here it was a cancel, which moves nothing; otherwise it is the refund of
+/// the signed amount, which books against a `succeeded` payment and waits,
+/// as every refund does, for one not settled yet. An `Err` is the answer
+/// when the payment could not be looked up.
+async fn cancel_or_refund(state: &State, ev: CanonicalEvent) -> Result<Item, Answer> {
+    let parent = ev.parent_transaction_id.as_deref().unwrap_or_default();
+    match state.processor.payment_row(&ev.provider, parent).await {
+        Ok(Some(row)) if row.kind == ObjectKind::Payment && row.status == Status::Failed => {
+            Ok(Item::Ignored {
+                event_type: "CANCEL_OR_REFUND of a failed payment (a cancel)".to_owned(),
+            })
+        }
+        Ok(_) => Ok(Item::Event(ev)),
+        Err(e) => {
+            tracing::error!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                kind = e.kind(), error = %crate::error::chain(&e), "could not look up the payment of a CANCEL_OR_REFUND; answered 503");
+            Err(Answer::unavailable(Some(ev.transaction_id)))
+        }
+    }
+}
+
+/// A batch item to quarantine: as received, and what identifies it.
+struct Quarantined<'a> {
+    raw: &'a str,
+    key: &'a str,
+}
+
+/// Records a batch item that cannot be booked, once per key; durable once
+/// written (the batch may be acknowledged), 503 when the write fails.
 async fn quarantine(
     state: &State,
     provider: &Provider,
     transaction_id: Option<String>,
     reason: &str,
-    item: &str,
+    item: Quarantined<'_>,
     kind: QuarantineReason,
 ) -> Answer {
     match state
         .processor
-        .quarantine(&provider.name, transaction_id.as_deref(), reason, item)
+        .quarantine(
+            &provider.name,
+            transaction_id.as_deref(),
+            reason,
+            item.raw,
+            item.key,
+        )
         .await
     {
         Ok(first) => {

@@ -45,18 +45,36 @@
 //! | `REFUND` | `false` | refund.failed (nothing was refunded) | `pspReference` | `originalReference` |
 //! | `REFUND_FAILED` | `true` (the failure happened) | refund.failed (after a booked refund: refund_reversal) | `pspReference` (the refund's) | `originalReference` |
 //! | `REFUNDED_REVERSED` | `true` | refund.failed (uncertain: see docs/providers.md) | `pspReference` | `originalReference` |
-//! | `CANCEL_OR_REFUND`, `modification.action` = `refund` | `true` / `false` | refund.succeeded / refund.failed | `pspReference` | `originalReference` |
+//! | `CANCEL_OR_REFUND` | `true` | decided by the payment's row here: see below | `pspReference` | `originalReference` |
+//! | `CANCEL_OR_REFUND` | `false` | refund.failed (nothing moved) | `pspReference` | `originalReference` |
 //! | `CHARGEBACK` | `true` | dispute.funds_withdrawn (dispute debit) | `pspReference` (the dispute's; every stage reuses it) | `originalReference` |
 //! | `CHARGEBACK_REVERSED` | `true` | dispute.funds_reinstated (dispute_reversal) | `pspReference` | `originalReference` |
 //! | `SECOND_CHARGEBACK` | `true` | dispute.funds_withdrawn | `<pspReference>:second_chargeback` | `originalReference` |
 //!
-//! Ignored: `CANCEL_OR_REFUND` whose action is `cancel` or absent (nothing was
-//! refunded; a payment already credited on its `AUTHORISATION` stays credited:
-//! no canonical kind undoes a payment credit), `REFUND_FAILED`,
-//! `REFUNDED_REVERSED` and the dispute codes with `success` `false` (the event
-//! did not take place), `CAPTURE`, `CANCELLATION`, `NOTIFICATION_OF_CHARGEBACK`,
-//! `REQUEST_FOR_INFORMATION`, `PREARBITRATION_*`, `REPORT_AVAILABLE` and every
-//! other code. A `CANCEL_OR_REFUND` whose action is neither is unmappable.
+//! Ignored: `REFUND_FAILED`, `REFUNDED_REVERSED` and the dispute codes with
+//! `success` `false` (the event did not take place), `CAPTURE`,
+//! `CANCELLATION`, `NOTIFICATION_OF_CHARGEBACK`, `REQUEST_FOR_INFORMATION`,
+//! `PREARBITRATION_*`, `REPORT_AVAILABLE` and every other code.
+//!
+//! # Only signed fields decide
+//!
+//! The HMAC covers the eight fields above and nothing else: `additionalData`
+//! (its `modification.action` included), `eventDate`, `reason`,
+//! `paymentMethod` and the rest can be changed on a captured item without
+//! touching its signature, and an item never expires. So kind, amount,
+//! currency, transaction id and parent come from the signed fields alone;
+//! `eventDate` is kept as the row's `occurred_at` for the operator when it
+//! reads as a time, and is otherwise dropped (it refuses nothing).
+//!
+//! `CANCEL_OR_REFUND` says only "cancelled if not yet captured, else
+//! refunded" (Adyen, "Cancel or refund a payment"); which one Adyen did is in
+//! `modification.action`, which is not signed. The ledger decides instead
+//! ([`Item::CancelOrRefund`]): against a payment booked here as `succeeded`
+//! (an `AUTHORISATION` is booked as captured: see below) it can only have
+//! been a refund, of the signed amount; against a payment recorded `failed`
+//! there was nothing to capture, so it was a cancel and moves nothing
+//! (ignored); against one not known yet it waits as a refund waits for its
+//! payment.
 //!
 //! Why `AUTHORISATION` and not `CAPTURE`: with automatic capture (Adyen's
 //! default and what this mapping assumes) the successful `AUTHORISATION` is
@@ -262,6 +280,9 @@ fn map_item(provider: &str, item: &Object) -> Item {
             Reject::Invalid(reason) | Reject::Unauthorized(reason) | Reject::Unavailable(reason),
         ) => Item::Unmappable {
             reason,
+            // What the HMAC covers: the item, however its unsigned fields are
+            // dressed. Verified before mapping, so it reads.
+            key: signing_string(item, "item").unwrap_or_default(),
             // Only an id that could be stored as one (no control characters).
             transaction_id: opt(item, "pspReference")
                 .and_then(Value::as_str)
@@ -310,19 +331,12 @@ fn map_fields(provider: &str, item: &Object) -> Result<Item, Reject> {
         ("REFUND", false) => (RefundFailed, ""),
         // For these, `true` means the failure (the reversal) happened.
         ("REFUND_FAILED" | "REFUNDED_REVERSED", true) => (RefundFailed, ""),
-        ("CANCEL_OR_REFUND", _) => match modification_action(item)? {
-            Some("refund") if success => (RefundSucceeded, ""),
-            Some("refund") => (RefundFailed, ""),
-            // A cancelled authorisation: no money was captured, nothing to
-            // refund. (A payment credited on its AUTHORISATION stays
-            // credited: no canonical kind undoes a payment credit.)
-            None | Some("cancel") => return ignored(),
-            Some(_) => {
-                return Err(invalid(
-                    "additionalData.modification.action is neither \"refund\" nor \"cancel\"",
-                ))
-            }
-        },
+        // A refund of the signed amount, or a cancel that moves nothing:
+        // which, the payment's row decides (see the module docs), never the
+        // unsigned `modification.action`.
+        ("CANCEL_OR_REFUND", true) => (RefundSucceeded, ""),
+        // Neither happened: a refused refund moves nothing either.
+        ("CANCEL_OR_REFUND", false) => (RefundFailed, ""),
         ("CHARGEBACK", true) => (DisputeFundsWithdrawn, ""),
         ("CHARGEBACK_REVERSED", true) => (DisputeFundsReinstated, ""),
         // A second withdrawal after a reversal: a dispute row books one
@@ -357,13 +371,11 @@ fn map_fields(provider: &str, item: &Object) -> Result<Item, Reject> {
             Some(parent.to_owned())
         }
     };
-    let occurred_at = opt_str(item, "eventDate", "eventDate")?
-        .map(|s| {
-            OffsetDateTime::parse(s, &Rfc3339)
-                .map_err(|_| invalid("eventDate must be an RFC 3339 timestamp"))
-        })
-        .transpose()?;
-    Ok(Item::Event(CanonicalEvent {
+    // Unsigned: kept when it reads as a time, never a reason to refuse.
+    let occurred_at = opt(item, "eventDate")
+        .and_then(Value::as_str)
+        .and_then(|s| OffsetDateTime::parse(s, &Rfc3339).ok());
+    let event = CanonicalEvent {
         provider: provider.to_owned(),
         transaction_id,
         event_type: kind,
@@ -371,24 +383,16 @@ fn map_fields(provider: &str, item: &Object) -> Result<Item, Reject> {
         currency: currency.to_owned(),
         parent_transaction_id,
         occurred_at,
-    }))
+    };
+    Ok(if event_code == "CANCEL_OR_REFUND" && success {
+        Item::CancelOrRefund(event)
+    } else {
+        Item::Event(event)
+    })
 }
 
 /// Appended to a dispute's pspReference for the row of its second chargeback.
 pub const SECOND_CHARGEBACK_SUFFIX: &str = ":second_chargeback";
-
-/// `additionalData["modification.action"]` of a `CANCEL_OR_REFUND`: what the
-/// reversal did (`cancel` or `refund`).
-fn modification_action(item: &Object) -> Result<Option<&str>, Reject> {
-    match opt(item, "additionalData") {
-        Some(Value::Object(extra)) => opt_str(
-            extra,
-            "modification.action",
-            "additionalData.modification.action",
-        ),
-        _ => Ok(None),
-    }
-}
 
 /// A field check's message (`transaction_id must be ...`) naming the field.
 fn prefixed(field: &str, e: Reject) -> Reject {
@@ -567,6 +571,7 @@ mod tests {
                 reason,
                 transaction_id,
                 raw,
+                ..
             }) => {
                 let raw: Value = serde_json::from_str(&raw).unwrap();
                 assert_eq!(raw["eventCode"], item["eventCode"], "raw is the item");
@@ -695,34 +700,101 @@ mod tests {
         }
     }
 
+    /// The item of a `CANCEL_OR_REFUND` whose signed fields say a refund
+    /// or a cancel was done, whichever it was.
+    fn cancel_or_refund_of(item: Value) -> CanonicalEvent {
+        match accept_one(item.clone()) {
+            Ok(Item::CancelOrRefund(e)) => e,
+            other => panic!("{item}: {other:?}"),
+        }
+    }
+
     #[test]
-    fn cancel_or_refund_books_a_refund_and_ignores_a_cancel() {
+    fn cancel_or_refund_is_decided_by_the_ledger_never_by_its_unsigned_action() {
         let refund = fixture_item("CANCEL_OR_REFUND.refund.adapted.json");
-        assert_eq!(
-            summary(&event_of(refund.clone())),
-            (
-                "QFQTPCQ8HXSKGK82",
-                EventKind::RefundSucceeded,
-                Some("9913140798220028"),
-                1000,
-                "EUR"
-            )
+        let expected = (
+            "QFQTPCQ8HXSKGK82",
+            EventKind::RefundSucceeded,
+            Some("9913140798220028"),
+            1000,
+            "EUR",
         );
-        let mut refused = refund.clone();
+        assert_eq!(summary(&cancel_or_refund_of(refund.clone())), expected);
+        // The action is not signed: `cancel`, none, or anything else maps alike.
+        for action in [Some("cancel"), None, Some("void")] {
+            let mut item = refund.clone();
+            let extra = item["additionalData"].as_object_mut().unwrap();
+            match action {
+                Some(a) => extra.insert("modification.action".into(), a.into()),
+                None => extra.remove("modification.action"),
+            };
+            assert_eq!(
+                cancel_or_refund_of(item),
+                cancel_or_refund_of(refund.clone()),
+                "{action:?}"
+            );
+        }
+        let cancel = fixture_item("CANCEL_OR_REFUND.cancel.openapi.json");
+        assert_eq!(
+            cancel_or_refund_of(cancel).event_type,
+            EventKind::RefundSucceeded
+        );
+        let mut refused = refund;
         refused["success"] = "false".into();
         assert_eq!(event_of(refused).event_type, EventKind::RefundFailed);
-        let cancel = fixture_item("CANCEL_OR_REFUND.cancel.openapi.json");
-        assert!(is_ignored(cancel.clone()));
-        let mut no_action = cancel.clone();
-        no_action["additionalData"]
-            .as_object_mut()
-            .unwrap()
-            .remove("modification.action");
-        assert!(is_ignored(no_action), "no action: nothing says money moved");
-        let mut unknown = cancel;
-        unknown["additionalData"]["modification.action"] = "void".into();
-        let (reason, _) = unmappable(unknown);
-        assert!(reason.contains("modification.action"), "{reason}");
+    }
+
+    #[test]
+    fn unsigned_fields_change_nothing_that_is_booked() {
+        for name in [
+            "scenario-1-AUTHORISATION.json",
+            "scenario-2-REFUND.json",
+            "scenario-4-CHARGEBACK.json",
+            "CANCEL_OR_REFUND.refund.adapted.json",
+        ] {
+            let original = fixture_item(name);
+            let booked = |item: Value| match accept_one(item) {
+                Ok(Item::Event(e) | Item::CancelOrRefund(e)) => (
+                    e.transaction_id,
+                    e.event_type,
+                    e.parent_transaction_id,
+                    e.amount_minor,
+                    e.currency,
+                ),
+                other => panic!("{name}: {other:?}"),
+            };
+            let mut altered = original.clone();
+            altered["eventDate"] = "yesterday".into();
+            altered["reason"] = "altered".into();
+            altered["paymentMethod"] = "mc".into();
+            altered["operations"] = json!(["CANCEL", "REFUND"]);
+            let extra = altered
+                .as_object_mut()
+                .unwrap()
+                .entry("additionalData")
+                .or_insert_with(|| json!({}));
+            extra["modification.action"] = "refund".into();
+            extra["grossValue"] = 99_999.into();
+            extra["originalReference"] = "SOMEONE-ELSE".into();
+            assert_eq!(booked(altered), booked(original), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_unmappable_item_is_keyed_by_its_signed_fields_not_its_bytes() {
+        let mut lower = fixture_item("AUTHORISATION.openapi.json");
+        lower["amount"]["currency"] = "eur".into();
+        let key_of = |item: Value| match accept_one(item) {
+            Ok(Item::Unmappable { key, raw, .. }) => (key, raw),
+            other => panic!("{other:?}"),
+        };
+        let (key, raw) = key_of(lower.clone());
+        let mut altered = lower;
+        altered["eventDate"] = "2031-01-01T00:00:00Z".into();
+        let (altered_key, altered_raw) = key_of(altered);
+        assert_eq!(key, altered_key);
+        assert_ne!(raw, altered_raw);
+        assert!(key.contains(":eur:AUTHORISATION:"), "{key}");
     }
 
     #[test]
@@ -827,6 +899,7 @@ mod tests {
             reason,
             transaction_id,
             raw,
+            ..
         }, Item::Event(refund)] = items.as_slice()
         else {
             panic!("{items:?}")
@@ -873,7 +946,6 @@ mod tests {
                 }),
             ),
             ("success", with(&|i| i["success"] = "yes".into())),
-            ("eventDate", with(&|i| i["eventDate"] = "yesterday".into())),
             (
                 "originalReference",
                 with(&|i| i["originalReference"] = " 88".into()),

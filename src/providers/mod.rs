@@ -41,6 +41,7 @@ mod file;
 mod hmac;
 pub mod keys;
 pub mod paypal;
+pub mod paypal_api;
 pub mod standard;
 pub mod stripe;
 #[cfg(any(test, feature = "test-support"))]
@@ -68,11 +69,21 @@ pub enum Item {
     /// refused whole ([`Reject::Invalid`]).
     Unmappable {
         reason: String,
+        /// What identifies the item whatever is changed around it: the
+        /// fields its signature covers. Quarantined once per key, so a
+        /// captured item re-sent with altered unsigned fields is one row.
+        key: String,
         /// The item's id, when it could be read.
         transaction_id: Option<String>,
         /// The item as received (JSON), for the operator.
         raw: String,
     },
+    /// Adyen's `CANCEL_OR_REFUND`: the refund (`refund.succeeded`, the signed
+    /// amount) when its payment is booked here as `succeeded`, a cancel that
+    /// moves nothing when the payment is recorded `failed`, and, when neither
+    /// is known yet, a refund waiting for its payment. Which it was is only
+    /// said by an unsigned field, so the ledger decides (`adyen`'s docs).
+    CancelOrRefund(CanonicalEvent),
     /// A well-signed event fencehook does not act on: a type it does not
     /// book, or a state that moves no money (a pending refund, an uncaptured
     /// charge, a zero-value authorisation). Answered 200, nothing written.
@@ -219,7 +230,7 @@ enum Scheme {
 /// | standard, stripe, adyen | `secrets` | `tolerance_secs` (not adyen) |
 /// | wechatpay | `secrets` (APIv3 keys), `platform_keys` | `tolerance_secs` |
 /// | alipay | `app_id`, `public_keys` | – |
-/// | paypal | `webhook_id` | `cert_url_prefixes` |
+/// | paypal | `webhook_id` | `cert_url_prefixes`, `max_age_secs`, `future_skew_secs` |
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
     pub secrets: Option<Vec<String>>,
@@ -230,6 +241,16 @@ pub struct Settings {
     pub public_keys: Option<Vec<(String, Vec<u8>)>>,
     pub webhook_id: Option<String>,
     pub cert_url_prefixes: Option<Vec<String>>,
+    /// PayPal: how old a transmission time may be (default 3 days).
+    pub max_age_secs: Option<u64>,
+    /// PayPal: how far ahead of the clock a transmission time may be.
+    pub future_skew_secs: Option<u64>,
+    /// PayPal: `offline` (the default) or `api` (fetch-to-confirm).
+    pub confirm: Option<String>,
+    /// PayPal, `confirm = "api"`: the REST API's base URL and the app's credentials.
+    pub api_url: Option<String>,
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
 }
 
 impl Settings {
@@ -248,6 +269,12 @@ impl Settings {
         note(self.public_keys.is_some(), "public_keys");
         note(self.webhook_id.is_some(), "webhook_id");
         note(self.cert_url_prefixes.is_some(), "cert_url_prefixes");
+        note(self.max_age_secs.is_some(), "max_age_secs");
+        note(self.future_skew_secs.is_some(), "future_skew_secs");
+        note(self.confirm.is_some(), "confirm");
+        note(self.api_url.is_some(), "api_url");
+        note(self.client_id.is_some(), "client_id");
+        note(self.client_secret.is_some(), "client_secret");
         given
     }
 }
@@ -259,7 +286,16 @@ fn scheme_settings(scheme: SchemeKind) -> &'static [&'static str] {
         SchemeKind::Adyen => &["secrets"],
         SchemeKind::WechatPay => &["secrets", "platform_keys", "tolerance_secs"],
         SchemeKind::Alipay => &["app_id", "public_keys"],
-        SchemeKind::Paypal => &["webhook_id", "cert_url_prefixes"],
+        SchemeKind::Paypal => &[
+            "webhook_id",
+            "cert_url_prefixes",
+            "max_age_secs",
+            "future_skew_secs",
+            "confirm",
+            "api_url",
+            "client_id",
+            "client_secret",
+        ],
     }
 }
 
@@ -269,6 +305,11 @@ fn unix_now() -> i64 {
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default()
 }
+
+/// PayPal's `confirm` settings: signature, time window and transmission id
+/// binding only (the default), or each new event fetched from PayPal's API too.
+pub const PAYPAL_CONFIRM_OFFLINE: &str = "offline";
+pub const PAYPAL_CONFIRM_API: &str = "api";
 
 /// Timestamp window of the schemes that sign one (Standard Webhooks, Stripe).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
@@ -405,8 +446,9 @@ impl Provider {
                 )
                 .map_err(setting)?,
             ),
-            SchemeKind::Paypal => Scheme::Paypal(
-                paypal::Paypal::new(
+            SchemeKind::Paypal => Scheme::Paypal({
+                let api = (settings.api_url, settings.client_id, settings.client_secret);
+                let p = paypal::Paypal::new(
                     &required(
                         settings.webhook_id,
                         name,
@@ -414,9 +456,39 @@ impl Provider {
                         "the webhook's id at PayPal",
                     )?,
                     settings.cert_url_prefixes.as_deref(),
+                    paypal::Window {
+                        max_age_secs: settings
+                            .max_age_secs
+                            .unwrap_or(paypal::DEFAULT_MAX_AGE_SECS),
+                        future_skew_secs: settings
+                            .future_skew_secs
+                            .unwrap_or(paypal::DEFAULT_FUTURE_SKEW_SECS),
+                    },
                 )
-                .map_err(setting)?,
-            ),
+                .map_err(setting)?;
+                match settings.confirm.as_deref().unwrap_or(PAYPAL_CONFIRM_OFFLINE) {
+                    PAYPAL_CONFIRM_OFFLINE => {
+                        let given = [(&api.0, "api_url"), (&api.1, "client_id"), (&api.2, "client_secret")];
+                        if let Some((_, name)) = given.iter().find(|(v, _)| v.is_some()) {
+                            return Err(field(name, "only with confirm = \"api\"".into()));
+                        }
+                        p
+                    }
+                    PAYPAL_CONFIRM_API => p
+                        .with_api_confirm(paypal_api::ApiSettings {
+                            api_url: api.0.unwrap_or_else(|| paypal_api::DEFAULT_API_URL.to_owned()),
+                            client_id: required(api.1, name, "client_id", "the REST app's client id, with confirm = \"api\"")?,
+                            client_secret: required(api.2, name, "client_secret", "the REST app's secret, with confirm = \"api\"")?,
+                        })
+                        .map_err(setting)?,
+                    other => {
+                        return Err(field(
+                            "confirm",
+                            format!("`{other}` is not one of {PAYPAL_CONFIRM_OFFLINE} | {PAYPAL_CONFIRM_API}"),
+                        ))
+                    }
+                }
+            }),
         };
         if tolerance > TOLERANCE_WARN_SECS
             && matches!(
@@ -436,7 +508,7 @@ impl Provider {
         if let Scheme::Paypal(p) = &scheme {
             if p.allows_plain_http() {
                 warnings.push(format!(
-                    "provider `{name}`: cert_url_prefixes has an http:// prefix: certificates fetched without TLS (for a local test server only)"
+                    "provider `{name}`: cert_url_prefixes or api_url is http://: PayPal reached without TLS (for a local test server only)"
                 ));
             }
         }
@@ -600,6 +672,34 @@ impl Provider {
         }
     }
 
+    /// PayPal: the transmission id of a delivery whose signature verified,
+    /// to be bound to its body (see `paypal`'s docs: PayPal signs only the
+    /// CRC-32 of the body). `None` for the other schemes.
+    pub fn paypal_transmission(
+        &self,
+        headers: &http::HeaderMap,
+        body: &[u8],
+    ) -> Option<paypal::TransmissionKey> {
+        match &self.scheme {
+            Scheme::Paypal(p) => p.transmission(headers, body),
+            _ => None,
+        }
+    }
+
+    /// PayPal with `confirm = "api"`: checks what the delivery mapped to
+    /// against PayPal's API. Ok for every other provider.
+    pub async fn paypal_confirm(&self, body: &[u8], item: &Item) -> Result<(), Reject> {
+        match &self.scheme {
+            Scheme::Paypal(p) => p.confirm(&self.name, body, item).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether deliveries are confirmed with PayPal's API before booking.
+    pub fn paypal_confirms(&self) -> bool {
+        matches!(&self.scheme, Scheme::Paypal(p) if p.confirms_with_api())
+    }
+
     /// PayPal: puts a certificate in the provider's cache as if fetched from
     /// `url` (for tests whose deliveries name a PayPal URL).
     #[cfg(any(test, feature = "test-support"))]
@@ -744,6 +844,15 @@ secrets = ["{ADYEN_KEY}"]
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance_secs = \"5m\"", "tolerance_secs"),
             (&format!("[providers.s]\nscheme = \"adyen\"\nsecrets = [\"{ADYEN_KEY}\"]\ntolerance_secs = 300"), "tolerance_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5", "tolerance"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nmax_age_secs = 0", "max_age_secs"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nmax_age_secs = -5", "max_age_secs"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nfuture_skew_secs = 86400", "future_skew_secs"),
+            ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\nmax_age_secs = 60", "max_age_secs"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"maybe\"", "confirm"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nclient_id = \"abc\"", "client_id"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_secret = \"x\"", "client_id"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_id = \"abc\"", "client_secret"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_id = \"abc\"\nclient_secret = \"x\"\napi_url = \"https://api-m.paypal.com\"", "api_url"),
         ] {
             let err = file::parse(text).unwrap_err();
             assert!(

@@ -17,6 +17,21 @@
 //! the certificate at `PAYPAL-CERT-URL`, which must be within its validity
 //! period at `now`.
 //!
+//! # What the signature does not prove, and what is added
+//!
+//! CRC-32 is linear: any body can be padded to the CRC of another, so one
+//! genuine set of headers verifies any number of forged bodies, and nothing
+//! in PayPal's scheme limits how old a transmission may be. So, on top:
+//!
+//! - `PAYPAL-TRANSMISSION-TIME` must lie within `max_age_secs` (default 3
+//!   days, PayPal's retry period) before `now`, and at most
+//!   `future_skew_secs` (default 300) after it: else 401.
+//! - The transmission id is bound to the SHA-256 of the first body seen
+//!   with it, for as long as its time is inside that window ([`Paypal::transmission`];
+//!   kept in PostgreSQL, `paypal_transmissions`, shared by every instance).
+//!   The same id with another body is a 401, counted
+//!   (`fencehook_requests_rejected_total{reason="transmission_reused"}`).
+//!
 //! # The certificate URL is the sender's
 //!
 //! So it is fetched only when it starts with one of `cert_url_prefixes`
@@ -26,9 +41,11 @@
 //! is served there. Any other URL is a 401 before any network call. A
 //! fetch follows no redirect, takes at most [`FETCH_TIMEOUT`] and
 //! [`MAX_CERT_BYTES`]; a fetch that fails is a 503 (PayPal retries), a body
-//! that is no certificate a 401. Certificates are cached per URL (at most
-//! [`CACHE_ENTRIES`], oldest out first; concurrent first deliveries share one
-//! fetch); failures are not cached. Fetching is the only `await` of any
+//! that is no certificate a 401. Certificates are cached per URL; what a
+//! stranger's URLs can cost is bounded (see `CertCache`): a few fetches at
+//! once ([`MAX_CONCURRENT_FETCHES`]), one per URL, failures remembered for
+//! [`NEGATIVE_TTL`], and a certificate a signature verified with is never
+//! pushed out by certificates none has. Fetching is the only `await` of any
 //! scheme's verification.
 //!
 //! # Mapping
@@ -67,13 +84,15 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
+use tokio::time::Instant;
 
 use super::fields::{
     self, check_currency, check_transaction_id, decimal_minor, invalid, minor_unit_exponent, opt,
     opt_str, req_object, req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaSigner};
+use super::paypal_api::{ApiConfirm, ApiSettings};
 use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
@@ -91,60 +110,196 @@ pub const DEFAULT_CERT_URL_PREFIXES: &[&str] =
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
 /// The largest certificate body read (a PEM leaf and its chain are ~5 KiB).
 pub const MAX_CERT_BYTES: usize = 64 * 1024;
-/// Certificates kept (per provider); PayPal rotates them yearly.
+/// Certificates kept per tier (verified, unverified) and provider; PayPal
+/// rotates its certificate yearly.
 pub const CACHE_ENTRIES: usize = 16;
+/// Certificate fetches in flight at once, per provider: PayPal needs one a
+/// year; a stranger naming new URLs must not hold many outbound connections.
+pub const MAX_CONCURRENT_FETCHES: usize = 4;
+/// How long a URL whose fetch failed answers as it did without a new fetch.
+/// Short against PayPal's retries (minutes to days apart).
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(60);
+/// Failed URLs remembered (oldest out first).
+pub const NEGATIVE_ENTRIES: usize = 256;
 /// The longest `PAYPAL-CERT-URL` looked at.
 const MAX_URL_LEN: usize = 2048;
+/// `max_age_secs`: PayPal retries a delivery for up to 3 days.
+pub const DEFAULT_MAX_AGE_SECS: u64 = 3 * 86_400;
+/// The longest `max_age_secs`: a year, far past any retry (and far from
+/// overflowing the expiry arithmetic).
+pub const MAX_MAX_AGE_SECS: u64 = 366 * 86_400;
+/// `future_skew_secs`: how far ahead of our clock PayPal's may run.
+pub const DEFAULT_FUTURE_SKEW_SECS: u64 = 300;
+/// Above this, a "skew" lets a transmission time stay valid for hours longer.
+pub const MAX_FUTURE_SKEW_SECS: u64 = 3600;
 
-type CertClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// How old (and how far ahead) a `PAYPAL-TRANSMISSION-TIME` may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub max_age_secs: u64,
+    pub future_skew_secs: u64,
+}
+
+impl Default for Window {
+    fn default() -> Window {
+        Window {
+            max_age_secs: DEFAULT_MAX_AGE_SECS,
+            future_skew_secs: DEFAULT_FUTURE_SKEW_SECS,
+        }
+    }
+}
+
+/// A verified delivery's transmission id and the SHA-256 (hex) of its body,
+/// to be bound for as long as its transmission time is inside the window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransmissionKey {
+    pub id: String,
+    pub body_sha256: String,
+    pub expires_at: OffsetDateTime,
+}
+
+pub(super) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
 
 #[derive(Clone)]
 pub struct Paypal {
     webhook_id: String,
     prefixes: Vec<String>,
+    window: Window,
     cache: Arc<CertCache>,
-    client: CertClient,
+    fetches: Arc<Semaphore>,
+    client: HttpClient,
+    /// `confirm = "api"`: each new event is fetched from PayPal's API first.
+    confirm: Option<Arc<ApiConfirm>>,
+}
+
+/// The certificates of one provider, by URL.
+///
+/// Anyone may name a URL under the prefixes, signed or not, so what a
+/// stranger's URL can cost is bounded: at most [`MAX_CONCURRENT_FETCHES`]
+/// fetches at once (a delivery that finds none free is a 503, PayPal
+/// retries), one fetch per URL however many deliveries wait for it (the
+/// cell), a failure remembered for [`NEGATIVE_TTL`] (at most
+/// [`NEGATIVE_ENTRIES`] URLs), and two tiers of [`CACHE_ENTRIES`] each: a
+/// certificate is *unverified* until a signature verified with it, and a new
+/// URL only ever pushes out the oldest unverified one, so a flood of
+/// strangers' URLs cannot evict PayPal's certificate.
+#[derive(Default)]
+struct CertCache {
+    entries: Mutex<Entries>,
 }
 
 #[derive(Default)]
-struct CertCache {
-    /// The cells by URL, and the URLs oldest first.
-    entries: Mutex<(HashMap<String, Cell>, VecDeque<String>)>,
+struct Entries {
+    cells: HashMap<String, (Cell, Tier)>,
+    /// URLs of each tier, oldest first.
+    unverified: VecDeque<String>,
+    verified: VecDeque<String>,
+    /// URLs whose fetch failed: until when, and the answer meanwhile.
+    failed: HashMap<String, (Instant, Reject)>,
+    failed_order: VecDeque<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Unverified,
+    Verified,
+}
+
+/// Why a fetch gave no certificate.
+enum FetchError {
+    /// Every fetch slot was taken: says nothing about the URL, not remembered.
+    Busy,
+    /// The URL failed (unreachable, not a certificate): remembered a while.
+    Failed(Reject),
+    /// It failed for a delivery that fetched first while this one waited.
+    Remembered(Reject),
 }
 
 impl CertCache {
-    /// The cell of `url`, made (and the oldest dropped beyond the bound) when new.
-    fn cell(&self, url: &str) -> Cell {
+    /// The cell of `url`, made (in the unverified tier, dropping the oldest
+    /// unverified beyond the bound) when new; or the remembered failure.
+    fn cell(&self, url: &str, now: Instant) -> Result<Cell, Reject> {
         let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let (cells, order) = &mut *guard;
-        if let Some(cell) = cells.get(url) {
-            return cell.clone();
+        let e = &mut *guard;
+        if let Some((cell, _)) = e.cells.get(url) {
+            return Ok(cell.clone());
         }
-        while cells.len() >= CACHE_ENTRIES {
-            match order.pop_front() {
-                Some(oldest) => {
-                    cells.remove(&oldest);
-                }
-                None => break,
+        if let Some((until, reject)) = e.failed.get(url) {
+            if *until > now {
+                return Err(reject.clone());
             }
+            e.failed.remove(url);
+            e.failed_order.retain(|u| u != url);
+        }
+        while e.unverified.len() >= CACHE_ENTRIES {
+            let Some(oldest) = e.unverified.pop_front() else {
+                break;
+            };
+            e.cells.remove(&oldest);
         }
         let cell = Cell::default();
-        cells.insert(url.to_owned(), cell.clone());
-        order.push_back(url.to_owned());
-        cell
+        e.cells
+            .insert(url.to_owned(), (cell.clone(), Tier::Unverified));
+        e.unverified.push_back(url.to_owned());
+        Ok(cell)
     }
 
-    /// Drops `url`'s cell if the fetch into it failed (failures are not kept).
-    fn forget_failed(&self, url: &str, cell: &Cell) {
-        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let (cells, order) = &mut *guard;
-        if cells
+    /// The failure remembered for `url`, if any is still in force.
+    fn remembered(&self, url: &str, now: Instant) -> Option<Reject> {
+        let guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .failed
             .get(url)
-            .is_some_and(|c| Arc::ptr_eq(c, cell) && !c.initialized())
-        {
-            cells.remove(url);
-            order.retain(|u| u != url);
+            .filter(|(until, _)| *until > now)
+            .map(|(_, reject)| reject.clone())
+    }
+
+    /// A signature verified with `url`'s certificate: it moves to the
+    /// verified tier, where only another verified certificate can push it out.
+    fn mark_verified(&self, url: &str, cell: &Cell) {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut *guard;
+        match e.cells.get_mut(url) {
+            Some((c, tier)) if Arc::ptr_eq(c, cell) && *tier == Tier::Unverified => {
+                *tier = Tier::Verified;
+            }
+            _ => return,
+        }
+        e.unverified.retain(|u| u != url);
+        while e.verified.len() >= CACHE_ENTRIES {
+            let Some(oldest) = e.verified.pop_front() else {
+                break;
+            };
+            e.cells.remove(&oldest);
+        }
+        e.verified.push_back(url.to_owned());
+    }
+
+    /// Drops `url`'s cell if the fetch into it failed, remembering why
+    /// (`Some`) until `until`.
+    fn forget_failed(&self, url: &str, cell: &Cell, failure: Option<(Instant, Reject)>) {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut *guard;
+        let ours = e
+            .cells
+            .get(url)
+            .is_some_and(|(c, _)| Arc::ptr_eq(c, cell) && !c.initialized());
+        if !ours {
+            return;
+        }
+        e.cells.remove(url);
+        e.unverified.retain(|u| u != url);
+        if let Some(failure) = failure {
+            while e.failed.len() >= NEGATIVE_ENTRIES {
+                let Some(oldest) = e.failed_order.pop_front() else {
+                    break;
+                };
+                e.failed.remove(&oldest);
+            }
+            if e.failed.insert(url.to_owned(), failure).is_none() {
+                e.failed_order.push_back(url.to_owned());
+            }
         }
     }
 }
@@ -153,7 +308,22 @@ impl Paypal {
     pub fn new(
         webhook_id: &str,
         cert_url_prefixes: Option<&[String]>,
+        window: Window,
     ) -> Result<Paypal, super::wechatpay::SettingError> {
+        if !(1..=MAX_MAX_AGE_SECS).contains(&window.max_age_secs) {
+            return Err((
+                "max_age_secs",
+                format!(
+                    "must be between 1 and {MAX_MAX_AGE_SECS} (PayPal retries for 3 days: {DEFAULT_MAX_AGE_SECS})"
+                ),
+            ));
+        }
+        if window.future_skew_secs > MAX_FUTURE_SKEW_SECS {
+            return Err((
+                "future_skew_secs",
+                format!("must be at most {MAX_FUTURE_SKEW_SECS} (a clock skew, not a window)"),
+            ));
+        }
         if webhook_id.is_empty() || !webhook_id.bytes().all(|b| b.is_ascii_graphic()) {
             return Err((
                 "webhook_id",
@@ -180,14 +350,42 @@ impl Paypal {
         Ok(Paypal {
             webhook_id: webhook_id.to_owned(),
             prefixes,
+            window,
             cache: Arc::default(),
-            client: cert_client().map_err(|e| ("cert_url_prefixes", e))?,
+            fetches: Arc::new(Semaphore::new(MAX_CONCURRENT_FETCHES)),
+            confirm: None,
+            client: http_client(FETCH_TIMEOUT).map_err(|e| ("cert_url_prefixes", e))?,
         })
     }
 
-    /// Whether a configured prefix fetches without TLS (a local test server).
+    /// Turns on the fetch-to-confirm mode (`confirm = "api"`, see `paypal_api`).
+    pub fn with_api_confirm(
+        mut self,
+        settings: ApiSettings,
+    ) -> Result<Paypal, super::wechatpay::SettingError> {
+        self.confirm = Some(Arc::new(ApiConfirm::new(settings)?));
+        Ok(self)
+    }
+
+    /// Whether a configured prefix (or the API's URL) is reached without
+    /// TLS (a local test server).
     pub fn allows_plain_http(&self) -> bool {
         self.prefixes.iter().any(|p| p.starts_with("http://"))
+            || self.confirm.as_ref().is_some_and(|c| c.allows_plain_http())
+    }
+
+    /// Whether events are confirmed with PayPal's API before booking.
+    pub fn confirms_with_api(&self) -> bool {
+        self.confirm.is_some()
+    }
+
+    /// In the fetch-to-confirm mode, checks `item` (what `body` mapped to)
+    /// against PayPal's API; nothing to do otherwise.
+    pub async fn confirm(&self, provider: &str, body: &[u8], item: &Item) -> Result<(), Reject> {
+        match &self.confirm {
+            Some(c) => c.confirm(provider, body, item).await,
+            None => Ok(()),
+        }
     }
 
     /// Verifies (fetching the certificate when it is not cached), then maps.
@@ -215,6 +413,18 @@ impl Paypal {
         }
         let id = header(TRANSMISSION_ID_HEADER)?;
         let time = header(TRANSMISSION_TIME_HEADER)?;
+        // Before any fetch: an old transmission costs nothing to refuse.
+        let sent = transmission_time(time)?;
+        if now.saturating_sub(sent) > self.window.max_age_secs as i64 {
+            return Err(unauthorized(
+                "PAYPAL-TRANSMISSION-TIME is older than max_age_secs",
+            ));
+        }
+        if sent.saturating_sub(now) > self.window.future_skew_secs as i64 {
+            return Err(unauthorized(
+                "PAYPAL-TRANSMISSION-TIME is ahead of the clock by more than future_skew_secs",
+            ));
+        }
         let signature = B64
             .decode(header(TRANSMISSION_SIG_HEADER)?)
             .map_err(|_| unauthorized("PAYPAL-TRANSMISSION-SIG is not base64"))?;
@@ -227,7 +437,7 @@ impl Paypal {
                 "PAYPAL-CERT-URL is outside the configured cert_url_prefixes",
             ));
         }
-        let cert = self.certificate(url).await?;
+        let (cert, cell) = self.certificate(url).await?;
         if !cert.is_valid_at(now) {
             return Err(unauthorized(
                 "the certificate at PAYPAL-CERT-URL is outside its validity period",
@@ -237,23 +447,68 @@ impl Paypal {
             signed_message(id, time, &self.webhook_id, body).as_bytes(),
             &signature,
         ) {
+            self.cache.mark_verified(url, &cell);
             Ok(())
         } else {
             Err(unauthorized("signature does not match"))
         }
     }
 
-    /// The certificate at `url`, from the cache or fetched once.
-    async fn certificate(&self, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
-        let cell = self.cache.cell(url);
+    /// The transmission id of a delivery [`Paypal::verify`] accepted, with
+    /// the SHA-256 of its body and how long the binding must be kept: until
+    /// its time leaves the window (after that it is refused on its time
+    /// alone), plus the skew allowed between clocks. `None` when the headers
+    /// are not those of a verified delivery.
+    pub fn transmission(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<TransmissionKey> {
+        use sha2::{Digest, Sha256};
+        let id = signed_header(headers, TRANSMISSION_ID_HEADER).ok()?;
+        let sent =
+            transmission_time(signed_header(headers, TRANSMISSION_TIME_HEADER).ok()?).ok()?;
+        let keep = self.window.max_age_secs + self.window.future_skew_secs;
+        let expires_at =
+            OffsetDateTime::from_unix_timestamp(sent.checked_add(keep as i64)?).ok()?;
+        Some(TransmissionKey {
+            id: id.to_owned(),
+            body_sha256: hex::encode(Sha256::digest(body)),
+            expires_at,
+        })
+    }
+
+    /// The certificate at `url`: from the cache, or fetched once (within the
+    /// bounds of [`CertCache`]).
+    async fn certificate(&self, url: &str) -> Result<(Arc<CertificateInfo>, Cell), Reject> {
+        let cell = self.cache.cell(url, Instant::now())?;
         let got = cell
-            .get_or_try_init(|| fetch(&self.client, url))
+            .get_or_try_init(|| async {
+                // Deliveries that waited on this cell while its fetch failed
+                // each try in turn (the cell stays empty): the failure was
+                // remembered meanwhile, so they do not fetch again.
+                if let Some(reject) = self.cache.remembered(url, Instant::now()) {
+                    return Err(FetchError::Remembered(reject));
+                }
+                // Not waited for: a delivery that would queue behind other
+                // fetches is answered 503 at once (PayPal retries).
+                let _slot = self.fetches.try_acquire().map_err(|_| FetchError::Busy)?;
+                fetch(&self.client, url).await.map_err(FetchError::Failed)
+            })
             .await
             .cloned();
-        if got.is_err() {
-            self.cache.forget_failed(url, &cell);
+        match got {
+            Ok(cert) => Ok((cert, cell)),
+            Err(FetchError::Busy) => {
+                self.cache.forget_failed(url, &cell, None);
+                Err(Reject::Unavailable(
+                    "PAYPAL-CERT-URL: every certificate fetch slot is in use".to_owned(),
+                ))
+            }
+            Err(FetchError::Remembered(reject)) => Err(reject),
+            Err(FetchError::Failed(reject)) => {
+                let until = Instant::now() + NEGATIVE_TTL;
+                self.cache
+                    .forget_failed(url, &cell, Some((until, reject.clone())));
+                Err(reject)
+            }
         }
-        got
     }
 
     /// Puts a certificate in the cache as if fetched from `url` (tests and
@@ -262,7 +517,8 @@ impl Paypal {
     pub fn preload_certificate(&self, url: &str, pem: &[u8]) -> Result<(), String> {
         let cert = Arc::new(CertificateInfo::parse(pem)?);
         self.cache
-            .cell(url)
+            .cell(url, Instant::now())
+            .map_err(|e| e.to_string())?
             .set(cert)
             .map_err(|_| "already cached".to_owned())
     }
@@ -271,7 +527,7 @@ impl Paypal {
 /// A prefix must be `http(s)://host[:port]/…`: ending the host with `/`
 /// pins it (`https://api.paypal.com` alone would let
 /// `https://api.paypal.com.example/` through).
-fn check_prefix(prefix: &str) -> Result<(), String> {
+pub(super) fn check_prefix(prefix: &str) -> Result<(), String> {
     let rest = prefix
         .strip_prefix("https://")
         .or_else(|| prefix.strip_prefix("http://"))
@@ -290,11 +546,12 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn cert_client() -> Result<CertClient, String> {
+/// An HTTP(S) client for PayPal's hosts, following no redirect.
+pub(super) fn http_client(connect_timeout: Duration) -> Result<HttpClient, String> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    http.set_connect_timeout(Some(FETCH_TIMEOUT));
+    http.set_connect_timeout(Some(connect_timeout));
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
         .map_err(|e| format!("cannot set up TLS: {e}"))?
@@ -304,7 +561,7 @@ fn cert_client() -> Result<CertClient, String> {
     Ok(Client::builder(TokioExecutor::new()).build(https))
 }
 
-async fn fetch(client: &CertClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
+async fn fetch(client: &HttpClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
     let unavailable = |why: String| Reject::Unavailable(format!("PAYPAL-CERT-URL: {why}"));
     let uri: http::Uri = url
         .parse()
@@ -333,6 +590,15 @@ async fn fetch(client: &CertClient, url: &str) -> Result<Arc<CertificateInfo>, R
         Reject::Unauthorized(format!("PAYPAL-CERT-URL serves no usable certificate: {e}"))
     })?;
     Ok(Arc::new(cert))
+}
+
+/// `PAYPAL-TRANSMISSION-TIME` (RFC 3339, as PayPal sends it) in unix seconds.
+fn transmission_time(time: &str) -> Result<i64, Reject> {
+    OffsetDateTime::parse(time, &Rfc3339)
+        .map(OffsetDateTime::unix_timestamp)
+        .map_err(|_| {
+            Reject::Unauthorized("PAYPAL-TRANSMISSION-TIME is not an RFC 3339 time".to_owned())
+        })
 }
 
 /// `{transmission_id}|{transmission_time}|{webhook_id}|{crc32}`: what PayPal signs.
@@ -491,7 +757,7 @@ mod tests {
 
     /// A provider that has test key 0's certificate cached at TEST_CERT_URL.
     fn paypal() -> Paypal {
-        let p = Paypal::new(WEBHOOK_ID, None).unwrap();
+        let p = Paypal::new(WEBHOOK_ID, None, Window::default()).unwrap();
         let cert = testkeys::certificate(
             0,
             "0A1B",
@@ -505,10 +771,11 @@ mod tests {
     }
 
     fn signed(key: usize, url: &str, body: &[u8]) -> http::HeaderMap {
-        let (id, time) = (
-            "b2384410-f8d2-11e8-8f60-2b25b2c5c0f3",
-            "2024-08-02T19:35:04Z",
-        );
+        let id = "b2384410-f8d2-11e8-8f60-2b25b2c5c0f3";
+        let time = &OffsetDateTime::from_unix_timestamp(NOW)
+            .unwrap()
+            .format(&Rfc3339)
+            .unwrap();
         let mut h = http::HeaderMap::new();
         h.insert(TRANSMISSION_ID_HEADER, id.parse().unwrap());
         h.insert(TRANSMISSION_TIME_HEADER, time.parse().unwrap());
@@ -536,7 +803,7 @@ mod tests {
     fn five_real_deliveries_verify_with_paypals_production_certificate() {
         // Traktormaster/paypal2 paypal2_tests/const.py: simulator deliveries
         // (webhook id WEBHOOK_ID) signed with PayPal's 2024 certificate.
-        let p = Paypal::new("WEBHOOK_ID", None).unwrap();
+        let p = Paypal::new("WEBHOOK_ID", None, Window::default()).unwrap();
         p.preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
             .unwrap();
         type Expected<'a> = Option<(&'a str, EventKind, Option<&'a str>, i64, &'a str)>;
@@ -599,7 +866,7 @@ mod tests {
                 None => assert!(matches!(items[0], Item::Ignored { .. }), "{name}"),
             }
             // Another webhook id, another body, or after the certificate expired: refused.
-            let other = Paypal::new("WH-OTHER", None).unwrap();
+            let other = Paypal::new("WH-OTHER", None, Window::default()).unwrap();
             other
                 .preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
                 .unwrap();
@@ -623,7 +890,7 @@ mod tests {
             serde_json::from_slice(&read(&format!("{dir}/headers.json"))).unwrap();
         let h = headers_of(&map);
         let url = h[CERT_URL_HEADER].to_str().unwrap().to_owned();
-        let p = Paypal::new("96605875FF6516633", None).unwrap();
+        let p = Paypal::new("96605875FF6516633", None, Window::default()).unwrap();
         p.preload_certificate(&url, &read(&format!("{dir}/testClientCert.crt")))
             .unwrap();
         // 2017-03-30, within the certificate's validity.
@@ -697,36 +964,110 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_certificate_is_503_and_not_cached() {
+    fn a_transmission_time_outside_the_window_is_401_and_inside_it_binds_until_it_leaves() {
+        let p = paypal();
+        let body = read("capture_completed.body.json");
+        let h = signed(0, TEST_CERT_URL, &body);
+        let max_age = DEFAULT_MAX_AGE_SECS as i64;
+        let skew = DEFAULT_FUTURE_SKEW_SECS as i64;
+        // Signed at NOW: verified from `skew` before it to `max_age` after it.
+        for now in [NOW - skew, NOW, NOW + max_age] {
+            assert!(block_on(p.verify(&h, &body, now)).is_ok(), "{now}");
+        }
+        for now in [NOW - skew - 1, NOW + max_age + 1] {
+            assert!(
+                matches!(
+                    block_on(p.verify(&h, &body, now)),
+                    Err(Reject::Unauthorized(_))
+                ),
+                "{now}"
+            );
+        }
+        let mut garbled = h.clone();
+        garbled.insert(TRANSMISSION_TIME_HEADER, "yesterday".parse().unwrap());
+        assert!(matches!(
+            block_on(p.verify(&garbled, &body, NOW)),
+            Err(Reject::Unauthorized(_))
+        ));
+        let key = p.transmission(&h, &body).unwrap();
+        assert_eq!(key.id, "b2384410-f8d2-11e8-8f60-2b25b2c5c0f3");
+        assert_eq!(key.expires_at.unix_timestamp(), NOW + max_age + skew);
+        let mut other = body.clone();
+        other.push(b' ');
+        assert_ne!(
+            p.transmission(&h, &other).unwrap().body_sha256,
+            key.body_sha256
+        );
+    }
+
+    #[test]
+    fn an_unreachable_certificate_is_503_and_remembered_without_a_new_fetch() {
         // A prefix that points at a closed local port: the fetch fails fast.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
         let prefix = format!("http://127.0.0.1:{port}/");
-        let p = Paypal::new(WEBHOOK_ID, Some(std::slice::from_ref(&prefix))).unwrap();
+        let p = Paypal::new(
+            WEBHOOK_ID,
+            Some(std::slice::from_ref(&prefix)),
+            Window::default(),
+        )
+        .unwrap();
         let body = read("capture_completed.body.json");
         let h = signed(0, &format!("{prefix}certs/1"), &body);
         assert!(matches!(
             block_on(p.verify(&h, &body, NOW)),
             Err(Reject::Unavailable(_))
         ));
+        let e = p.cache.entries.lock().unwrap();
+        assert!(e.cells.is_empty(), "no certificate kept");
         assert!(
-            p.cache.entries.lock().unwrap().0.is_empty(),
-            "failures are not kept"
+            e.failed.contains_key(&format!("{prefix}certs/1")),
+            "the failure is"
         );
     }
 
     #[test]
-    fn the_cache_is_bounded_oldest_out_first() {
+    fn strangers_urls_push_out_only_unverified_certificates_and_failures_are_bounded() {
         let cache = CertCache::default();
-        for i in 0..CACHE_ENTRIES + 3 {
-            cache.cell(&format!("u{i}"));
+        let now = Instant::now();
+        let verified = cache.cell("paypal", now).unwrap();
+        cache.mark_verified("paypal", &verified);
+        for i in 0..CACHE_ENTRIES * 3 {
+            cache.cell(&format!("u{i}"), now).unwrap();
         }
-        let (cells, order) = &*cache.entries.lock().unwrap();
-        assert_eq!(cells.len(), CACHE_ENTRIES);
-        assert_eq!(order.len(), CACHE_ENTRIES);
+        {
+            let e = cache.entries.lock().unwrap();
+            assert_eq!(e.unverified.len(), CACHE_ENTRIES);
+            assert_eq!(e.cells.len(), CACHE_ENTRIES + 1);
+            assert!(e.cells.contains_key("paypal"), "the verified one stays");
+            assert!(!e.cells.contains_key("u0"), "oldest unverified out first");
+        }
+        // Verified certificates push out only the oldest verified one.
+        for i in 0..CACHE_ENTRIES {
+            let url = format!("v{i}");
+            let cell = cache.cell(&url, now).unwrap();
+            cache.mark_verified(&url, &cell);
+        }
+        assert!(!cache.entries.lock().unwrap().cells.contains_key("paypal"));
+        // Failures: remembered until their time, at most NEGATIVE_ENTRIES.
+        let reject = Reject::Unavailable("down".into());
+        for i in 0..NEGATIVE_ENTRIES + 5 {
+            let url = format!("f{i}");
+            let cell = cache.cell(&url, now).unwrap();
+            let until = now + NEGATIVE_TTL;
+            cache.forget_failed(&url, &cell, Some((until, reject.clone())));
+        }
+        assert_eq!(cache.entries.lock().unwrap().failed.len(), NEGATIVE_ENTRIES);
+        let last = format!("f{}", NEGATIVE_ENTRIES + 4);
+        assert_eq!(cache.cell(&last, now).err(), Some(reject));
         assert!(
-            !cells.contains_key("u0") && cells.contains_key(&format!("u{}", CACHE_ENTRIES + 2))
+            cache.cell(&last, now + NEGATIVE_TTL).is_ok(),
+            "then tried again"
+        );
+        assert!(
+            cache.cell("f0", now).is_ok(),
+            "the oldest failure forgotten"
         );
     }
 
@@ -740,15 +1081,16 @@ mod tests {
             "api.paypal.com/",
         ] {
             assert!(
-                Paypal::new(WEBHOOK_ID, Some(&[bad.to_owned()])).is_err(),
+                Paypal::new(WEBHOOK_ID, Some(&[bad.to_owned()]), Window::default()).is_err(),
                 "{bad}"
             );
         }
-        assert!(Paypal::new(WEBHOOK_ID, Some(&[])).is_err());
-        assert!(Paypal::new("", None).is_err());
+        assert!(Paypal::new(WEBHOOK_ID, Some(&[]), Window::default()).is_err());
+        assert!(Paypal::new("", None, Window::default()).is_err());
         assert!(Paypal::new(
             WEBHOOK_ID,
-            Some(&["http://127.0.0.1:8181/certs/".to_owned()])
+            Some(&["http://127.0.0.1:8181/certs/".to_owned()]),
+            Window::default()
         )
         .is_ok());
     }

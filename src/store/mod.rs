@@ -37,6 +37,7 @@ pub mod audit;
 pub mod drain;
 pub mod inbox;
 pub mod migrate;
+pub mod transmissions;
 
 use std::time::Duration;
 
@@ -310,9 +311,12 @@ const SELECT_PARENT: &str = "\
 SELECT kind, status, currency, amount_minor, amount_out_minor FROM payments
  WHERE provider = $1 AND transaction_id = $2";
 
+/// One row per (provider, key): `item_sha256` is the SHA-256 of the item's
+/// key — for an Adyen item the fields its signature covers — not of its
+/// bytes, which anyone holding a captured item can vary at will (V9).
 const QUARANTINE: &str = "\
 INSERT INTO quarantined_items (provider, transaction_id, reason, item, item_sha256)
-VALUES ($1, $2, $3, $4, encode(sha256(convert_to($4, 'UTF8')), 'hex'))
+VALUES ($1, $2, $3, $4, encode(sha256(convert_to($5, 'UTF8')), 'hex'))
 ON CONFLICT ON CONSTRAINT quarantined_items_provider_item_key DO UPDATE
    SET times_seen = quarantined_items.times_seen + 1, last_seen_at = EXCLUDED.last_seen_at,
        reason = EXCLUDED.reason
@@ -381,18 +385,19 @@ impl Store {
     }
 
     /// Records a batch item that cannot be booked, with its reason; returns
-    /// how often this very item has been seen.
+    /// how often an item of this `key` has been seen (the first one is kept).
     pub async fn quarantine(
         &self,
         provider: &str,
         transaction_id: Option<&str>,
         reason: &str,
         item: &str,
+        key: &str,
     ) -> Result<i64, StoreError> {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(QUARANTINE).await?;
         let row = client
-            .query_one(&stmt, &[&provider, &transaction_id, &reason, &item])
+            .query_one(&stmt, &[&provider, &transaction_id, &reason, &item, &key])
             .await?;
         Ok(row.get(0))
     }

@@ -708,3 +708,162 @@ async fn an_adyen_chargeback_and_its_reversal_book_a_dispute_and_give_it_back() 
     assert_eq!(ctx.entries().await, 3);
     ctx.assert_audit_clean().await;
 }
+
+// ---- Adyen: only the signed fields decide -----------------------------------
+
+/// A well-signed Adyen item: `code` about `psp` (and `original`), `value` EUR.
+fn adyen_signed_item(
+    code: &str,
+    psp: &str,
+    original: Option<&str>,
+    value: i64,
+    success: bool,
+) -> Value {
+    let mut item = serde_json::json!({
+        "amount": {"currency": "EUR", "value": value},
+        "eventCode": code,
+        "eventDate": "2026-01-01T01:00:00+01:00",
+        "merchantAccountCode": "FencehookTest",
+        "merchantReference": format!("order-{psp}"),
+        "pspReference": psp,
+        "success": if success { "true" } else { "false" },
+    });
+    if let Some(original) = original {
+        item["originalReference"] = original.into();
+    }
+    item
+}
+
+/// `item` with `additionalData.modification.action` set: not signed.
+fn with_action(mut item: Value, action: &str) -> Value {
+    item["additionalData"] = serde_json::json!({"modification.action": action});
+    item
+}
+
+async fn ledger(ctx: &TestContext) -> Vec<(String, String, i64)> {
+    ctx.db()
+        .await
+        .query(
+            "SELECT p.transaction_id, l.effect, l.amount_minor FROM ledger_entries l
+               JOIN payments p ON p.id = l.payment_id ORDER BY l.id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adyen_cancel_or_refund_is_decided_by_the_ledger_so_an_altered_action_moves_no_money() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    // A payment booked here (AUTHORISATION, booked as captured), then Adyen's
+    // genuine CANCEL_OR_REFUND of it saying `cancel`: against a captured
+    // payment it can only have been a refund, of the signed amount.
+    let auth = adyen_signed_item("AUTHORISATION", "PAY-BOOKED", None, 5000, true);
+    assert_accepted(&post_adyen(&app, &adyen_batch(vec![auth])).await);
+    let cor = adyen_signed_item("CANCEL_OR_REFUND", "MOD-1", Some("PAY-BOOKED"), 5000, true);
+    let genuine = with_action(cor.clone(), "cancel");
+    assert_accepted(&post_adyen(&app, &adyen_batch(vec![genuine])).await);
+    let booked = ledger(&ctx).await;
+    assert_eq!(
+        booked,
+        vec![
+            ("PAY-BOOKED".to_owned(), "credit".to_owned(), 5000),
+            ("MOD-1".to_owned(), "debit".to_owned(), -5000),
+        ]
+    );
+    // The same item with its unsigned action changed (same signature):
+    // nothing more moves, whatever it says.
+    for action in ["refund", "cancel", "void"] {
+        let altered = with_action(cor.clone(), action);
+        assert_accepted(&post_adyen(&app, &adyen_batch(vec![altered])).await);
+        assert_eq!(ledger(&ctx).await, booked, "action {action}");
+    }
+    // Against a payment recorded failed there was nothing to capture: a
+    // cancel, which moves nothing, even when the altered item says `refund`.
+    let refused = adyen_signed_item("AUTHORISATION", "PAY-REFUSED", None, 5000, false);
+    assert_accepted(&post_adyen(&app, &adyen_batch(vec![refused])).await);
+    let altered = with_action(
+        adyen_signed_item("CANCEL_OR_REFUND", "MOD-2", Some("PAY-REFUSED"), 5000, true),
+        "refund",
+    );
+    assert_accepted(&post_adyen(&app, &adyen_batch(vec![altered])).await);
+    assert_eq!(ctx.payment("MOD-2").await, None, "nothing recorded");
+    assert_eq!(ctx.count("SELECT count(*) FROM quarantined_items").await, 0);
+    assert_eq!(
+        app.metric(
+            "fencehook_refund_rejected_total",
+            &[("reason", "payment_failed")]
+        ),
+        0.0
+    );
+    // A payment not known yet: it waits as a refund waits, then books.
+    let early = adyen_batch(vec![adyen_signed_item(
+        "CANCEL_OR_REFUND",
+        "MOD-3",
+        Some("PAY-LATER"),
+        700,
+        true,
+    )]);
+    let r = post_adyen(&app, &early).await;
+    assert_eq!(r.status, 409, "{r:?}");
+    assert_eq!(ctx.payment("MOD-3").await, None);
+    let later = adyen_signed_item("AUTHORISATION", "PAY-LATER", None, 700, true);
+    assert_accepted(&post_adyen(&app, &adyen_batch(vec![later])).await);
+    assert_accepted(&post_adyen(&app, &early).await);
+    assert_eq!(ledger_sum(&ctx).await, 0, "each payment in and out once");
+    assert_eq!(ctx.entries().await, 4);
+    ctx.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_captured_adyen_item_resent_with_altered_unsigned_fields_is_one_quarantined_row() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    // Unmappable for a signed reason (a lower-case currency) ...
+    let mut unmappable = adyen_signed_item("AUTHORISATION", "PAY-LOWER", None, 100, true);
+    unmappable["amount"]["currency"] = "eur".into();
+    // ... and a refund its payment cannot give (the payment failed).
+    let refused = adyen_signed_item("AUTHORISATION", "PAY-FAILED", None, 900, false);
+    assert_accepted(&post_adyen(&app, &adyen_batch(vec![refused])).await);
+    let refund = adyen_signed_item("REFUND", "REF-OF-FAILED", Some("PAY-FAILED"), 900, true);
+    const COPIES: usize = 60;
+    for i in 0..COPIES {
+        let mut items = vec![unmappable.clone(), refund.clone()];
+        for item in &mut items {
+            item["eventDate"] = format!("2026-01-01T00:{:02}:{:02}Z", i / 60, i % 60).into();
+            item["reason"] = format!("copy {i}").into();
+        }
+        assert_accepted(&post_adyen(&app, &adyen_batch(items)).await);
+    }
+    let rows = ctx
+        .db()
+        .await
+        .query(
+            "SELECT transaction_id, times_seen FROM quarantined_items ORDER BY transaction_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(Option<String>, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        rows,
+        vec![
+            (Some("PAY-LOWER".to_owned()), COPIES as i64),
+            (Some("REF-OF-FAILED".to_owned()), COPIES as i64),
+        ],
+        "one row per signed item, however its unsigned fields vary"
+    );
+    for reason in ["unmappable", "refund_rejected"] {
+        assert_eq!(
+            app.metric("fencehook_items_quarantined_total", &[("reason", reason)]),
+            1.0,
+            "{reason}: counted (and alerted) once"
+        );
+    }
+    assert_eq!(ctx.entries().await, 0);
+    ctx.assert_audit_clean().await;
+}

@@ -50,27 +50,42 @@ fn fixture(name: &str) -> Vec<u8> {
 struct CertServer {
     addr: SocketAddr,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    /// Requests being answered now, and the most there were at once.
+    open: Arc<Mutex<(usize, usize)>>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// Paths with this in them are answered after [`SLOW_FOR`]: fetches that
+/// stay in flight long enough to be counted.
+const SLOW: &str = "slow";
+const SLOW_FOR: Duration = Duration::from_millis(400);
 
 impl CertServer {
     async fn start(certs: HashMap<String, String>) -> CertServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let open: Arc<Mutex<(usize, usize)>> = Arc::default();
         let certs = Arc::new(certs);
         let task = tokio::spawn({
-            let hits = hits.clone();
+            let (hits, open) = (hits.clone(), open.clone());
             async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let (hits, certs) = (hits.clone(), certs.clone());
+                    let (hits, certs, open) = (hits.clone(), certs.clone(), open.clone());
                     tokio::spawn(async move {
                         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                             let path = req.uri().path().to_owned();
                             *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+                            let slow = path.contains(SLOW);
+                            let open = open.clone();
+                            {
+                                let mut o = open.lock().unwrap();
+                                o.0 += 1;
+                                o.1 = o.1.max(o.0);
+                            }
                             let resp = match certs.get(&path) {
                                 Some(pem) => {
                                     hyper::Response::new(Full::new(Bytes::from(pem.clone())))
@@ -81,7 +96,13 @@ impl CertServer {
                                     r
                                 }
                             };
-                            async move { Ok::<_, Infallible>(resp) }
+                            async move {
+                                if slow {
+                                    tokio::time::sleep(SLOW_FOR).await;
+                                }
+                                open.lock().unwrap().0 -= 1;
+                                Ok::<_, Infallible>(resp)
+                            }
                         });
                         let _ = http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), svc)
@@ -90,7 +111,12 @@ impl CertServer {
                 }
             }
         });
-        CertServer { addr, hits, task }
+        CertServer {
+            addr,
+            hits,
+            open,
+            task,
+        }
     }
 
     fn prefix(&self) -> String {
@@ -122,6 +148,11 @@ const PAYPAL_CERT: &str = "CERT-360caa42-fca2a594-fencehook0";
 const PAYPAL_NEXT_CERT: &str = "CERT-360caa42-fca2a594-fencehook1";
 
 async fn cert_server() -> CertServer {
+    cert_server_with(HashMap::new()).await
+}
+
+/// [`cert_server`] serving `more` too.
+async fn cert_server_with(more: HashMap<String, String>) -> CertServer {
     let far = now() as u64 + 86_400 * 365;
     let cert = |key| {
         testkeys::certificate(
@@ -132,7 +163,8 @@ async fn cert_server() -> CertServer {
             far,
         )
     };
-    CertServer::start(HashMap::from([
+    let mut certs = more;
+    certs.extend([
         (format!("/v1/notifications/certs/{PAYPAL_CERT}"), cert(0)),
         (
             format!("/v1/notifications/certs/{PAYPAL_NEXT_CERT}"),
@@ -150,8 +182,8 @@ async fn cert_server() -> CertServer {
             "/v1/notifications/certs/not-a-certificate".to_owned(),
             "hello".to_owned(),
         ),
-    ]))
-    .await
+    ]);
+    CertServer::start(certs).await
 }
 
 /// The three RSA providers: `wechat`, `alipay`, `paypal` (certificates
@@ -794,10 +826,18 @@ async fn one_alipay_notification_to_two_instances_at_once_is_credited_once() {
 
 // ---- PayPal -----------------------------------------------------------------
 
-/// PayPal's headers for `body`, signed with test key `key`, naming `cert_url`.
+/// PayPal's headers for `body`, signed now with test key `key`, naming `cert_url`.
 fn paypal_headers(key: usize, cert_url: &str, body: &[u8]) -> Vec<(String, String)> {
+    paypal_headers_at(key, cert_url, body, now())
+}
+
+/// [`paypal_headers`] with a transmission time of `at` (unix seconds).
+fn paypal_headers_at(key: usize, cert_url: &str, body: &[u8], at: i64) -> Vec<(String, String)> {
     let id = uuid::Uuid::new_v4().to_string();
-    let time = "2024-08-02T19:35:04Z";
+    let time = &time::OffsetDateTime::from_unix_timestamp(at)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
     let sig = paypal::sign(&testkeys::signer(key), &id, time, WEBHOOK_ID, body);
     vec![
         ("content-type".into(), "application/json".into()),
@@ -1006,7 +1046,8 @@ async fn bad_paypal_deliveries_are_refused_and_a_cert_url_outside_the_prefixes_i
             "{value} {currency}"
         );
     }
-    // A 503 is retried, and fetched again (failures are not cached).
+    // A 503 is retried; the failure is remembered a while, not fetched again
+    // for every delivery that names the URL.
     let r = post(
         &app,
         "paypal",
@@ -1016,7 +1057,7 @@ async fn bad_paypal_deliveries_are_refused_and_a_cert_url_outside_the_prefixes_i
     .await;
     assert_eq!(r.status, 503);
     assert!(r.retry_after.is_some());
-    assert_eq!(certs.hits("CERT-404"), 2);
+    assert_eq!(certs.hits("CERT-404"), 1);
     ctx.assert_nothing_written().await;
 }
 
@@ -1047,4 +1088,489 @@ async fn one_paypal_event_to_two_instances_at_once_is_credited_once_and_each_fet
         certs.hits(PAYPAL_CERT)
     );
     ctx.assert_audit_clean().await;
+}
+
+// ---- PayPal: what CRC-32 and an unlimited transmission time leave open ------
+
+/// `prefix`, 64 characters each `A` or `@`, then `suffix`: chosen so that the
+/// whole has the CRC-32 `target`. CRC-32 is affine over GF(2) for a fixed
+/// length, so flipping bit 0 of a character XORs a fixed 32-bit vector into
+/// the CRC; solving for the flips that reach `target` is Gaussian
+/// elimination. Both characters are plain in a JSON string.
+fn crc_forged(prefix: &[u8], suffix: &[u8], target: u32) -> Vec<u8> {
+    const PAD: usize = 64;
+    let build = |flips: u64| -> Vec<u8> {
+        let mut b = prefix.to_vec();
+        b.extend((0..PAD).map(|i| if flips >> i & 1 == 1 { b'@' } else { b'A' }));
+        b.extend_from_slice(suffix);
+        b
+    };
+    let base = crc32fast::hash(&build(0));
+    // Rows: (the CRC change of flipping this set of characters, the set).
+    let mut rows: Vec<(u32, u64)> = (0..PAD)
+        .map(|i| (crc32fast::hash(&build(1 << i)) ^ base, 1u64 << i))
+        .collect();
+    let (mut want, mut flips) = (base ^ target, 0u64);
+    for bit in (0..32).rev() {
+        let Some(pivot) = rows.iter().position(|(v, _)| v >> bit & 1 == 1) else {
+            continue;
+        };
+        let (pv, pf) = rows.swap_remove(pivot);
+        for row in rows.iter_mut().filter(|(v, _)| v >> bit & 1 == 1) {
+            *row = (row.0 ^ pv, row.1 ^ pf);
+        }
+        if want >> bit & 1 == 1 {
+            want ^= pv;
+            flips ^= pf;
+        }
+    }
+    assert_eq!(want, 0, "the pad spans every CRC");
+    let forged = build(flips);
+    assert_eq!(crc32fast::hash(&forged), target);
+    forged
+}
+
+/// A PayPal capture of `value` USD with its own `id`.
+fn paypal_capture(id: &str, value: &str) -> Value {
+    let mut v: Value =
+        serde_json::from_slice(&fixture("paypal/capture_completed.body.json")).unwrap();
+    v["resource"]["id"] = id.into();
+    v["resource"]["amount"] = json!({"currency_code": "USD", "value": value});
+    v
+}
+
+/// A capture of `value` whose body has the CRC-32 of `genuine`: PayPal's
+/// signature over `genuine` verifies it too.
+fn crc_forged_capture(genuine: &[u8], id: &str, value: &str) -> Vec<u8> {
+    let mut v = paypal_capture(id, value);
+    v["summary"] = "PAD".into();
+    let text = v.to_string();
+    let (prefix, suffix) = text.split_once("PAD").unwrap();
+    crc_forged(
+        prefix.as_bytes(),
+        suffix.as_bytes(),
+        crc32fast::hash(genuine),
+    )
+}
+
+fn header<'a>(headers: &'a Headers, name: &str) -> &'a str {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crc_forged_paypal_bodies_and_an_old_transmission_time_are_refused_in_both_modes_while_the_genuine_delivery_is_booked(
+) {
+    for inbox in [false, true] {
+        let ctx = TestContext::new().await;
+        let certs = cert_server().await;
+        let mut cfg = config(&ctx, &certs.prefix());
+        if inbox {
+            cfg.inbox = ctx.inbox_config(0).inbox;
+        }
+        let app = ctx.spawn(cfg).await;
+        let url = certs.url(PAYPAL_CERT);
+        let genuine = paypal_capture("CAPTURE-GENUINE-10", "10.00")
+            .to_string()
+            .into_bytes();
+        let headers = paypal_headers(0, &url, &genuine);
+        // Three bodies of 99,999.00 with new capture ids, each with the CRC
+        // of the genuine one: PayPal's signature covers all of them.
+        let forged: Vec<Vec<u8>> = (1..=3)
+            .map(|i| crc_forged_capture(&genuine, &format!("CAPTURE-FORGED-{i}"), "99999.00"))
+            .collect();
+        let signed = |body: &[u8]| {
+            paypal::signed_message(
+                header(&headers, paypal::TRANSMISSION_ID_HEADER),
+                header(&headers, paypal::TRANSMISSION_TIME_HEADER),
+                WEBHOOK_ID,
+                body,
+            )
+        };
+        for body in &forged {
+            assert_eq!(signed(body), signed(&genuine), "the same signed message");
+        }
+        let expected = if inbox { "accepted" } else { "processed" };
+        let r = post(&app, "paypal", &headers, &genuine).await;
+        assert_eq!((r.status, r.result()), (200, expected), "{r:?}");
+        for body in &forged {
+            let r = post(&app, "paypal", &headers, body).await;
+            assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+        }
+        // A transmission time of 2000-01-01, correctly signed: outside the window.
+        let old_body = paypal_capture("CAPTURE-OLD", "99999.00")
+            .to_string()
+            .into_bytes();
+        let old = paypal_headers_at(0, &url, &old_body, 946_684_800);
+        let r = post(&app, "paypal", &old, &old_body).await;
+        assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+        // Ahead of the clock by an hour: outside the skew.
+        let ahead = paypal_headers_at(0, &url, &old_body, now() + 3600);
+        let r = post(&app, "paypal", &ahead, &old_body).await;
+        assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+        // PayPal's retry of the genuine delivery (same headers, same body).
+        let r = post(&app, "paypal", &headers, &genuine).await;
+        assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+        assert_eq!(
+            app.metric(
+                "fencehook_requests_rejected_total",
+                &[("reason", "transmission_reused")]
+            ),
+            3.0
+        );
+        assert_eq!(ctx.payments().await, 1, "inbox: {inbox}");
+        assert_eq!(
+            ctx.count(
+                "SELECT amount_minor FROM payments WHERE transaction_id = 'CAPTURE-GENUINE-10'"
+            )
+            .await,
+            1000,
+            "inbox: {inbox}"
+        );
+        if inbox {
+            assert_eq!(ctx.count("SELECT count(*) FROM events").await, 1);
+        } else {
+            assert_eq!(ledger_sum(&ctx).await, 1000);
+        }
+        assert_eq!(
+            ctx.count("SELECT count(*) FROM paypal_transmissions").await,
+            1,
+            "only the verified, accepted transmission is remembered"
+        );
+        ctx.assert_audit_clean().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paypal_certificate_fetches_are_bounded_remembered_when_they_fail_and_never_push_out_a_verified_certificate(
+) {
+    let ctx = TestContext::new().await;
+    // Strangers' URLs under the prefix that do serve a certificate (of a key
+    // that signed nothing here).
+    let strangers = 2 * paypal::CACHE_ENTRIES;
+    let stranger_cert = testkeys::certificate(
+        UNKNOWN_KEY,
+        "0FF1CE",
+        "CN=messageverificationcerts.paypal.com",
+        0,
+        now() as u64 + 86_400,
+    );
+    let certs = cert_server_with(
+        (0..strangers)
+            .map(|i| {
+                (
+                    format!("/v1/notifications/certs/CERT-stranger-{i}"),
+                    stranger_cert.clone(),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let app = Arc::new(ctx.spawn(config(&ctx, &certs.prefix())).await);
+    let capture = Arc::new(fixture("paypal/capture_completed.body.json"));
+    let r = post(
+        &app,
+        "paypal",
+        &paypal_headers(0, &certs.url(PAYPAL_CERT), &capture),
+        &capture,
+    )
+    .await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    // 40 requests at once, each naming a new slow URL: a few fetches at a
+    // time, the rest answered 503 at once.
+    let replies = futures_util::future::join_all((0..40).map(|i| {
+        let (app, capture, url) = (
+            app.clone(),
+            capture.clone(),
+            certs.url(&format!("CERT-{SLOW}-{i}")),
+        );
+        async move { post(&app, "paypal", &paypal_headers(0, &url, &capture), &capture).await }
+    }))
+    .await;
+    for r in &replies {
+        assert!(matches!(r.status, 401 | 503), "{r:?}");
+    }
+    let most = certs.open.lock().unwrap().1;
+    assert!(
+        (1..=paypal::MAX_CONCURRENT_FETCHES).contains(&most),
+        "at most {} fetches at once, saw {most}",
+        paypal::MAX_CONCURRENT_FETCHES
+    );
+    // A URL that failed is not fetched again for the next delivery naming it.
+    let fetched = (0..40)
+        .find(|i| certs.hits(&format!("CERT-{SLOW}-{i}")) == 1)
+        .expect("some URL was fetched");
+    let url = certs.url(&format!("CERT-{SLOW}-{fetched}"));
+    let r = post(&app, "paypal", &paypal_headers(0, &url, &capture), &capture).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(certs.hits(&format!("CERT-{SLOW}-{fetched}")), 1);
+    // Twice as many certificates as the cache keeps, none of which any
+    // signature verifies with: they push out each other, not PayPal's.
+    for i in 0..strangers {
+        let url = certs.url(&format!("CERT-stranger-{i}"));
+        let r = post(&app, "paypal", &paypal_headers(0, &url, &capture), &capture).await;
+        assert_eq!(r.status, 401, "{i}: {r:?}");
+        assert_eq!(certs.hits(&format!("CERT-stranger-{i}")), 1);
+    }
+    let r = post(
+        &app,
+        "paypal",
+        &paypal_headers(0, &certs.url(PAYPAL_CERT), &capture),
+        &capture,
+    )
+    .await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    assert_eq!(
+        certs.hits(PAYPAL_CERT),
+        1,
+        "PayPal's certificate stayed cached"
+    );
+    assert_eq!(ctx.payments().await, 1);
+    ctx.assert_audit_clean().await;
+}
+
+// ---- PayPal: confirm = "api" --------------------------------------------------
+
+const API_CLIENT_ID: &str = "fencehook-test-client";
+const API_CLIENT_SECRET: &str = "fencehook-test-secret";
+const API_TOKEN: &str = "A21AAF-fencehook-test-token";
+
+/// PayPal's REST API as far as the confirm mode uses it: an OAuth2 token for
+/// the test app's credentials, and the events PayPal knows, by id. Counts
+/// tokens issued and fetches by event id; `down` answers every event 500.
+struct PaypalApi {
+    addr: SocketAddr,
+    events: Arc<Mutex<HashMap<String, Value>>>,
+    calls: Arc<Mutex<HashMap<String, usize>>>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PaypalApi {
+    async fn start() -> PaypalApi {
+        use base64::Engine;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let events: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
+        let calls: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let down: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let basic = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{API_CLIENT_ID}:{API_CLIENT_SECRET}"))
+        );
+        let task = tokio::spawn({
+            let (events, calls, down) = (events.clone(), calls.clone(), down.clone());
+            async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let (events, calls, down, basic) =
+                        (events.clone(), calls.clone(), down.clone(), basic.clone());
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                            let path = req.uri().path().to_owned();
+                            *calls.lock().unwrap().entry(path.clone()).or_default() += 1;
+                            let auth = req
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_owned();
+                            let (status, body) = if path == "/v1/oauth2/token" {
+                                if req.method() == hyper::Method::POST && auth == basic {
+                                    (
+                                        200,
+                                        json!({"access_token": API_TOKEN, "token_type": "Bearer", "expires_in": 32400}),
+                                    )
+                                } else {
+                                    (401, json!({"error": "invalid_client"}))
+                                }
+                            } else if let Some(id) =
+                                path.strip_prefix("/v1/notifications/webhooks-events/")
+                            {
+                                if auth != format!("Bearer {API_TOKEN}") {
+                                    (401, json!({"name": "AUTHENTICATION_FAILURE"}))
+                                } else if down.load(std::sync::atomic::Ordering::SeqCst) {
+                                    (500, json!({"name": "INTERNAL_SERVICE_ERROR"}))
+                                } else {
+                                    match events.lock().unwrap().get(id) {
+                                        Some(event) => (200, event.clone()),
+                                        None => (404, json!({"name": "INVALID_RESOURCE_ID"})),
+                                    }
+                                }
+                            } else {
+                                (404, json!({}))
+                            };
+                            let mut resp =
+                                hyper::Response::new(Full::new(Bytes::from(body.to_string())));
+                            *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                            async move { Ok::<_, Infallible>(resp) }
+                        });
+                        let _ = http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+            }
+        });
+        PaypalApi {
+            addr,
+            events,
+            calls,
+            down,
+            task,
+        }
+    }
+
+    fn knows(&self, event: &Value) {
+        let id = event["id"].as_str().unwrap().to_owned();
+        self.events.lock().unwrap().insert(id, event.clone());
+    }
+
+    fn fetches(&self, event_id: &str) -> usize {
+        let path = format!("/v1/notifications/webhooks-events/{event_id}");
+        self.calls.lock().unwrap().get(&path).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for PaypalApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A PayPal capture event `event_id` of `value` USD, capture `capture_id`.
+fn paypal_event(event_id: &str, capture_id: &str, value: &str) -> Value {
+    let mut v = paypal_capture(capture_id, value);
+    v["id"] = event_id.into();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_confirm_api_a_paypal_event_is_booked_only_as_paypals_api_knows_it() {
+    let ctx = TestContext::new().await;
+    let certs = cert_server().await;
+    let api = PaypalApi::start().await;
+    let mut cfg = config(&ctx, &certs.prefix());
+    cfg.providers.retain(|p| p.name != "paypal");
+    cfg.providers.push(
+        Provider::with_settings(
+            "paypal",
+            SchemeKind::Paypal,
+            Settings {
+                webhook_id: Some(WEBHOOK_ID.into()),
+                cert_url_prefixes: Some(vec![certs.prefix()]),
+                confirm: Some("api".into()),
+                api_url: Some(format!("http://{}/", api.addr)),
+                client_id: Some(API_CLIENT_ID.into()),
+                client_secret: Some(API_CLIENT_SECRET.into()),
+                ..Settings::default()
+            },
+        )
+        .unwrap(),
+    );
+    let app = ctx.spawn(cfg).await;
+    let url = certs.url(PAYPAL_CERT);
+    let deliver = |event: &Value| {
+        let body = event.to_string().into_bytes();
+        (paypal_headers(0, &url, &body), body)
+    };
+    // A genuine event: confirmed, booked; PayPal's retry is not asked about again.
+    let first = paypal_event("WH-CONFIRM-1", "CAP-CONFIRM-1", "10.00");
+    api.knows(&first);
+    let (h1, b1) = deliver(&first);
+    let r = post(&app, "paypal", &h1, &b1).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let r = post(&app, "paypal", &h1, &b1).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    assert_eq!(api.fetches("WH-CONFIRM-1"), 1);
+    // A CRC-forged body under the genuine headers that arrives *before* the
+    // genuine delivery: PayPal's API knows the event otherwise, so it is
+    // refused, and the genuine body can still take the headers.
+    let genuine = paypal_event("WH-CONFIRM-2", "CAP-CONFIRM-2", "10.00");
+    api.knows(&genuine);
+    let (h2, b2) = deliver(&genuine);
+    let mut forged = paypal_event("WH-CONFIRM-2", "CAP-CONFIRM-2", "99999.00");
+    forged["summary"] = "PAD".into();
+    let text = forged.to_string();
+    let (prefix, suffix) = text.split_once("PAD").unwrap();
+    let forged = crc_forged(prefix.as_bytes(), suffix.as_bytes(), crc32fast::hash(&b2));
+    let r = post(&app, "paypal", &h2, &forged).await;
+    assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+    assert_eq!(ctx.payment("CAP-CONFIRM-2").await, None);
+    let r = post(&app, "paypal", &h2, &b2).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    // An event PayPal does not know at all.
+    let (h3, b3) = deliver(&paypal_event("WH-CONFIRM-3", "CAP-CONFIRM-3", "10.00"));
+    let r = post(&app, "paypal", &h3, &b3).await;
+    assert_eq!((r.status, r.result()), (401, "unauthorized"), "{r:?}");
+    assert_eq!(
+        app.metric(
+            "fencehook_requests_rejected_total",
+            &[("reason", "event_unconfirmed")]
+        ),
+        2.0
+    );
+    // PayPal's API down: 503, and PayPal's retry books once it is back.
+    let fourth = paypal_event("WH-CONFIRM-4", "CAP-CONFIRM-4", "10.00");
+    api.knows(&fourth);
+    let (h4, b4) = deliver(&fourth);
+    api.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = post(&app, "paypal", &h4, &b4).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    api.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let r = post(&app, "paypal", &h4, &b4).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(
+        api.calls.lock().unwrap().get("/v1/oauth2/token").copied(),
+        Some(1),
+        "one access token, kept"
+    );
+    assert_eq!(ctx.payments().await, 3);
+    assert_eq!(ledger_sum(&ctx).await, 3000);
+    ctx.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_paypal_transmission_ids_are_pruned_a_few_at_a_time_by_new_ones() {
+    let ctx = TestContext::new().await;
+    let certs = cert_server().await;
+    let app = ctx.spawn(config(&ctx, &certs.prefix())).await;
+    ctx.db()
+        .await
+        .batch_execute(
+            "INSERT INTO paypal_transmissions (provider, transmission_id, body_sha256, expires_at)
+             SELECT 'paypal', 'old-' || i, 'x', now() - interval '1 hour' FROM generate_series(1, 20) i;
+             INSERT INTO paypal_transmissions (provider, transmission_id, body_sha256, expires_at)
+             VALUES ('paypal', 'current', 'y', now() + interval '1 hour')",
+        )
+        .await
+        .unwrap();
+    let url = certs.url(PAYPAL_CERT);
+    let expired =
+        || ctx.count("SELECT count(*) FROM paypal_transmissions WHERE expires_at < now()");
+    let mut left = expired().await;
+    assert_eq!(left, 20);
+    for i in 0..3 {
+        let body = paypal_capture(&format!("CAPTURE-PRUNE-{i}"), "1.00")
+            .to_string()
+            .into_bytes();
+        let r = post(&app, "paypal", &paypal_headers(0, &url, &body), &body).await;
+        assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+        let now_left = expired().await;
+        assert!(now_left < left || now_left == 0, "{now_left} after {left}");
+        assert!(left - now_left <= 8, "a bounded prune: {left} → {now_left}");
+        left = now_left;
+    }
+    assert_eq!(left, 0);
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM paypal_transmissions").await,
+        1 + 3,
+        "the current row and the three new ones stay"
+    );
 }
