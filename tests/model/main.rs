@@ -148,6 +148,7 @@
 //! lock expiry at any time without limit, a downstream that may fail.
 
 mod harness;
+mod inbox;
 mod leased;
 mod lifecycle;
 mod protocol;
