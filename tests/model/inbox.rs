@@ -21,10 +21,24 @@
 //! | `Settle` | `inbox::Inbox::attempts` → `store::Store::settle_done` / `store::Store::settle` (`DONE`, `RETRY`, `REQUEUE`, `DEAD`), each `WHERE status = 'processing' AND locked_until = <the take's>`; `DEAD` marks an unsettled row `dead` too |
 //! | `Stall` | the worker pauses (GC, SIGSTOP) or dies: its heartbeat stops renewing the lease and the take's lock |
 //! | `LeaseExpires` | the stalled worker's lease runs out (`lease/heartbeat.rs` renews it no more) |
-//! | `LockExpires` | a take's lock runs out: it is renewed with the lease's heartbeat, so only one no live worker is attempting |
+//! | `LockExpires` | a take's lock runs out: it is renewed with the lease's heartbeat, so only while no live worker attempts its event (a stalled or dead one, or a take that failed) |
 //! | `Rescue` | `inbox::Inbox::rescue` → `store::Store::rescue` (`RESCUE`): `processing` events whose lock ran out are `queued` again |
 //! | `Ages` | the event grows older than `FENCEHOOK_MAX_AGE_SECS`: a re-queue is `dead` instead |
 //! | `Replay` | `fencehook replay` → `store::Store::replay`: dead events `queued` with attempts from zero and the age clock restarted, their `dead` rows `queued` |
+//!
+//! # Behaviour being brought in, and today's code
+//!
+//! The model checks the intended behaviour; where the code does not do it
+//! yet, the broken variant that stands for today's code says so (remove the
+//! variant's note once the code is in):
+//!
+//! - the take's lock renewed with the lease's heartbeat, so a dead worker's
+//!   event is taken again within about one TTL; a lock of fixed length that
+//!   a slow attempt outlives is `Variant::NoLockRenewal`;
+//! - a row that cannot be decoded settled `dead` alone; `Store::take`
+//!   failing as a whole on it is `Variant::UndecodableFailsTheTake`;
+//! - a replay that restarts the age clock; an age counted from
+//!   `received_at` whatever the replays is `Variant::ReplayKeepsTheAge`.
 //!
 //! # What the model leaves out
 //!
@@ -77,9 +91,9 @@ impl Config {
     pub fn standard() -> Config {
         Config {
             workers: 2,
-            takes: 4,
+            takes: 6,
             max_attempts: 2,
-            stalls: 1,
+            stalls: 2,
             replays: 2,
             poison: true,
             variant: Variant::Correct,

@@ -69,12 +69,12 @@ pub struct Config {
 }
 
 impl Config {
-    /// Two copies of the success, one failure, one restart, one foreign claim.
+    /// Two copies of the success, one failure, two restarts, one foreign claim.
     pub fn standard() -> Config {
         Config {
             events: vec![Event::Succeeded, Event::Succeeded, Event::Failed],
-            polls: 1,
-            crashes: 1,
+            polls: 2,
+            crashes: 2,
             foreign_claims: 1,
             variant: Variant::Correct,
         }

@@ -24,6 +24,29 @@
 //! transaction, `store::Connection::apply`) is this route with `Claim`,
 //! `Call` and `Finalize` run as one step: a subset of its interleavings.
 //!
+//! # Behaviour being brought in, and today's code
+//!
+//! The model checks the intended behaviour; where the code does not do it
+//! yet, the broken variant that stands for today's code says so (remove the
+//! variant's note once the code is in):
+//!
+//! - one `Idempotency-Key` per business step, `<provider>:<transaction_id>:<event_type>`
+//!   (`downstream::Downstream::call`); the key `<provider>:<transaction_id>`
+//!   is `Variant::KeyPerObject`;
+//! - a refund's amount reserved under the cap at the claim and given back
+//!   when the call fails, so the finalize of a step the downstream executed
+//!   never refuses it; checking at the claim (`store::parent_refusal`) and
+//!   moving the money only at the finalize (`store::move_parent_money`) is
+//!   `Variant::CapTakenAtFinalize`;
+//! - disputes booked even past the payment's amount; holding them to the
+//!   cap (`MOVE_PARENT_MONEY`'s `BETWEEN 0 AND amount_minor`) is
+//!   `Variant::DisputesCapped`;
+//! - a payment's success after its failure at another amount booked at the
+//!   success's amount; the body and the entry at the row's first amount
+//!   (what `store::Claimed::Claimed` carries) is `Variant::FirstAmountKept`
+//!   (today the fingerprint holds the amount, so that success is a
+//!   `payload_mismatch` before it gets there).
+//!
 //! # What the model leaves out
 //!
 //! - Leases and fences under faults (`protocol.rs`, `leased.rs`): one
@@ -105,7 +128,7 @@ pub struct Config {
 
 impl Config {
     /// The cap: a payment of 2 booked; a refund of 1 and its reversal, a
-    /// refund of 2, a dispute of 1.
+    /// refund of 2, a dispute of 1 and its reinstatement.
     pub fn cap() -> Config {
         use EventType::*;
         Config {
@@ -115,6 +138,7 @@ impl Config {
                 ev(2, Forward, 2),
                 ev(3, Forward, 1),
                 ev(1, Backward, 1),
+                ev(3, Backward, 1),
             ],
             payment_booked: Some(2),
             deliveries: 2,
@@ -137,7 +161,7 @@ impl Config {
                 ev(1, Backward, 1),
             ],
             payment_booked: None,
-            deliveries: 2,
+            deliveries: 3,
             downstream,
             call_times_out: false,
             variant: Variant::Correct,
@@ -151,7 +175,7 @@ impl Config {
             kinds: vec![Kind::Payment, Kind::Refund, Kind::Dispute],
             events: vec![ev(1, Forward, 2), ev(2, Forward, 2), ev(2, Backward, 2)],
             payment_booked: Some(2),
-            deliveries: 2,
+            deliveries: 3,
             downstream: Downstream::Refuses,
             call_times_out: false,
             variant: Variant::Correct,
