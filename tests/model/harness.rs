@@ -12,25 +12,9 @@ use stateright::{Checker, HasDiscoveries, Model, Path};
 /// more than 48 steps deep.
 const MAX_DEPTH: usize = 64;
 
-/// The bounds every model's state and action satisfy.
-pub trait Checked: Model + Send + Sync + 'static
-where
-    Self::State: Hash + Send + Sync + Clone + PartialEq + Display + 'static,
-    Self::Action: Clone + PartialEq + Display,
-{
-}
-
-impl<M> Checked for M
-where
-    M: Model + Send + Sync + 'static,
-    M::State: Hash + Send + Sync + Clone + PartialEq + Display + 'static,
-    M::Action: Clone + PartialEq + Display,
-{
-}
-
 /// Explores the whole state space with a single-threaded BFS (the machine's
 /// other core is left to the other tests) and prints its size and time.
-pub fn check<M: Checked>(label: &str, model: M) -> impl Checker<M>
+pub fn check<M: Model + Send + Sync + 'static>(label: &str, model: M) -> impl Checker<M>
 where
     M::State: Hash + Send + Sync + Clone + PartialEq + Display + 'static,
     M::Action: Clone + PartialEq + Display,
@@ -52,7 +36,7 @@ where
 /// *last* violating state it meets (in blocks of 1,500 states), not the
 /// first, so this bounds the BFS at depth 1, 2, … and stops at the first
 /// bound with a discovery: every violation seen then is a first one.
-pub fn shortest_counterexample<M: Checked>(
+pub fn shortest_counterexample<M: Model + Send + Sync + 'static>(
     label: &str,
     model: impl Fn() -> M,
     name: &'static str,
@@ -88,7 +72,7 @@ where
 
 /// Asserts that none of `invariants` has a counterexample and that each of
 /// `reachable` has an example.
-pub fn assert_safe<M: Checked>(
+pub fn assert_safe<M: Model + Send + Sync + 'static>(
     checker: &impl Checker<M>,
     invariants: &[&'static str],
     reachable: &[&'static str],
@@ -110,7 +94,7 @@ pub fn assert_safe<M: Checked>(
 }
 
 /// Which of `invariants` an exhaustive run found counterexamples for.
-pub fn violated<M: Checked>(
+pub fn violated<M: Model + Send + Sync + 'static>(
     checker: &impl Checker<M>,
     invariants: &[&'static str],
 ) -> Vec<&'static str>
@@ -127,11 +111,7 @@ where
 
 /// One line per step: the action, then the state it led to. Built as one
 /// string so that tests running in parallel do not interleave their lines.
-pub fn render<S: Display, A: Display>(name: &str, path: &Path<S, A>) -> String
-where
-    S: Clone,
-    A: Clone,
-{
+pub fn render<S: Display + Clone, A: Display + Clone>(name: &str, path: &Path<S, A>) -> String {
     let steps = path.clone().into_vec();
     let mut out = format!(
         "  counterexample for \"{name}\" ({} steps):",

@@ -295,8 +295,13 @@ pub enum Action {
 
 pub struct LeasedModel {
     pub cfg: Config,
-    quiet: Mutex<HashMap<(Option<Row>, Option<u8>, u8, u8), bool>>,
+    /// Answers of [`one_more_delivery_books_it`] by the parts of the state
+    /// its quiet run reads.
+    quiet: Mutex<HashMap<QuietKey, bool>>,
 }
+
+/// Row, leases counter, ledger entries, ledger writes.
+type QuietKey = (Option<Row>, Option<u8>, u8, u8);
 
 impl LeasedModel {
     pub fn new(cfg: Config) -> LeasedModel {

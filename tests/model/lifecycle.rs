@@ -747,7 +747,8 @@ pub const ONE_MORE_ROUND_SETTLES_EVERY_EVENT: &str =
 pub const SOMETIMES_A_REFUND_IS_REFUSED: &str = "a refund is refused at the cap";
 pub const SOMETIMES_OVER_RETURNED_BY_A_DISPUTE: &str =
     "a dispute takes the payment past its amount (a warning, not a refusal)";
-pub const SOMETIMES_A_REVERSAL_IS_BOOKED: &str = "a reversal is booked";
+pub const SOMETIMES_A_REVERSAL_IS_BOOKED: &str =
+    "a reversal is booked: its row failed with two entries (what the old invariant forbade)";
 pub const SOMETIMES_EVERY_EVENT_BOOKED: &str = "every event is booked";
 pub const SOMETIMES_A_RESERVATION_IS_GIVEN_BACK: &str = "a failed call gives its reservation back";
 
