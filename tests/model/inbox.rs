@@ -184,6 +184,8 @@ pub struct Worker {
     pub stalled: bool,
     /// The lock of the event this worker attempts ran out meanwhile.
     pub lock_expired: bool,
+    /// A fenced write of this attempt matched nothing.
+    pub fenced: bool,
 }
 
 impl Worker {
@@ -199,6 +201,7 @@ impl Worker {
             token: 0,
             stalled: false,
             lock_expired: false,
+            fenced: false,
         }
     }
 
@@ -362,6 +365,7 @@ impl InboxModel {
                 } else if s.row.status == RowStatus::Succeeded {
                     self.answer(s, w, Settle::Done)
                 } else {
+                    s.workers[w].fenced = true;
                     let requeue = self.requeue(s);
                     self.answer(s, w, requeue)
                 }
@@ -383,6 +387,7 @@ impl InboxModel {
                     s.ledger += 1;
                     self.answer(s, w, Settle::Done)
                 } else {
+                    s.workers[w].fenced = true;
                     let requeue = self.requeue(s);
                     self.answer(s, w, requeue)
                 }
@@ -639,9 +644,7 @@ impl Model for InboxModel {
                 s.replays > 0 && s.event.status == EvStatus::Done
             }),
             Property::sometimes(SOMETIMES_A_STALE_WORKER_IS_FENCED, |_, s: &State| {
-                s.workers
-                    .iter()
-                    .any(|w| w.stalled && w.pc == Pc::Settle(Settle::Requeue))
+                s.workers.iter().any(|w| w.stalled && w.fenced)
             }),
             Property::sometimes(SOMETIMES_DEAD_AFTER_ITS_ATTEMPTS, |m: &Self, s: &State| {
                 s.event.status == EvStatus::Dead && s.event.attempts >= m.cfg.max_attempts
