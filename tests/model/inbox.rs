@@ -26,6 +26,24 @@
 //! | `Ages` | the event grows older than `FENCEHOOK_MAX_AGE_SECS`: a re-queue is `dead` instead |
 //! | `Replay` | `fencehook replay` → `store::Store::replay`: dead events `queued` with attempts from zero and the age clock restarted, their `dead` rows `queued` |
 //!
+//! # Properties and broken variants
+//!
+//! Invariants: booked at most once however often replayed; the row's credit
+//! matches its status; a done event stays done and is done only once booked;
+//! an event is dead only after its attempts or when too old since it was
+//! (re)queued; a dead row's event is dead; a worker attempts an event only
+//! while its take's lock holds (or after it ran out); a worker that did not
+//! stall has its result recorded; and, from every state, after a replay one
+//! more quiet worker books the event exactly once.
+//!
+//! | Variant | Caught by |
+//! | --- | --- |
+//! | a settle that ignores the take's lock | a stalled worker's re-queue undoing a newer attempt's `done` |
+//! | a rescue that ignores the lock | a live worker's event handed to another |
+//! | the take's lock not renewed with the heartbeat | a live worker's result not recorded |
+//! | an undecodable row fails the whole take | the good event never booked |
+//! | a replay that keeps the age clock | a replayed event dead again with attempts to spare |
+//!
 //! # Behaviour being brought in, and today's code
 //!
 //! The model checks the intended behaviour; where the code does not do it

@@ -23,6 +23,23 @@
 //! | `Crash` | PostgreSQL restarts: transactions in flight roll back (their deliveries answer 503), the unlogged `leases` table comes back empty |
 //! | `ForeignClaim` | a delivery on an instance with the Redis backend or a downstream route (`store::Connection::claim`): the row `processing` at a fence the `leases` table never issued |
 //!
+//! # Properties and broken variants
+//!
+//! Invariants: at most one credit; every write raises the fence; one writer
+//! per token; the credit matches the status (`failed` has none); every 2xx
+//! stands on a row that says at least as much; `processed` only after its
+//! own commit; at most one delivery holds an uncommitted token; no copy
+//! queues on another's lock; `lease_lost` only when another write came
+//! after the delivery's first token; and, from every state, one more quiet
+//! delivery books the payment exactly once.
+//!
+//! | Variant (a guard removed) | Caught by |
+//! | --- | --- |
+//! | no advisory try-lock | a copy queueing on the `leases` row lock, and nothing else: the books stay right |
+//! | the lease in its own statement, given back before the write | two deliveries holding uncommitted tokens |
+//! | the token ignores the fence floor | a claim left by another instance that one more delivery cannot take over |
+//! | no resync round | `lease_lost` for a row the delivery could have booked |
+//!
 //! # What the model leaves out
 //!
 //! - The money move (`store::move_parent_money`), which runs before the

@@ -24,6 +24,32 @@
 //! transaction, `store::Connection::apply`) is this route with `Claim`,
 //! `Call` and `Finalize` run as one step: a subset of its interleavings.
 //!
+//! # Properties and broken variants
+//!
+//! Invariants: at most one entry per object and effect; a row's entries
+//! match its status (a payment's failure has none, a reversed refund or
+//! dispute is `failed` with its entry and the reversal); refunds, net of
+//! reversals, never take out more than the payment; the payment's money out
+//! is what its children hold; a dispute against a succeeded payment is never
+//! refused; a step the downstream executed is never refused afterwards; the
+//! downstream executes each step at most once and every booked step once; a
+//! success after a failure is booked at its own amount; and, from every
+//! state, one more quiet round of every event settles each.
+//!
+//! | Variant | Caught by |
+//! | --- | --- |
+//! | one key per object, a downstream that refuses a reused key | a step (the success after the failure) that no retry gets through |
+//! | one key per object, a downstream that replays its first answer | a step booked that the downstream never executed |
+//! | the cap checked at the claim, taken at the finalize | a refund the downstream executed, then refused |
+//! | no cap | refunds taking out more than the payment |
+//! | disputes held to the cap | a chargeback refused |
+//! | the row's first amount kept | a success booked at the failure's amount |
+//!
+//! A known limit, shown by its own test: a call that timed out *after* the
+//! downstream executed it gives its reservation back like any failed call,
+//! and another refund may take that cap before the PSP's retry, which is
+//! then refused.
+//!
 //! # Behaviour being brought in, and today's code
 //!
 //! The model checks the intended behaviour; where the code does not do it

@@ -109,7 +109,7 @@
 //! | no fence condition in the writes | a stale write (and two writers under one token) |
 //! | finalize without `fence = token` | a stale write |
 //! | claim with `fence <= token` | two writers under one token, after a failover |
-//! | no `status = 'processing'` guard | a second ledger entry (or, with the UNIQUE constraint, a refused insert answered 503) |
+//! | no status guard (`status = ANY(from)`: `processing` here) | a second ledger entry (or, with the UNIQUE constraint, a refused insert answered 503) |
 //! | release without compare | two holders believing they hold the lease, and nothing else: the ledger stays right |
 //! | no resync | a payment that one more delivery cannot book after Redis lost its counter |
 //!

@@ -26,7 +26,8 @@ pub enum Variant {
     FinalizeIgnoresToken,
     /// The claim takes over a row at `fence <= token` instead of `fence < token`.
     ClaimAcceptsEqualToken,
-    /// No write checks `status = 'processing'`: the fence alone guards them.
+    /// No write checks the row's status (`status = ANY(from)`, here
+    /// `processing`): the fence alone guards them.
     NoStatusGuard,
     /// RELEASE deletes the lock without comparing it with `owner:token`.
     ReleaseWithoutCompare,
