@@ -341,3 +341,111 @@ fn dropping_the_resync_strands_the_payment_after_redis_loses_its_data() {
     let row = last.row.expect("a claimed row");
     assert!(row.status == Status::Processing && row.fence > last.counter);
 }
+
+/// The tables of the model files name the code's functions, constants and
+/// types (`store::Connection::claim`, `store::inbox::TAKE`, …): each must
+/// still exist, so a rename in the code fails here instead of leaving a
+/// table that names what is gone.
+#[test]
+fn every_function_the_model_tables_name_exists_in_the_code() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    let mut named = 0;
+    for file in [
+        "main.rs",
+        "protocol.rs",
+        "leased.rs",
+        "lifecycle.rs",
+        "inbox.rs",
+    ] {
+        let text = std::fs::read_to_string(root.join("tests/model").join(file)).unwrap();
+        let docs = text.lines().filter_map(|l| l.strip_prefix("//!"));
+        let quoted = docs.flat_map(|l| l.split('`').skip(1).step_by(2).collect::<Vec<_>>());
+        for path in quoted {
+            let segments: Vec<&str> = path.split("::").collect();
+            let modules = [
+                "processor",
+                "store",
+                "lease",
+                "inbox",
+                "downstream",
+                "domain",
+            ];
+            let is_path = segments.len() > 1
+                && modules.contains(&segments[0])
+                && segments
+                    .iter()
+                    .all(|s| !s.is_empty() && s.chars().all(|c| c == '_' || c.is_alphanumeric()));
+            if !is_path {
+                continue;
+            }
+            named += 1;
+            if !names_something(root, &segments) {
+                missing.push(format!("{file}: `{path}`"));
+            }
+        }
+    }
+    assert!(
+        named > 40,
+        "only {named} names found: is the parsing right?"
+    );
+    assert!(
+        missing.is_empty(),
+        "the model tables name what the code no longer has:\n  {}",
+        missing.join("\n  ")
+    );
+}
+
+/// Whether `segments` (a module path, then items of that module) name a
+/// module, or a function (`fn`), a constant (`const`) or a type or variant
+/// in the module's file or its submodules' (`impl Store` is spread over
+/// `store/*.rs`).
+fn names_something(root: &std::path::Path, segments: &[&str]) -> bool {
+    let mut dir = root.join("src");
+    let mut file = None;
+    let mut rest = segments;
+    while let Some((first, tail)) = rest.split_first() {
+        let as_file = dir.join(format!("{first}.rs"));
+        let as_dir = dir.join(first).join("mod.rs");
+        if as_file.exists() {
+            file = Some(as_file);
+        } else if as_dir.exists() {
+            file = Some(as_dir);
+        } else {
+            break;
+        }
+        dir = dir.join(first);
+        rest = tail;
+    }
+    let Some(file) = file else {
+        return false;
+    };
+    let Some(last) = rest.last() else {
+        return true;
+    };
+    let mut text = std::fs::read_to_string(file).unwrap();
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                text.push_str(&std::fs::read_to_string(path).unwrap());
+            }
+        }
+    }
+    let word = |w: &str| {
+        text.match_indices(w).any(|(i, _)| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + w.len()..].chars().next();
+            let edge = |c: Option<char>| !c.is_some_and(|c| c == '_' || c.is_alphanumeric());
+            edge(before) && edge(after)
+        })
+    };
+    let item = if last.chars().all(|c| c == '_' || c.is_ascii_uppercase()) {
+        word(&format!("const {last}"))
+    } else if last.starts_with(|c: char| c.is_ascii_lowercase()) {
+        word(&format!("fn {last}"))
+    } else {
+        word(last)
+    };
+    item && rest[..rest.len() - 1].iter().all(|t| word(t))
+}
