@@ -22,8 +22,9 @@
 //! | the inbox | `inbox.rs` | take, rescue, settle under the take's lock, dead events, replay |
 //!
 //! Each file's module doc has its table of model steps → the code's
-//! functions: when a function is renamed or a step changes, change the table
-//! and the model with it. `harness.rs` runs them.
+//! functions: when a step changes, change the table and the model with it.
+//! A renamed function fails `every_function_the_model_tables_name_exists_in_the_code`
+//! (below) until its table follows. `harness.rs` runs the models.
 //!
 //! # The lease + fence protocol (`protocol.rs`)
 //!
