@@ -5,7 +5,8 @@
 #   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
 #               (CHAOS_MODE=inbox, or make chaos-inbox: the same in inbox mode)
-#   make model  exhaustive model check of the lease + fence protocol (stateright; no services)
+#   make model  exhaustive model checks of the protocols: lease + fence, the lease inside the write,
+#               a payment's life (cap, downstream keys), the inbox (stateright; no services)
 #   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) and the nginx
 #               the deploy test runs, if missing
 #
@@ -67,8 +68,8 @@ chaos:
 chaos-inbox:
 	@$(MAKE) --no-print-directory chaos CHAOS_MODE=inbox
 
-# Every interleaving of three deliveries with lock expiry, Redis data loss and failover,
-# then the same with one guard removed at a time (each must be caught). See tests/model/main.rs.
+# Every interleaving of a few deliveries, workers and faults in each of four small models, then
+# the same with one guard removed at a time (each must be caught). See tests/model/main.rs.
 model:
 	$(CARGO) test --locked --release --test model -- --nocapture
 

@@ -26,7 +26,8 @@ pub enum Variant {
     FinalizeIgnoresToken,
     /// The claim takes over a row at `fence <= token` instead of `fence < token`.
     ClaimAcceptsEqualToken,
-    /// No write checks `status = 'processing'`: the fence alone guards them.
+    /// No write checks the row's status (`status = ANY(from)`, here
+    /// `processing`): the fence alone guards them.
     NoStatusGuard,
     /// RELEASE deletes the lock without comparing it with `owner:token`.
     ReleaseWithoutCompare,
@@ -331,8 +332,8 @@ impl FenceModel {
         }
     }
 
-    /// The conflict branch of the fenced upsert (`store::Store::claim` and
-    /// `store::Store::claim_and_finalize`): does it update the existing row?
+    /// The conflict branch of the fenced upsert (`store::Connection::claim`
+    /// and `store::Connection::apply`): does it update the existing row?
     fn upsert_matches(&self, row: Row, token: u8) -> bool {
         let status = row.status == Status::Processing || self.cfg.variant == Variant::NoStatusGuard;
         let fence = match self.cfg.variant {
@@ -343,7 +344,7 @@ impl FenceModel {
         status && fence
     }
 
-    /// The WHERE of `store::Store::finalize`.
+    /// The WHERE of `store::Connection::finalize`.
     fn finalize_matches(&self, row: Row, token: u8) -> bool {
         let status = row.status == Status::Processing || self.cfg.variant == Variant::NoStatusGuard;
         let fence = match self.cfg.variant {
