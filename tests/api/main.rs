@@ -16,6 +16,7 @@ mod input;
 mod lease;
 mod lifecycle;
 mod load;
+mod money;
 mod operations;
 mod process;
 mod providers;
