@@ -7,10 +7,15 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE('succeeded'::text, payments.status),
        event_type = COALESCE('payment.succeeded'::text, payments.event_type),
+       amount_minor = EXCLUDED.amount_minor,
+       currency = EXCLUDED.currency,
+       fingerprint = EXCLUDED.fingerprint,
        updated_at = EXCLUDED.updated_at
  WHERE payments.status = ANY('{processing}'::text[])
    AND payments.fence < EXCLUDED.fence
-   AND payments.fingerprint = EXCLUDED.fingerprint
+   AND (payments.fingerprint = EXCLUDED.fingerprint
+        OR (payments.status = 'failed' AND payments.kind = 'payment'
+            AND EXCLUDED.event_type = 'payment.succeeded'))
 RETURNING id, amount_minor, currency, occurred_at),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)

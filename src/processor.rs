@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::domain::{decide, CanonicalEvent, Decision, Rejection, Status, Transition};
+use crate::domain::{
+    decide, CanonicalEvent, Decision, EventKind, ObjectKind, Rejection, Status, Transition,
+};
 use crate::downstream::Downstream;
 use crate::error::Error;
 use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey, LostReason};
@@ -321,7 +323,7 @@ impl Processor {
                     (token, row)
                 }
             };
-            if now.fingerprint != fp {
+            if !is_the_same_object(&now, ev, fp) {
                 return Ok(Outcome::PayloadMismatch);
             }
             if decide(ev.event_type, Some(now.status)) == Decision::Apply(t) && now.fence >= token {
@@ -389,7 +391,7 @@ impl Processor {
     /// The answer when the row (or its absence) settles this event without
     /// the lease: nothing to write.
     fn settled(&self, ev: &CanonicalEvent, fp: &str, row: Option<&PaymentRow>) -> Option<Outcome> {
-        if row.is_some_and(|r| r.fingerprint != fp) {
+        if row.is_some_and(|r| !is_the_same_object(r, ev, fp)) {
             return Some(Outcome::PayloadMismatch);
         }
         let status = row.map(|r| r.status);
@@ -482,7 +484,7 @@ impl Processor {
                 },
             };
             drop(conn);
-            if row.fingerprint != fp {
+            if !is_the_same_object(&row, ev, fp) {
                 return Ok(Outcome::PayloadMismatch);
             }
             if decide(ev.event_type, Some(row.status)) == Decision::Apply(t) {
@@ -567,6 +569,19 @@ impl Processor {
             "fence rejected: a newer token owns this payment; nothing written");
         self.lease_lost(guard, LostReason::Superseded)
     }
+}
+
+/// Whether `row` is the object `ev` (fingerprint `fp`) is about: the same
+/// fingerprint, or a failed payment that now succeeds. A failure moves no
+/// money, and a PSP may change a payment's amount after a decline (Stripe
+/// lets a PaymentIntent's amount change), so out of `failed` the success's
+/// amount and currency stand; the write re-fingerprints the row
+/// (`fenced_upsert!`). Every other difference is a mismatch.
+fn is_the_same_object(row: &PaymentRow, ev: &CanonicalEvent, fp: &str) -> bool {
+    row.fingerprint == fp
+        || (row.status == Status::Failed
+            && row.kind == ObjectKind::Payment
+            && ev.event_type == EventKind::PaymentSucceeded)
 }
 
 /// Failpoint for process-level fault tests (compiled in only with the

@@ -199,6 +199,9 @@ const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM p
 /// $8 fingerprint, $9 status of a new row, $10 token, $11 occurred_at,
 /// $12 the statuses the row may have (text[]), $13 the status an existing
 /// row moves to (NULL: keep it — a claim), $14 its event type (NULL: keep it).
+/// The fingerprint must be the row's, except for a failed payment's success:
+/// a failure moved no money, so the success's amount and currency stand and
+/// the row takes them and their fingerprint (the same values otherwise).
 /// A parameter stored in a column whose type is a domain (V8) is cast to
 /// the domain's base type: tokio-postgres binds `&str` to text and `i64` to
 /// bigint, not to a domain over them.
@@ -210,10 +213,15 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE($13::text, payments.status),
        event_type = COALESCE($14::text, payments.event_type),
+       amount_minor = EXCLUDED.amount_minor,
+       currency = EXCLUDED.currency,
+       fingerprint = EXCLUDED.fingerprint,
        updated_at = EXCLUDED.updated_at
  WHERE payments.status = ANY($12::text[])
    AND payments.fence < EXCLUDED.fence
-   AND payments.fingerprint = EXCLUDED.fingerprint
+   AND (payments.fingerprint = EXCLUDED.fingerprint
+        OR (payments.status = 'failed' AND payments.kind = 'payment'
+            AND EXCLUDED.event_type = 'payment.succeeded'))
 RETURNING id, amount_minor, currency, occurred_at"
     };
 }
@@ -268,10 +276,15 @@ claim AS (
        SET fence = EXCLUDED.fence,
            status = COALESCE($13::text, payments.status),
            event_type = COALESCE($14::text, payments.event_type),
+           amount_minor = EXCLUDED.amount_minor,
+           currency = EXCLUDED.currency,
+           fingerprint = EXCLUDED.fingerprint,
            updated_at = EXCLUDED.updated_at
      WHERE payments.status = ANY($12::text[])
        AND payments.fence < EXCLUDED.fence
-       AND payments.fingerprint = EXCLUDED.fingerprint
+       AND (payments.fingerprint = EXCLUDED.fingerprint
+            OR (payments.status = 'failed' AND payments.kind = 'payment'
+                AND EXCLUDED.event_type = 'payment.succeeded'))
     RETURNING id, amount_minor, currency, fence),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
