@@ -272,16 +272,11 @@ async fn a_dispute_withdraws_within_the_cap_and_its_reinstatement_waits_for_it()
         (409, "awaiting_payment"),
         "before its withdrawal"
     );
-    let too_much = event(
-        "dispute.funds_withdrawn",
-        "dp_big",
-        600,
-        Some("pay_disputed"),
-    );
+    let too_much = event("refund.succeeded", "re_big", 600, Some("pay_disputed"));
     assert_eq!(
         app.deliver(&too_much).await.body["reason"],
         "exceeds_payment",
-        "refunds and disputes share the cap"
+        "refunds are capped by what came in"
     );
     let withdrawn = event("dispute.funds_withdrawn", "dp_1", 500, Some("pay_disputed"));
     assert_eq!(send(&app, &withdrawn).await, (200, "processed".into()));

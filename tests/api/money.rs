@@ -4,11 +4,16 @@
 //! payment, a stalled transaction that does not block its payment, and
 //! refunds from before the lifecycle that keep matching.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use fencehook::config::LeaseBackendKind;
+use fencehook::metrics::{PAYMENTS_OVER_RETURNED_TOTAL, REFUND_REJECTED_TOTAL};
 use serde_json::{json, Value};
 
 use crate::helpers::downstream::MockDownstream;
-use crate::helpers::{TestApp, TestContext};
+use crate::helpers::process::{deliver_to, ServeProcess};
+use crate::helpers::{wait_for, TestApp, TestContext};
 
 fn event(event_type: &str, tx: &str, amount: i64, parent: Option<&str>) -> Value {
     let mut v = json!({
@@ -136,10 +141,6 @@ async fn a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succee
     ctx.assert_audit_clean().await;
 }
 
-crate::helpers::both_backends!(
-    a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succeeds_with
-);
-
 /// The same with a downstream: the success is sent, and booked, at its amount.
 #[tokio::test(flavor = "multi_thread")]
 async fn with_a_downstream_a_payment_that_failed_is_sent_and_credited_at_its_success_amount() {
@@ -157,3 +158,422 @@ async fn with_a_downstream_a_payment_that_failed_is_sent_and_credited_at_its_suc
     assert_eq!(net(&ctx, "pay_ds_reprice").await, 1200);
     ctx.assert_audit_clean().await;
 }
+
+/// Each copy delivered to its own instance at once, retried like a PSP until
+/// it is neither 409 nor 503: the last answer of each.
+async fn copies_at_once(apps: &[Arc<TestApp>], ev: &Value) -> Vec<String> {
+    let tasks: Vec<_> = apps
+        .iter()
+        .map(|app| {
+            let (app, ev) = (app.clone(), ev.clone());
+            tokio::spawn(async move {
+                let last = app
+                    .deliver_until_settled(&ev, Duration::from_secs(30))
+                    .await
+                    .pop()
+                    .unwrap();
+                format!("{} {}", last.status, last.result())
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    answers.sort();
+    answers
+}
+
+/// Three copies of one refund of 600 against a payment of 1,000, at once on
+/// three instances, then three copies of its failure: one copy books, the
+/// others answer as copies (`duplicate`), never `refund_rejected` (the first
+/// copy's money moved before theirs) or 503.
+async fn copies_of_a_refund_and_of_its_failure_answer_as_copies(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        apps.push(Arc::new(ctx.spawn(ctx.config_for(backend)).await));
+    }
+    for round in 0..6 {
+        let (p, r) = (format!("pay_copies_{round}"), format!("re_copies_{round}"));
+        send(&apps[0], &event("payment.succeeded", &p, 1000, None)).await;
+        let refund = event("refund.succeeded", &r, 600, Some(&p));
+        assert_eq!(
+            copies_at_once(&apps, &refund).await,
+            ["200 duplicate", "200 duplicate", "200 processed"],
+            "round {round}"
+        );
+        let failed = event("refund.failed", &r, 600, Some(&p));
+        assert_eq!(
+            copies_at_once(&apps, &failed).await,
+            ["200 duplicate", "200 duplicate", "200 processed"],
+            "round {round}"
+        );
+        assert_eq!(effects(&ctx, &r).await, ["debit", "refund_reversal"]);
+        assert_eq!(
+            ctx.count(&format!(
+                "SELECT amount_out_minor FROM payments WHERE transaction_id = '{p}'"
+            ))
+            .await,
+            0
+        );
+    }
+    for app in &apps {
+        assert_eq!(app.metric(REFUND_REJECTED_TOTAL, &[]), 0.0);
+    }
+    ctx.assert_audit_clean().await;
+}
+
+/// With a downstream, a refund and a second refund of one payment claimed
+/// side by side: the first reserves its money at the claim, so the second is
+/// refused before the downstream is called — not after the downstream
+/// executed it (a 422 with its row left `processing` for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_a_downstream_the_cap_is_reserved_before_the_call() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = Arc::new(ctx.spawn(cfg).await);
+    send(&app, &event("payment.succeeded", "pay_side", 1000, None)).await;
+    // Every first claim of an object carries token 1: hold them at the gate.
+    downstream.gate_token(1);
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let ev = event("refund.succeeded", "re_side_a", 600, Some("pay_side"));
+            send(&app, &ev).await
+        }
+    });
+    wait_for(
+        "the first refund's call",
+        Duration::from_secs(10),
+        || async { downstream.calls().len() == 2 },
+    )
+    .await;
+    let second = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let ev = event("refund.succeeded", "re_side_b", 600, Some("pay_side"));
+            send(&app, &ev).await
+        }
+    });
+    // Let the second one run its course (or reach the downstream) first.
+    wait_for(
+        "the second refund answered or called",
+        Duration::from_secs(10),
+        || async { second.is_finished() || downstream.calls().len() > 2 },
+    )
+    .await;
+    downstream.open_gate();
+    assert_eq!(first.await.unwrap(), (200, "processed".into()));
+    assert_eq!(second.await.unwrap(), (422, "refund_rejected".into()));
+    assert!(
+        downstream
+            .calls()
+            .iter()
+            .all(|c| c.body["transaction_id"] != "re_side_b"),
+        "the refused refund was never sent downstream: {:?}",
+        downstream.calls()
+    );
+    assert_eq!(ctx.payment("re_side_b").await, None, "nothing written");
+    assert_eq!(
+        ctx.count("SELECT amount_out_minor FROM payments WHERE transaction_id = 'pay_side'")
+            .await,
+        600
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// A call the downstream refuses gives the reserved money back: another
+/// refund may have it, and the refused one is refused when it comes back.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_downstream_a_refused_call_gives_its_reservation_back() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    send(
+        &app,
+        &event("payment.succeeded", "pay_given_back", 1000, None),
+    )
+    .await;
+    let first = event(
+        "refund.succeeded",
+        "re_refused",
+        600,
+        Some("pay_given_back"),
+    );
+    downstream.set_status(500);
+    assert_eq!(send(&app, &first).await.0, 503);
+    assert_eq!(
+        ctx.count("SELECT amount_out_minor FROM payments WHERE transaction_id = 'pay_given_back'")
+            .await,
+        0,
+        "the reservation was given back"
+    );
+    downstream.set_status(200);
+    let other = event("refund.succeeded", "re_other", 700, Some("pay_given_back"));
+    assert_eq!(send(&app, &other).await, (200, "processed".into()));
+    assert_eq!(send(&app, &first).await, (422, "refund_rejected".into()));
+    ctx.assert_audit_clean().await;
+}
+
+/// A dispute larger than its charge (currency fluctuation), and a
+/// chargeback after a full refund (the double dip): the money is gone, so
+/// both are booked past the payment's amount, counted and alerted, and the
+/// audit warns instead of failing. Refunds keep the cap.
+async fn disputes_are_booked_past_the_payment_and_refunds_keep_the_cap(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    send(&app, &event("payment.succeeded", "pay_fx", 1000, None)).await;
+    let big = event("dispute.funds_withdrawn", "dp_fx", 1200, Some("pay_fx"));
+    assert_eq!(send(&app, &big).await, (200, "processed".into()));
+    assert_eq!(send(&app, &big).await, (200, "duplicate".into()));
+
+    send(&app, &event("payment.succeeded", "pay_dip", 1000, None)).await;
+    let refund = event("refund.succeeded", "re_dip", 1000, Some("pay_dip"));
+    assert_eq!(send(&app, &refund).await, (200, "processed".into()));
+    let dip = event("dispute.funds_withdrawn", "dp_dip", 1000, Some("pay_dip"));
+    assert_eq!(send(&app, &dip).await, (200, "processed".into()));
+    let more = event("refund.succeeded", "re_more", 1, Some("pay_dip"));
+    let r = app.deliver(&more).await;
+    assert_eq!((r.status, r.result()), (422, "refund_rejected"), "{r:?}");
+    assert_eq!(r.body["reason"], "exceeds_payment");
+
+    assert_eq!(net(&ctx, "dp_fx").await, -1200);
+    assert_eq!(net(&ctx, "dp_dip").await, -1000);
+    assert_eq!(
+        ctx.count("SELECT amount_out_minor FROM payments WHERE transaction_id = 'pay_dip'")
+            .await,
+        2000
+    );
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 2.0);
+    // The dispute won back gives its money back.
+    let won = event("dispute.funds_reinstated", "dp_dip", 1000, Some("pay_dip"));
+    assert_eq!(send(&app, &won).await, (200, "processed".into()));
+    assert_eq!(
+        ctx.count("SELECT amount_out_minor FROM payments WHERE transaction_id = 'pay_dip'")
+            .await,
+        1000
+    );
+    ctx.assert_audit_clean().await;
+    let (code, out, _) = fencehook_binary(&["audit"], &[("DATABASE_URL", &ctx.database_url)]).await;
+    assert_eq!(code, 0, "a warning, not a violation: {out}");
+    assert!(
+        out.contains("warning: 1 payment(s) gave back more than came in"),
+        "{out}"
+    );
+    assert!(
+        out.contains("generic:pay_fx amount 1000, out 1200"),
+        "{out}"
+    );
+}
+
+/// The same with a downstream: the dispute is reserved at its claim past
+/// the payment's amount, executed, and booked.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_downstream_a_dispute_after_a_refund_is_booked() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    send(&app, &event("payment.succeeded", "pay_ds_dip", 800, None)).await;
+    let refund = event("refund.succeeded", "re_ds_dip", 800, Some("pay_ds_dip"));
+    assert_eq!(send(&app, &refund).await, (200, "processed".into()));
+    let dip = event(
+        "dispute.funds_withdrawn",
+        "dp_ds_dip",
+        800,
+        Some("pay_ds_dip"),
+    );
+    assert_eq!(send(&app, &dip).await, (200, "processed".into()));
+    assert_eq!(effects(&ctx, "dp_ds_dip").await, ["dispute"]);
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 1.0);
+    ctx.assert_audit_clean().await;
+}
+
+/// Refund rows a release before V4 booked have no parent and a fingerprint
+/// with an empty one; every adapter now names the parent. One was in flight
+/// at the upgrade (`processing`): its success is booked against its payment,
+/// which it now names. One was booked: a re-send is a duplicate, and its
+/// failure is reversed without giving its payment money it never took.
+async fn refunds_from_before_the_lifecycle_keep_matching_the_events_that_name_their_payment(
+    backend: LeaseBackendKind,
+) {
+    let ctx = TestContext::at_version(3).await;
+    ctx.db()
+        .await
+        .batch_execute(
+            "INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence)
+             VALUES ('generic', 'old_paid', 'payment.succeeded', 1000, 'EUR', 'v1-fp', 'succeeded', 1),
+                    ('generic', 'old_booked', 'refund.succeeded', 200, 'EUR', 'v1-fp', 'succeeded', 1),
+                    ('generic', 'old_in_flight', 'refund.succeeded', 300, 'EUR', 'v1-fp', 'processing', 1);
+             INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+             SELECT id, 'credit', 1000, 'EUR', 1 FROM payments WHERE transaction_id = 'old_paid';
+             INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+             SELECT id, 'debit', -200, 'EUR', 1 FROM payments WHERE transaction_id = 'old_booked';",
+        )
+        .await
+        .unwrap();
+    fencehook::store::migrate::run(
+        &ctx.database_url,
+        fencehook::store::migrate::MissingDatabase::Refuse,
+    )
+    .await
+    .unwrap();
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    let in_flight = event("refund.succeeded", "old_in_flight", 300, Some("old_paid"));
+    assert_eq!(send(&app, &in_flight).await, (200, "processed".into()));
+    assert_eq!(send(&app, &in_flight).await, (200, "duplicate".into()));
+    assert_eq!(effects(&ctx, "old_in_flight").await, ["debit"]);
+    assert_eq!(
+        ctx.count(
+            "SELECT count(*) FROM payments WHERE transaction_id = 'old_in_flight'
+                AND parent_transaction_id = 'old_paid'"
+        )
+        .await,
+        1,
+        "it names its payment now"
+    );
+    let booked = event("refund.succeeded", "old_booked", 200, Some("old_paid"));
+    assert_eq!(send(&app, &booked).await, (200, "duplicate".into()));
+    let failed = event("refund.failed", "old_booked", 200, Some("old_paid"));
+    assert_eq!(send(&app, &failed).await, (200, "processed".into()));
+    assert_eq!(send(&app, &failed).await, (200, "duplicate".into()));
+    assert_eq!(
+        effects(&ctx, "old_booked").await,
+        ["debit", "refund_reversal"]
+    );
+    assert_eq!(
+        ctx.count("SELECT amount_out_minor FROM payments WHERE transaction_id = 'old_paid'")
+            .await,
+        300,
+        "only the refund booked now took its payment's money"
+    );
+    // Another amount is still another object.
+    let other = event("refund.succeeded", "old_booked", 201, Some("old_paid"));
+    assert_eq!(send(&app, &other).await, (422, "payload_mismatch".into()));
+    ctx.assert_audit_clean().await;
+}
+
+/// A refund's transaction frozen between its money move and its COMMIT (its
+/// process SIGSTOPped, the connection up) holds its payment row. Another
+/// refund of that payment answers 409 within the in-flight wait instead of
+/// queueing on the lock until the statement timeout (503); once the frozen
+/// transaction has been idle for a lease TTL the server ends it, and both
+/// refunds are booked. The frozen instance, continued, does not answer 200.
+async fn a_refund_frozen_before_its_commit_does_not_block_its_payment(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let env = vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_LEASE_BACKEND", backend.as_str().to_owned()),
+        ("FENCEHOOK_LEASE_TTL_MS", "3000".to_owned()),
+        ("FENCEHOOK_LEASE_TIMEOUT_MS", "250".to_owned()),
+        ("FENCEHOOK_INFLIGHT_WAIT_MS", "300".to_owned()),
+        ("FENCEHOOK_DB_STATEMENT_TIMEOUT_MS", "20000".to_owned()),
+        ("FENCEHOOK_DB_POOL_SIZE", "4".to_owned()),
+    ];
+    let mut frozen_env = env.clone();
+    frozen_env.push((
+        "FAILPOINTS",
+        "before_money_commit=1*return(sigstop)".to_owned(),
+    ));
+    let a = ServeProcess::start(&frozen_env).await;
+    let b = ServeProcess::start(&env).await;
+    let p = event("payment.succeeded", "pay_frozen", 1000, None);
+    assert_eq!(b.deliver(&p).await.result(), "processed");
+    let first = event("refund.succeeded", "re_frozen", 400, Some("pay_frozen"));
+    let a_answer = tokio::spawn({
+        let (base, ev) = (a.base.clone(), first.clone());
+        async move { deliver_to(&base, &ev).await }
+    });
+    let pid = a.pid();
+    wait_for("A stopped itself", Duration::from_secs(10), || async move {
+        is_stopped(pid)
+    })
+    .await;
+    let second = event("refund.succeeded", "re_waiting", 300, Some("pay_frozen"));
+    let started = tokio::time::Instant::now();
+    let r = b.deliver(&second).await;
+    assert_eq!((r.status, r.result()), (409, "in_progress"), "{r:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "answered within the in-flight wait, not after a lock wait: {:?}",
+        started.elapsed()
+    );
+    assert!(r.retry_after.is_some());
+    // The server ends the frozen transaction after a TTL idle: both book.
+    for ev in [&second, &first] {
+        let end = tokio::time::Instant::now() + Duration::from_secs(30);
+        let last = loop {
+            let r = b.deliver(ev).await;
+            if !matches!(r.status, 409 | 503) || tokio::time::Instant::now() >= end {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(last.result(), "processed", "{ev}: {last:?}");
+    }
+    a.signal("CONT");
+    let a_answer = a_answer.await.unwrap();
+    assert_ne!(
+        a_answer.status, 200,
+        "A's transaction was ended: {a_answer:?}"
+    );
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM ledger_entries WHERE effect = 'debit'")
+            .await,
+        2
+    );
+    assert_eq!(
+        ctx.count("SELECT amount_out_minor FROM payments WHERE transaction_id = 'pay_frozen'")
+            .await,
+        700
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// Every thread of `pid` is in the stopped state (`T`).
+fn is_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        if !state.starts_with('T') {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Runs the `fencehook` binary; (exit code, stdout, stderr).
+async fn fencehook_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("the fencehook binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+crate::helpers::both_backends!(
+    a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succeeds_with,
+    copies_of_a_refund_and_of_its_failure_answer_as_copies,
+    disputes_are_booked_past_the_payment_and_refunds_keep_the_cap,
+    refunds_from_before_the_lifecycle_keep_matching_the_events_that_name_their_payment,
+    a_refund_frozen_before_its_commit_does_not_block_its_payment,
+);
