@@ -711,7 +711,21 @@ impl Connection {
         let give_back = Write::new(ev, "", token, t)
             .parent_move()
             .filter(|&amount| amount < 0);
+        // A first settlement that books nothing (a refund that failed before
+        // it succeeded) may find money an earlier claim of the row reserved
+        // for a success (its call timed out): it goes back.
+        let unreserve =
+            t.from.is_none() && t.effect.is_none() && ev.parent_transaction_id.is_some();
         let tx = self.0.transaction().await?;
+        if unreserve {
+            let stmt = tx.prepare_cached(RELEASE).await?;
+            if tx.query_opt(&stmt, &[&payment_id, &token]).await?.is_some() {
+                if let Err(refusal) = move_parent_money(&tx, ev, -ev.amount_minor, false).await? {
+                    tx.rollback().await?;
+                    return Ok(Finalized::Parent(refusal));
+                }
+            }
+        }
         let stmt = tx.prepare_cached(FINALIZE).await?;
         if tx.query_opt(&stmt, &params).await?.is_none() {
             tx.rollback().await?;

@@ -577,3 +577,41 @@ crate::helpers::both_backends!(
     refunds_from_before_the_lifecycle_keep_matching_the_events_that_name_their_payment,
     a_refund_frozen_before_its_commit_does_not_block_its_payment,
 );
+
+/// A refund's call that timed out keeps its reservation (the downstream may
+/// have executed it); when the PSP then says the refund failed, the money
+/// goes back to the payment with the failure.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_downstream_a_refund_that_fails_after_a_timed_out_call_gives_its_reservation_back() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    cfg.downstream_timeout = Duration::from_millis(300);
+    let app = ctx.spawn(cfg).await;
+    send(
+        &app,
+        &event("payment.succeeded", "pay_timed_out", 1000, None),
+    )
+    .await;
+    downstream.set_delay(Duration::from_secs(2));
+    let refund = event(
+        "refund.succeeded",
+        "re_timed_out",
+        600,
+        Some("pay_timed_out"),
+    );
+    assert_eq!(send(&app, &refund).await.0, 503);
+    let out = "SELECT amount_out_minor FROM payments WHERE transaction_id = 'pay_timed_out'";
+    assert_eq!(
+        ctx.count(out).await,
+        600,
+        "kept: the step may have been executed"
+    );
+    downstream.set_delay(Duration::ZERO);
+    let failed = event("refund.failed", "re_timed_out", 600, Some("pay_timed_out"));
+    assert_eq!(send(&app, &failed).await, (200, "processed".into()));
+    assert_eq!(ctx.count(out).await, 0);
+    assert_eq!(effects(&ctx, "re_timed_out").await, Vec::<String>::new());
+    ctx.assert_audit_clean().await;
+}
