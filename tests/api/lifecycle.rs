@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::helpers::downstream::MockDownstream;
+use crate::helpers::process::fencehook_binary;
 use crate::helpers::{expected_net, TestApp, TestContext};
 
 fn event(event_type: &str, tx: &str, amount: i64, parent: Option<&str>) -> Value {
@@ -596,19 +597,4 @@ async fn the_audit_exits_non_zero_when_more_went_out_than_came_in() {
         out.contains("generic:pay_planted amount 500, out 700"),
         "{out}"
     );
-}
-
-/// Runs the `fencehook` binary; (exit code, stdout, stderr).
-async fn fencehook_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().await.expect("the fencehook binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
