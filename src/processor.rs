@@ -8,8 +8,10 @@
 //! 3. fenced claim → business step → fenced finalize, in one transaction, or —
 //!    with a downstream service — claim committed first, downstream call under
 //!    the heartbeat, then the fenced finalize; a refund or dispute takes its
-//!    money from its payment in the same transaction as its entry, or waits
-//!    (`awaiting_payment`), or is refused (`refund_rejected`);
+//!    money from its payment in the same transaction as its entry (with a
+//!    downstream: as its claim, before the call), or waits
+//!    (`awaiting_payment`), or is refused (`refund_rejected`); a payment row
+//!    another transaction holds is polled like a held lease (`in_progress`);
 //! 4. release the lease (compare-and-delete) and answer.
 //!
 //! With the PostgreSQL lease backend and no downstream, steps 2–4 are one
