@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::config::LeaseBackendKind;
+use fencehook::domain::{CanonicalEvent, EventKind};
 use fencehook::metrics::{PAYMENTS_OVER_RETURNED_TOTAL, REFUND_REJECTED_TOTAL};
+use fencehook::store::inbox::{Accepted, ToAccept};
+use fencehook::store::Store;
 use serde_json::{json, Value};
 
 use crate::helpers::downstream::MockDownstream;
@@ -582,4 +585,111 @@ async fn with_a_downstream_a_refund_that_fails_after_a_timed_out_call_gives_its_
     assert_eq!(ctx.count(out).await, 0);
     assert_eq!(effects(&ctx, "re_timed_out").await, Vec::<String>::new());
     ctx.assert_audit_clean().await;
+}
+
+/// Inbox mode accepts what sync mode books: a failed payment's success at
+/// another amount, and the failure of a refund from before the lifecycle.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_inbox_mode_a_repriced_success_and_a_pre_lifecycle_refund_failure_are_accepted_and_booked(
+) {
+    let ctx = TestContext::at_version(3).await;
+    ctx.db()
+        .await
+        .batch_execute(
+            "INSERT INTO payments (provider, transaction_id, event_type, amount_minor, currency, fingerprint, status, fence)
+             VALUES ('generic', 'old_inbox_paid', 'payment.succeeded', 1000, 'EUR', 'v1-fp', 'succeeded', 1),
+                    ('generic', 'old_inbox_refund', 'refund.succeeded', 200, 'EUR', 'v1-fp', 'succeeded', 1);
+             INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+             SELECT id, 'credit', 1000, 'EUR', 1 FROM payments WHERE transaction_id = 'old_inbox_paid';
+             INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+             SELECT id, 'debit', -200, 'EUR', 1 FROM payments WHERE transaction_id = 'old_inbox_refund';",
+        )
+        .await
+        .unwrap();
+    fencehook::store::migrate::run(
+        &ctx.database_url,
+        fencehook::store::migrate::MissingDatabase::Refuse,
+    )
+    .await
+    .unwrap();
+    let app = ctx.spawn(ctx.inbox_config(2)).await;
+    let failed = event("payment.failed", "pay_inbox_reprice", 1000, None);
+    assert_eq!(send(&app, &failed).await, (200, "accepted".into()));
+    wait_for("the failure booked", Duration::from_secs(20), || async {
+        ctx.payment("pay_inbox_reprice").await.map(|p| p.0) == Some("failed".to_owned())
+    })
+    .await;
+    let succeeded = event("payment.succeeded", "pay_inbox_reprice", 1200, None);
+    assert_eq!(send(&app, &succeeded).await, (200, "accepted".into()));
+    let refund_failed = event(
+        "refund.failed",
+        "old_inbox_refund",
+        200,
+        Some("old_inbox_paid"),
+    );
+    assert_eq!(send(&app, &refund_failed).await, (200, "accepted".into()));
+    wait_for("both booked", Duration::from_secs(20), || async {
+        net(&ctx, "pay_inbox_reprice").await == 1200 && net(&ctx, "old_inbox_refund").await == 0
+    })
+    .await;
+    assert_eq!(
+        effects(&ctx, "old_inbox_refund").await,
+        ["debit", "refund_reversal"]
+    );
+    assert_eq!(
+        ctx.count("SELECT amount_out_minor FROM payments WHERE transaction_id = 'old_inbox_paid'")
+            .await,
+        0
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// Accepts stored together answer as they would alone: a failed payment's
+/// success at another amount is new, another amount for a failed payment's
+/// failure is still a mismatch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
+    let ctx = TestContext::new().await;
+    let store = Store::new(&ctx.config().db).unwrap();
+    let item = |tx: &str, kind: EventKind, amount: i64| {
+        let event = CanonicalEvent {
+            provider: "generic".to_owned(),
+            transaction_id: tx.to_owned(),
+            event_type: kind,
+            amount_minor: amount,
+            currency: "EUR".to_owned(),
+            parent_transaction_id: None,
+            occurred_at: None,
+        };
+        ToAccept {
+            fingerprint: event.fingerprint(),
+            psp_event_id: None,
+            body: format!("{{\"amount\":{amount}}}"),
+            event,
+        }
+    };
+    for tx in ["tx_b_declined", "tx_b_declined_2"] {
+        let first = item(tx, EventKind::PaymentFailed, 1000);
+        store
+            .accept(&first.event, &first.fingerprint, None, &first.body)
+            .await
+            .unwrap();
+        ctx.db()
+            .await
+            .execute(
+                "UPDATE payments SET status = 'failed' WHERE transaction_id = $1",
+                &[&tx],
+            )
+            .await
+            .unwrap();
+    }
+    let batch = [
+        item("tx_b_declined", EventKind::PaymentSucceeded, 1200),
+        item("tx_b_declined_2", EventKind::PaymentFailed, 1100),
+    ];
+    let batch: Vec<&ToAccept> = batch.iter().collect();
+    assert_eq!(
+        store.accept_many(&batch).await.unwrap(),
+        [Accepted::New, Accepted::Mismatch]
+    );
 }
