@@ -693,3 +693,54 @@ async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
         [Accepted::New, Accepted::Mismatch]
     );
 }
+
+/// A refund and then a dispute of one payment claimed side by side, both
+/// held in their downstream calls: both were executed, so both are booked
+/// (the dispute past the payment's amount) — never one refused after its
+/// call, its row left `processing`. (The other way round, the refund is
+/// refused at its claim, before its call: the dispute reserved the money.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_a_downstream_a_refund_and_a_dispute_claimed_side_by_side_are_both_booked() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = Arc::new(ctx.spawn(cfg).await);
+    send(&app, &event("payment.succeeded", "pay_both", 1000, None)).await;
+    downstream.gate_token(1);
+    let deliver = |ev: Value| {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, &ev).await })
+    };
+    let refund = deliver(event("refund.succeeded", "re_both", 600, Some("pay_both")));
+    wait_for(
+        "the refund's call held",
+        Duration::from_secs(10),
+        || async { downstream.calls().len() == 2 },
+    )
+    .await;
+    let dispute = deliver(event(
+        "dispute.funds_withdrawn",
+        "dp_both",
+        600,
+        Some("pay_both"),
+    ));
+    wait_for(
+        "the dispute's call held",
+        Duration::from_secs(10),
+        || async { downstream.calls().len() == 3 },
+    )
+    .await;
+    downstream.open_gate();
+    assert_eq!(refund.await.unwrap(), (200, "processed".into()));
+    assert_eq!(dispute.await.unwrap(), (200, "processed".into()));
+    assert_eq!(effects(&ctx, "re_both").await, ["debit"]);
+    assert_eq!(effects(&ctx, "dp_both").await, ["dispute"]);
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM payments WHERE status = 'processing'")
+            .await,
+        0
+    );
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 1.0);
+    ctx.assert_audit_clean().await;
+}
