@@ -7,10 +7,21 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE('succeeded'::text, payments.status),
        event_type = COALESCE('payment.succeeded'::text, payments.event_type),
+       amount_minor = EXCLUDED.amount_minor,
+       currency = EXCLUDED.currency,
+       parent_transaction_id = EXCLUDED.parent_transaction_id,
+       fingerprint = EXCLUDED.fingerprint,
        updated_at = EXCLUDED.updated_at
  WHERE payments.status = ANY('{processing}'::text[])
    AND payments.fence < EXCLUDED.fence
-   AND payments.fingerprint = EXCLUDED.fingerprint
+   AND (payments.fingerprint = EXCLUDED.fingerprint
+        OR (payments.status = 'failed' AND payments.kind = 'payment'
+            AND EXCLUDED.event_type = 'payment.succeeded')
+        OR (payments.kind = 'refund' AND payments.parent_transaction_id IS NULL
+            AND payments.status IN ('queued', 'processing', 'dead')
+            AND payments.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2',
+                EXCLUDED.provider, EXCLUDED.transaction_id, 'refund', EXCLUDED.amount_minor::text,
+                EXCLUDED.currency, ''), 'UTF8')), 'hex')))
 RETURNING id, amount_minor, currency, occurred_at),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)

@@ -88,7 +88,7 @@ impl App {
         }
         let names: Vec<String> = cfg.providers.iter().map(|p| p.name.clone()).collect();
         let metrics = Metrics::new(&names);
-        let store = Store::new(&cfg.db)?;
+        let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
         let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
         let downstream = cfg
             .downstream_url
@@ -309,7 +309,7 @@ impl Workers {
             migrate::ensure_current(&cfg.db.url).await?;
         }
         let metrics = Metrics::new(&[]);
-        let store = Store::new(&cfg.db)?;
+        let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
         let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
         let downstream = cfg
             .downstream_url

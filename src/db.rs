@@ -15,6 +15,10 @@ pub struct PoolSpec<'a> {
     pub size: usize,
     /// Longest a caller waits for a connection.
     pub wait: Duration,
+    /// PostgreSQL's `idle_in_transaction_session_timeout`: a transaction left
+    /// open and idle this long is ended by the server, its locks released.
+    /// `None` leaves the server's default (tools, tests).
+    pub idle_in_transaction: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -26,17 +30,25 @@ pub enum PoolBuildError {
 }
 
 /// A lazily connecting pool on `cfg.url` whose connections carry
-/// `application_name` and `statement_timeout`, recycled with a cheap
+/// `application_name`, `statement_timeout` (and the idle-in-transaction
+/// timeout, when given), recycled with a cheap
 /// is-closed check, so connections cut by a failure are replaced by
 /// themselves. Nothing connects here: a database that is down at start makes
 /// requests answer 503 (and `/readyz` say so) instead of stopping the process.
 pub fn pool(cfg: &DbConfig, spec: PoolSpec<'_>) -> Result<Pool, PoolBuildError> {
     let mut pg: tokio_postgres::Config = cfg.url.parse().map_err(PoolBuildError::Url)?;
     pg.application_name(spec.application_name);
-    pg.options(format!(
+    let mut options = format!(
         "-c statement_timeout={}",
         spec.statement_timeout.as_millis().max(1)
-    ));
+    );
+    if let Some(idle) = spec.idle_in_transaction {
+        options.push_str(&format!(
+            " -c idle_in_transaction_session_timeout={}",
+            idle.as_millis().max(1)
+        ));
+    }
+    pg.options(options);
     pg.connect_timeout(cfg.connect_timeout);
     pg.keepalives(true);
     pg.keepalives_idle(Duration::from_secs(10));

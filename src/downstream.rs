@@ -2,6 +2,13 @@
 //! event to `FENCEHOOK_DOWNSTREAM_URL` with `Idempotency-Key` and
 //! `Fencing-Token`. Only a 2xx counts; anything else leaves the payment
 //! `processing` so the next delivery resumes it.
+//!
+//! The key names one business step — the object *and* the event applied to
+//! it ([`idempotency_key`]) — because one object has several steps (a failure
+//! then its success, a refund then its reversal), each with a body of its
+//! own: a downstream that keys its deduplication on the object alone would
+//! refuse the second step (another body under a known key) or answer it with
+//! the first one's outcome without executing it.
 
 use std::time::Duration;
 
@@ -64,10 +71,7 @@ impl Downstream {
         let body = serde_json::to_vec(ev).expect("canonical events serialize");
         let req = hyper::Request::post(self.url.clone())
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(
-                "Idempotency-Key",
-                format!("{}:{}", ev.provider, ev.transaction_id),
-            )
+            .header("Idempotency-Key", idempotency_key(ev))
             .header("Fencing-Token", token.to_string())
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| DownstreamError::Transport(e.into()))?;
@@ -108,6 +112,17 @@ impl DownstreamError {
             _ => None,
         }
     }
+}
+
+/// `<provider>:<transaction_id>:<event_type>`: one key per business step, so
+/// one key always carries one body.
+pub fn idempotency_key(ev: &CanonicalEvent) -> String {
+    format!(
+        "{}:{}:{}",
+        ev.provider,
+        ev.transaction_id,
+        ev.event_type.as_str()
+    )
 }
 
 /// A `Retry-After` value (RFC 9110: delay-seconds or an HTTP-date) as a wait

@@ -47,6 +47,7 @@ pub const INBOX_ROWS: &str = "fencehook_inbox_rows";
 pub const INBOX_LAG_SECONDS: &str = "fencehook_inbox_lag_seconds";
 pub const INBOX_ATTEMPTS_TOTAL: &str = "fencehook_inbox_attempts_total";
 pub const REFUND_REJECTED_TOTAL: &str = "fencehook_refund_rejected_total";
+pub const PAYMENTS_OVER_RETURNED_TOTAL: &str = "fencehook_payments_over_returned_total";
 pub const ITEMS_QUARANTINED_TOTAL: &str = "fencehook_items_quarantined_total";
 pub const CONNECTIONS_OPEN: &str = "fencehook_connections_open";
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "fencehook_connections_refused_total";
@@ -267,6 +268,7 @@ struct Handles {
     fence_rejected: Counter,
     fence_resync: Counter,
     stale_events: Counter,
+    payments_over_returned: Counter,
     inbox_lag: Histogram,
     downstream_duration: Histogram,
     webhook_duration: Histogram,
@@ -325,6 +327,12 @@ impl Metrics {
             fence_rejected: c(FENCE_REJECTED_TOTAL, &[]),
             fence_resync: c(FENCE_RESYNC_TOTAL, &[]),
             stale_events: c(STALE_EVENTS_TOTAL, &[]),
+            // Present from the start, so an alert on its increase sees the first one.
+            payments_over_returned: {
+                let counter = c(PAYMENTS_OVER_RETURNED_TOTAL, &[]);
+                counter.increment(0);
+                counter
+            },
             inbox_lag: h(INBOX_LAG_SECONDS),
             downstream_duration: h(DOWNSTREAM_DURATION_SECONDS),
             webhook_duration: h(WEBHOOK_DURATION_SECONDS),
@@ -539,6 +547,9 @@ impl Metrics {
     pub fn stale_events(&self) -> &Counter {
         &self.inner.h.stale_events
     }
+    pub fn payments_over_returned(&self) -> &Counter {
+        &self.inner.h.payments_over_returned
+    }
     pub fn providers_reloads(&self, result: Reload) -> &Counter {
         &self.inner.reloads[&result]
     }
@@ -682,6 +693,11 @@ fn describe(rec: &PrometheusRecorder) {
         REFUND_REJECTED_TOTAL,
         None,
         "Refunds and disputes their payment cannot give (failed payment, other currency, more than came in): nothing booked.",
+    );
+    d(
+        PAYMENTS_OVER_RETURNED_TOTAL,
+        None,
+        "Disputes booked past their payment's amount (a chargeback larger than the charge, or after a refund): more went out than came in.",
     );
     d(
         PROVIDERS_RELOADS_TOTAL,

@@ -8,8 +8,10 @@
 //! 3. fenced claim → business step → fenced finalize, in one transaction, or —
 //!    with a downstream service — claim committed first, downstream call under
 //!    the heartbeat, then the fenced finalize; a refund or dispute takes its
-//!    money from its payment in the same transaction as its entry, or waits
-//!    (`awaiting_payment`), or is refused (`refund_rejected`);
+//!    money from its payment in the same transaction as its entry (with a
+//!    downstream: as its claim, before the call), or waits
+//!    (`awaiting_payment`), or is refused (`refund_rejected`); a payment row
+//!    another transaction holds is polled like a held lease (`in_progress`);
 //! 4. release the lease (compare-and-delete) and answer.
 //!
 //! With the PostgreSQL lease backend and no downstream, steps 2–4 are one
@@ -25,8 +27,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::domain::{decide, CanonicalEvent, Decision, Rejection, Status, Transition};
-use crate::downstream::Downstream;
+use crate::domain::{
+    decide, CanonicalEvent, Decision, EventKind, ObjectKind, Rejection, Status, Transition,
+};
+use crate::downstream::{Downstream, DownstreamError};
 use crate::error::Error;
 use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey, LostReason};
 use crate::metrics::{DownstreamResult, InflightWait, Metrics};
@@ -195,6 +199,14 @@ impl Processor {
         ev: &CanonicalEvent,
         mut row: Option<PaymentRow>,
     ) -> Result<Outcome, Error> {
+        let parentless;
+        let ev = match row.as_ref().and_then(|r| settled_before_parents(r, ev)) {
+            Some(old) => {
+                parentless = old;
+                &parentless
+            }
+            None => ev,
+        };
         let fp = ev.fingerprint();
         if let Some(done) = self.settled(ev, &fp, row.as_ref()) {
             return Ok(done);
@@ -311,9 +323,28 @@ impl Processor {
                     }
                     continue;
                 }
+                LeasedApply::Parent(ParentRefusal::Busy) => {
+                    // The payment row is another transaction's: poll, as
+                    // for a held lease.
+                    match self
+                        .wait_for_holder(ev, fp, &mut wait, IN_PROGRESS_RETRY_AFTER)
+                        .await?
+                    {
+                        ControlFlow::Break(answer) => return Ok(answer),
+                        ControlFlow::Continue(now) => row = now,
+                    }
+                    continue;
+                }
                 LeasedApply::Parent(refusal) => return Ok(self.parent_refused(ev, refusal)),
-                LeasedApply::Committed { token, status } => {
+                LeasedApply::Committed {
+                    token,
+                    status,
+                    over_returned,
+                } => {
                     self.held_inside_write(started);
+                    if over_returned {
+                        self.over_returned(ev);
+                    }
                     return Ok(Outcome::Processed { token, status });
                 }
                 LeasedApply::NotWritten { token, row } => {
@@ -321,7 +352,7 @@ impl Processor {
                     (token, row)
                 }
             };
-            if now.fingerprint != fp {
+            if !is_the_same_object(&now, ev, fp) {
                 return Ok(Outcome::PayloadMismatch);
             }
             if decide(ev.event_type, Some(now.status)) == Decision::Apply(t) && now.fence >= token {
@@ -434,7 +465,7 @@ impl Processor {
     /// The answer when the row (or its absence) settles this event without
     /// the lease: nothing to write.
     fn settled(&self, ev: &CanonicalEvent, fp: &str, row: Option<&PaymentRow>) -> Option<Outcome> {
-        if row.is_some_and(|r| r.fingerprint != fp) {
+        if row.is_some_and(|r| !is_the_same_object(r, ev, fp)) {
             return Some(Outcome::PayloadMismatch);
         }
         let status = row.map(|r| r.status);
@@ -465,6 +496,10 @@ impl Processor {
     fn parent_refused(&self, ev: &CanonicalEvent, refusal: ParentRefusal) -> Outcome {
         match refusal {
             ParentRefusal::NotYet => Outcome::AwaitingPayment,
+            // Its payment row stayed busy for the whole in-flight wait.
+            ParentRefusal::Busy => Outcome::InProgress {
+                retry_after: IN_PROGRESS_RETRY_AFTER,
+            },
             ParentRefusal::Rejected(reason) => {
                 self.metrics.refund_rejected(reason).increment(1);
                 tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
@@ -475,6 +510,17 @@ impl Processor {
                 Outcome::RefundRejected(reason)
             }
         }
+    }
+
+    /// A dispute took its payment past its amount: booked (the money is
+    /// gone), counted and logged for someone to reconcile.
+    fn over_returned(&self, ev: &CanonicalEvent) {
+        self.metrics.payments_over_returned().increment(1);
+        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+            payment = ev.parent_transaction_id.as_deref().unwrap_or("-"),
+            event_type = ev.event_type.as_str(), amount_minor = ev.amount_minor,
+            currency = %ev.currency,
+            "payment over-returned: a dispute took more than came in; booked");
     }
 
     /// Claim, business step and finalize while `guard` holds the lease.
@@ -492,10 +538,12 @@ impl Processor {
         mut current: Option<Status>,
     ) -> Result<Outcome, Error> {
         let mut resynced = false;
+        let mut wait = InflightWaiting::new(self.inflight_wait);
         // A conditioned write that did not apply re-reads the row and decides
         // again; the row can move a few times (another holder settled it,
         // a counter was behind), never forever: each round needs a newer token.
-        for _ in 0..MAX_ROUNDS {
+        let mut rounds = 0;
+        while rounds < MAX_ROUNDS {
             let token = guard.token();
             let t = match decide(ev.event_type, current) {
                 Decision::Apply(t) => t,
@@ -509,25 +557,63 @@ impl Processor {
             if let Some(reason) = guard.loss_reason() {
                 return Ok(self.lease_lost(guard, reason));
             }
-            let row = match &self.downstream {
+            let refused = match &self.downstream {
                 None => match conn.apply(ev, fp, token, t).await? {
-                    Applied::Committed(status) => return Ok(Outcome::Processed { token, status }),
-                    Applied::Parent(refusal) => return Ok(self.parent_refused(ev, refusal)),
-                    Applied::NotWritten(row) => row,
+                    Applied::Committed {
+                        status,
+                        over_returned,
+                    } => {
+                        if over_returned {
+                            self.over_returned(ev);
+                        }
+                        return Ok(Outcome::Processed { token, status });
+                    }
+                    Applied::Parent(refusal) => Err(refusal),
+                    Applied::NotWritten(row) => Ok(row),
                 },
                 Some(downstream) => match conn.claim(ev, fp, token, t).await? {
-                    Claimed::Claimed { payment_id, event } => {
+                    Claimed::Claimed {
+                        payment_id,
+                        event,
+                        over_returned,
+                    } => {
                         drop(conn);
                         return self
-                            .call_and_finalize(downstream, guard, &event, payment_id, t)
+                            .call_and_finalize(
+                                downstream,
+                                guard,
+                                &event,
+                                payment_id,
+                                t,
+                                over_returned,
+                            )
                             .await;
                     }
-                    Claimed::Parent(refusal) => return Ok(self.parent_refused(ev, refusal)),
-                    Claimed::NotWritten(row) => row,
+                    Claimed::Parent(refusal) => Err(refusal),
+                    Claimed::NotWritten(row) => Ok(row),
                 },
             };
             drop(conn);
-            if row.fingerprint != fp {
+            let row = match refused {
+                Ok(row) => row,
+                Err(ParentRefusal::Busy) => {
+                    // The payment row is another transaction's (another
+                    // refund committing, or one stalled before its commit):
+                    // poll within the in-flight wait instead of queueing on
+                    // the lock.
+                    match self
+                        .wait_for_holder(ev, fp, &mut wait, IN_PROGRESS_RETRY_AFTER)
+                        .await?
+                    {
+                        ControlFlow::Break(answer) => return Ok(answer),
+                        ControlFlow::Continue(now) => current = now.map(|r| r.status),
+                    }
+                    continue;
+                }
+                Err(refusal) => return Ok(self.parent_refused(ev, refusal)),
+            };
+            rounds += 1;
+            if !is_the_same_object(&row, ev, fp) {
                 return Ok(Outcome::PayloadMismatch);
             }
             if decide(ev.event_type, Some(row.status)) == Decision::Apply(t) {
@@ -563,6 +649,7 @@ impl Processor {
         event: &CanonicalEvent,
         payment_id: i64,
         t: Transition,
+        over_returned: bool,
     ) -> Result<Outcome, Error> {
         let token = guard.token();
         tokio::select! {
@@ -573,21 +660,61 @@ impl Processor {
                     %reason, "lease lost during the downstream call; not finalising");
                 return Ok(self.lease_lost(guard, reason));
             }
-            result = downstream.call(event, token) => result?,
+            result = downstream.call(event, token) => if let Err(e) = result {
+                // A non-2xx says the step was not executed: the money the
+                // claim reserved goes back. A timeout or a cut connection
+                // says nothing, and the step may have been executed: the
+                // reservation stays for the next delivery to finish.
+                if matches!(e, DownstreamError::Status { .. }) {
+                    self.release(payment_id, event, token, t).await;
+                }
+                return Err(e.into());
+            },
         }
-        let mut conn = self.store.connection().await?;
-        if let Some(reason) = guard.loss_reason() {
-            return Ok(self.lease_lost(guard, reason));
+        let mut wait = InflightWaiting::new(self.inflight_wait);
+        loop {
+            let mut conn = self.store.connection().await?;
+            if let Some(reason) = guard.loss_reason() {
+                return Ok(self.lease_lost(guard, reason));
+            }
+            #[cfg(feature = "test-support")]
+            if let Some(hook) = &self.hooks.before_finalize {
+                hook(event).await;
+            }
+            failpoint_before_finalize();
+            return match conn.finalize(payment_id, event, token, t).await? {
+                Finalized::Applied(status) => {
+                    if over_returned {
+                        self.over_returned(event);
+                    }
+                    Ok(Outcome::Processed { token, status })
+                }
+                Finalized::FenceRejected => Ok(self.fence_rejected(guard, event, None)),
+                Finalized::Parent(ParentRefusal::Busy) if Instant::now() < wait.deadline => {
+                    // A give-back's payment row is busy: the step is
+                    // executed, so try again (the lease is still ours)
+                    // rather than have the PSP call it again.
+                    drop(conn);
+                    tokio::time::sleep(wait.pause.min(wait.deadline - Instant::now())).await;
+                    wait.pause = (wait.pause * 2).min(MAX_POLL);
+                    continue;
+                }
+                Finalized::Parent(refusal) => Ok(self.parent_refused(event, refusal)),
+            };
         }
-        #[cfg(feature = "test-support")]
-        if let Some(hook) = &self.hooks.before_finalize {
-            hook(event).await;
-        }
-        failpoint_before_finalize();
-        match conn.finalize(payment_id, event, token, t).await? {
-            Finalized::Applied(status) => Ok(Outcome::Processed { token, status }),
-            Finalized::FenceRejected => Ok(self.fence_rejected(guard, event, None)),
-            Finalized::Parent(refusal) => Ok(self.parent_refused(event, refusal)),
+    }
+
+    /// Gives back what a claim reserved; a failure is logged, not answered
+    /// (the delivery is answered for the downstream's refusal either way, and
+    /// a reservation left in place is kept by the next claim).
+    async fn release(&self, payment_id: i64, ev: &CanonicalEvent, token: i64, t: Transition) {
+        let released = match self.store.connection().await {
+            Ok(mut conn) => conn.release(payment_id, ev, token, t).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = released {
+            tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token,
+                error = %e, "could not give back the money reserved for a refused downstream call; the next claim keeps it");
         }
     }
 
@@ -611,6 +738,46 @@ impl Processor {
         tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token = guard.token(), ?db_fence,
             "fence rejected: a newer token owns this payment; nothing written");
         self.lease_lost(guard, LostReason::Superseded)
+    }
+}
+
+/// Whether `row` is the object `ev` (fingerprint `fp`) is about: the same
+/// fingerprint, or a failed payment that now succeeds. A failure moves no
+/// money, and a PSP may change a payment's amount after a decline (Stripe
+/// lets a PaymentIntent's amount change), so out of `failed` the success's
+/// amount and currency stand; the write re-fingerprints the row
+/// (`fenced_upsert!`). Every other difference is a mismatch.
+fn is_the_same_object(row: &PaymentRow, ev: &CanonicalEvent, fp: &str) -> bool {
+    row.fingerprint == fp
+        || (row.status == Status::Failed
+            && row.kind == ObjectKind::Payment
+            && ev.event_type == EventKind::PaymentSucceeded)
+        || (!row.status.is_settled() && is_from_before_parents(row, ev))
+}
+
+/// Whether `row` is `ev`'s refund as a release before refunds named their
+/// payment booked it (migration V4 fingerprinted it with an empty parent),
+/// while every adapter now names the parent.
+fn is_from_before_parents(row: &PaymentRow, ev: &CanonicalEvent) -> bool {
+    row.kind == ObjectKind::Refund
+        && ev.event_type.object() == ObjectKind::Refund
+        && ev.parent_transaction_id.is_some()
+        && row.fingerprint == without_parent(ev).fingerprint()
+}
+
+/// `ev` without its parent, for a refund settled before refunds named their
+/// payment: its debit never took its payment's money, so its later events
+/// (a duplicate, its failure) are applied to it as it is, parentless, and
+/// move no payment's money. An unsettled one is written with its parent
+/// (its money is taken now).
+fn settled_before_parents(row: &PaymentRow, ev: &CanonicalEvent) -> Option<CanonicalEvent> {
+    (row.status.is_settled() && is_from_before_parents(row, ev)).then(|| without_parent(ev))
+}
+
+fn without_parent(ev: &CanonicalEvent) -> CanonicalEvent {
+    CanonicalEvent {
+        parent_transaction_id: None,
+        ..ev.clone()
     }
 }
 

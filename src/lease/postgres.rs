@@ -92,6 +92,9 @@ impl PgLease {
                 statement_timeout: cfg.lease_timeout,
                 size: (db.pool_size / 2).clamp(2, 8),
                 wait: cfg.lease_timeout,
+                // The inline path holds the lease row in the payment's own
+                // transaction (see `Store::for_service`).
+                idle_in_transaction: Some(cfg.ttl),
             },
         )?;
         Ok(PgLease { pool, ttl: cfg.ttl })

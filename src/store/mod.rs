@@ -27,11 +27,27 @@
 //! A refund or a dispute takes money out of its payment, whose row keeps the
 //! sum taken (`amount_out_minor`, net of reversals). The cap is checked and
 //! booked by one `UPDATE` of the payment row inside the transaction that
-//! writes the entry: the update locks the row, and a concurrent one waits and
-//! re-checks its condition against the committed sum (PostgreSQL re-evaluates
-//! an `UPDATE`'s `WHERE` on the newest row version), so two refunds racing on
-//! two instances can never together take more than came in. The table's
-//! constraint `amount_out_minor <= amount_minor` backs the code.
+//! writes the object's own row first: a copy of the same event finds that
+//! row settled (or held) and answers as a copy, never as a refusal. The
+//! update locks the payment row without waiting (`NOWAIT`): a payment row
+//! held by another transaction — another refund's, finishing in a moment, or
+//! one stalled before its commit — is [`ParentRefusal::Busy`], and the
+//! processor polls as for a held lease instead of queueing on the lock.
+//! Whoever gets the lock re-checks the condition against the committed sum
+//! (PostgreSQL re-evaluates an `UPDATE`'s `WHERE` on the newest row version),
+//! so two refunds racing on two instances can never together take more than
+//! came in.
+//!
+//! Refunds are capped by the payment's amount (a PSP never refunds more than
+//! the charge: an excess is a mapping fault or a forgery). Disputes are not:
+//! a chargeback is money already gone, larger than the charge or after a
+//! refund, so it is booked past the amount and reported as over-returned.
+//!
+//! On the downstream path the money is taken at the claim, before the call
+//! (the row is `reserved`), so a step the downstream executed is never
+//! refused afterwards; a call the downstream refused gives it back
+//! ([`Connection::release`]); a give-back (a reversal) moves the money at the
+//! finalize, once the downstream executed it.
 
 pub mod audit;
 pub mod drain;
@@ -47,7 +63,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::config::DbConfig;
 use crate::db::{self, PoolBuildError, PoolSpec};
-use crate::domain::{CanonicalEvent, ObjectKind, Rejection, Status, Transition};
+use crate::domain::{CanonicalEvent, Effect, ObjectKind, Rejection, Status, Transition};
 
 /// What the database holds for one (provider, transaction_id).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,14 +80,17 @@ pub struct PaymentRow {
 pub enum ParentRefusal {
     /// The payment is not `succeeded` here yet (unknown, or in progress).
     NotYet,
+    /// Another transaction holds the payment row: poll, as for a held lease.
+    Busy,
     Rejected(Rejection),
 }
 
 /// Result of [`Connection::apply`], the one-transaction path (no downstream).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// The transition and its entry are committed.
-    Committed(Status),
+    /// The transition and its entry are committed; `over_returned` when a
+    /// dispute took its payment past its amount.
+    Committed { status: Status, over_returned: bool },
     /// Nothing written: the row, re-read, for the processor to decide again.
     NotWritten(PaymentRow),
     /// Nothing written: the payment cannot give this money (yet).
@@ -85,7 +104,11 @@ pub enum LeasedApply {
     /// Another holder has the lease (for at most `remaining`): nothing written.
     Held { remaining: Option<Duration> },
     /// Took the lease with `token` and committed the transition and its entry.
-    Committed { token: i64, status: Status },
+    Committed {
+        token: i64,
+        status: Status,
+        over_returned: bool,
+    },
     /// Took the lease with `token` but wrote nothing: the row, re-read.
     NotWritten { token: i64, row: PaymentRow },
     /// Nothing written, no lease taken: the payment cannot give this money (yet).
@@ -101,6 +124,8 @@ pub enum Claimed {
     Claimed {
         payment_id: i64,
         event: CanonicalEvent,
+        /// The money this claim reserved took a dispute's payment past its amount.
+        over_returned: bool,
     },
     NotWritten(PaymentRow),
     Parent(ParentRefusal),
@@ -113,8 +138,7 @@ pub enum Finalized {
     /// No row had `fence = token` and a status this transition starts from:
     /// a newer holder owns it.
     FenceRejected,
-    /// The payment could no longer give this money (another refund got there
-    /// first between the claim's check and this write).
+    /// A give-back could not move its money (the payment row was busy): nothing written.
     Parent(ParentRefusal),
 }
 
@@ -200,27 +224,48 @@ const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM p
 /// $8 fingerprint, $9 status of a new row, $10 token, $11 occurred_at,
 /// $12 the statuses the row may have (text[]), $13 the status an existing
 /// row moves to (NULL: keep it — a claim), $14 its event type (NULL: keep it).
+/// The fingerprint must be the row's, with two exceptions, where the row takes
+/// the event's fields and fingerprint (the same values otherwise): a failed
+/// payment's success (a failure moved no money, so the success's amount and
+/// currency stand), and a refund left unsettled by a release before refunds
+/// named their payment (migration V4 fingerprinted it with an empty parent):
+/// it gets its parent now, and its money is taken from it. A settled one
+/// keeps no parent (its debit never moved its payment's money): the
+/// processor sends its later events without one.
 /// A parameter stored in a column whose type is a domain (V8) is cast to
 /// the domain's base type: tokio-postgres binds `&str` to text and `i64` to
 /// bigint, not to a domain over them.
 macro_rules! fenced_upsert {
-    () => {
-        "INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
+    ($($returning:literal)?) => {
+        concat!("INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
 VALUES ($1, $2::text, $3::text, $4::text, $5::text, $6::int8, $7::text, $8, $9::text, $10::int8, $11)
 ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE($13::text, payments.status),
        event_type = COALESCE($14::text, payments.event_type),
+       amount_minor = EXCLUDED.amount_minor,
+       currency = EXCLUDED.currency,
+       parent_transaction_id = EXCLUDED.parent_transaction_id,
+       fingerprint = EXCLUDED.fingerprint,
        updated_at = EXCLUDED.updated_at
  WHERE payments.status = ANY($12::text[])
    AND payments.fence < EXCLUDED.fence
-   AND payments.fingerprint = EXCLUDED.fingerprint
-RETURNING id, amount_minor, currency, occurred_at"
+   AND (payments.fingerprint = EXCLUDED.fingerprint
+        OR (payments.status = 'failed' AND payments.kind = 'payment'
+            AND EXCLUDED.event_type = 'payment.succeeded')
+        OR (payments.kind = 'refund' AND payments.parent_transaction_id IS NULL
+            AND payments.status IN ('queued', 'processing', 'dead')
+            AND payments.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2',
+                EXCLUDED.provider, EXCLUDED.transaction_id, 'refund', EXCLUDED.amount_minor::text,
+                EXCLUDED.currency, ''), 'UTF8')), 'hex')))
+RETURNING id, amount_minor, currency, occurred_at" $(, $returning)?)
     };
 }
 
-/// The claim of the downstream path.
-const CLAIM: &str = fenced_upsert!();
+/// The claim of the downstream path; also says whether the row holds its
+/// money already (`reserved`, migration V10: the downstream path needs it,
+/// the inline path runs on the schema before it).
+const CLAIM: &str = fenced_upsert!(", reserved");
 
 /// The one-statement write of the inline path: the upsert writes the final
 /// status and feeds the ledger insert (effect `$15`, sign `$16`; none when
@@ -269,10 +314,21 @@ claim AS (
        SET fence = EXCLUDED.fence,
            status = COALESCE($13::text, payments.status),
            event_type = COALESCE($14::text, payments.event_type),
+           amount_minor = EXCLUDED.amount_minor,
+           currency = EXCLUDED.currency,
+           parent_transaction_id = EXCLUDED.parent_transaction_id,
+           fingerprint = EXCLUDED.fingerprint,
            updated_at = EXCLUDED.updated_at
      WHERE payments.status = ANY($12::text[])
        AND payments.fence < EXCLUDED.fence
-       AND payments.fingerprint = EXCLUDED.fingerprint
+       AND (payments.fingerprint = EXCLUDED.fingerprint
+            OR (payments.status = 'failed' AND payments.kind = 'payment'
+                AND EXCLUDED.event_type = 'payment.succeeded')
+            OR (payments.kind = 'refund' AND payments.parent_transaction_id IS NULL
+                AND payments.status IN ('queued', 'processing', 'dead')
+                AND payments.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2',
+                    EXCLUDED.provider, EXCLUDED.transaction_id, 'refund', EXCLUDED.amount_minor::text,
+                    EXCLUDED.currency, ''), 'UTF8')), 'hex')))
     RETURNING id, amount_minor, currency, fence),
 entry AS (
     INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
@@ -285,11 +341,12 @@ SELECT (SELECT token FROM lease), (SELECT id FROM claim),
        END";
 
 /// Status, event type and ledger entry in one statement, conditioned on the
-/// token. $1 id, $2 token, $3 status, $4 event type, $5 statuses it may
-/// have, $6 effect (NULL: none), $7 sign.
+/// token; a reservation the claim made is now the entry's. $1 id, $2 token,
+/// $3 status, $4 event type, $5 statuses it may have, $6 effect (NULL:
+/// none), $7 sign.
 const FINALIZE: &str = "\
 WITH upd AS (
-    UPDATE payments SET status = $3::text, event_type = $4::text, updated_at = now()
+    UPDATE payments SET status = $3::text, event_type = $4::text, reserved = false, updated_at = now()
      WHERE id = $1 AND fence = $2 AND status = ANY($5::text[])
     RETURNING id, amount_minor, currency),
 entry AS (
@@ -299,11 +356,27 @@ entry AS (
 SELECT id FROM upd";
 
 /// Moves money out of (positive $4) or back into (negative) a succeeded
-/// payment of the same currency, within its amount. Locks the payment row.
+/// payment of the same currency: never below zero, and never past its amount
+/// unless `$5` (a dispute: money already gone). Locks the payment row, or
+/// fails at once (SQLSTATE 55P03) when another transaction holds it; `NO
+/// KEY` so as not to wait for entries that merely reference the row.
+/// Returns whether the payment has now given back more than came in.
 const MOVE_PARENT_MONEY: &str = "\
 UPDATE payments SET amount_out_minor = amount_out_minor + $4, updated_at = now()
- WHERE provider = $1 AND transaction_id = $2 AND kind = 'payment' AND status = 'succeeded'
-   AND currency = $3 AND amount_out_minor + $4 BETWEEN 0 AND amount_minor
+ WHERE id = (SELECT id FROM payments WHERE provider = $1 AND transaction_id = $2
+              FOR NO KEY UPDATE NOWAIT)
+   AND kind = 'payment' AND status = 'succeeded' AND currency = $3
+   AND amount_out_minor + $4 >= 0
+   AND ($4 < 0 OR $5::bool OR amount_out_minor + $4 <= amount_minor)
+RETURNING amount_out_minor > amount_minor";
+
+/// Marks a claimed row as holding its money (taken by the claim). $1 id.
+const RESERVE: &str = "UPDATE payments SET reserved = true WHERE id = $1";
+
+/// Clears the reservation of a row still ours ($1 id, $2 token).
+const RELEASE: &str = "\
+UPDATE payments SET reserved = false, updated_at = now()
+ WHERE id = $1 AND fence = $2 AND reserved
 RETURNING id";
 
 /// What the payment a refund or dispute names looks like, to say why it refused.
@@ -333,6 +406,19 @@ impl Store {
     /// down at start makes requests answer 503 (and `/readyz` say so) instead
     /// of stopping the process.
     pub fn new(cfg: &DbConfig) -> Result<Store, StoreError> {
+        Store::build(cfg, None)
+    }
+
+    /// [`Store::new`] for the service's writes, whose transactions hold
+    /// payment rows from their money move to their commit: a transaction left
+    /// idle for a lease TTL (its process frozen, its VM paused, the connection
+    /// still up) is ended by the server, so the payment it holds is free
+    /// again. Its holder's lease has expired by then anyway.
+    pub fn for_service(cfg: &DbConfig, lease_ttl: Duration) -> Result<Store, StoreError> {
+        Store::build(cfg, Some(lease_ttl))
+    }
+
+    fn build(cfg: &DbConfig, idle_in_transaction: Option<Duration>) -> Result<Store, StoreError> {
         let pool = db::pool(
             cfg,
             PoolSpec {
@@ -340,6 +426,7 @@ impl Store {
                 statement_timeout: cfg.statement_timeout,
                 size: cfg.pool_size,
                 wait: cfg.pool_wait,
+                idle_in_transaction,
             },
         )?;
         Ok(Store { pool })
@@ -416,7 +503,7 @@ pub struct Connection(deadpool_postgres::Object);
 impl Connection {
     /// Claim, transition and entry in one transaction (the inline path): one
     /// statement, or — when the entry moves a payment's money out or back —
-    /// the payment's cap update first, in the same transaction.
+    /// the payment's cap update after it, in the same transaction.
     pub async fn apply(
         &mut self,
         ev: &CanonicalEvent,
@@ -427,8 +514,11 @@ impl Connection {
         let w = Write::new(ev, fingerprint, token, t);
         Ok(match self.inline(&w, APPLY, |row| row.is_some()).await? {
             Err(refusal) => Applied::Parent(refusal),
-            Ok(Some(_)) => Applied::Committed(t.to),
-            Ok(None) => Applied::NotWritten(reread(&self.0, ev).await?),
+            Ok((Some(_), over_returned)) => Applied::Committed {
+                status: t.to,
+                over_returned,
+            },
+            Ok((None, _)) => Applied::NotWritten(reread(&self.0, ev).await?),
         })
     }
 
@@ -452,13 +542,16 @@ impl Connection {
             row.as_ref()
                 .is_some_and(|r| matches!(r.try_get::<_, Option<i64>>(1), Ok(Some(_))))
         };
-        let row = match self.inline(&w, APPLY_LEASED, wrote).await? {
+        let (row, over_returned) = match self.inline(&w, APPLY_LEASED, wrote).await? {
             Err(refusal) => return Ok(LeasedApply::Parent(refusal)),
-            Ok(row) => row.ok_or_else(|| {
-                StoreError::Corrupt("the leased write answered no row".to_owned())
-            })?,
+            Ok((row, over)) => (
+                row.ok_or_else(|| {
+                    StoreError::Corrupt("the leased write answered no row".to_owned())
+                })?,
+                over,
+            ),
         };
-        Ok(match leased(&row, t)? {
+        Ok(match leased(&row, t, over_returned)? {
             Leased::NotWritten(token) => LeasedApply::NotWritten {
                 token,
                 row: reread(&self.0, ev).await?,
@@ -468,57 +561,62 @@ impl Connection {
     }
 
     /// Runs one inline write (`sql` with [`Write::apply_params`]): alone, or,
-    /// when the write moves its payment's money, after the cap update in one
-    /// transaction that is committed only if `wrote` says the statement
-    /// wrote (the money moves only with the entry that takes it).
+    /// when the write moves its payment's money, in one transaction with the
+    /// cap update after it, committed only if `wrote` says the statement
+    /// wrote and the money moved (the money moves only with the entry that
+    /// takes it). The object's own row comes first: a copy of an event
+    /// already applied writes nothing and is answered from the row, without
+    /// asking the payment (whose cap the first copy has used). Also answers
+    /// whether a dispute took its payment past its amount.
     async fn inline(
         &mut self,
         w: &Write<'_>,
         sql: &str,
         wrote: impl Fn(&Option<tokio_postgres::Row>) -> bool,
-    ) -> Result<Result<Option<tokio_postgres::Row>, ParentRefusal>, StoreError> {
+    ) -> Result<Result<(Option<tokio_postgres::Row>, bool), ParentRefusal>, StoreError> {
         let Some(amount) = w.parent_move() else {
             let stmt = self.0.prepare_cached(sql).await?;
-            return Ok(Ok(self.0.query_opt(&stmt, &w.apply_params()).await?));
+            return Ok(Ok((
+                self.0.query_opt(&stmt, &w.apply_params()).await?,
+                false,
+            )));
         };
         let tx = self.0.transaction().await?;
-        if let Some(refusal) = move_parent_money(&tx, w.ev, amount).await? {
-            tx.rollback().await?;
-            return Ok(Err(refusal));
-        }
         let stmt = tx.prepare_cached(sql).await?;
         let row = tx.query_opt(&stmt, &w.apply_params()).await?;
-        if wrote(&row) {
-            tx.commit().await?;
-        } else {
+        if !wrote(&row) {
             tx.rollback().await?;
+            return Ok(Ok((row, false)));
         }
-        Ok(Ok(row))
+        match move_parent_money(&tx, w.ev, amount, w.uncapped()).await? {
+            Ok(over_returned) => {
+                failpoint_before_money_commit();
+                tx.commit().await?;
+                Ok(Ok((row, over_returned)))
+            }
+            Err(refusal) => {
+                tx.rollback().await?;
+                Ok(Err(refusal))
+            }
+        }
     }
 
-    /// Fenced claim in its own transaction (the downstream path: the claim
-    /// must be durable before the downstream call). A new row is
-    /// `processing`; an existing one keeps its status until the finalize. A
-    /// refund or dispute is first checked against its payment, so the
-    /// downstream is not called for money the payment cannot give.
+    /// Fenced claim (the downstream path: the claim must be durable before
+    /// the downstream call). A new row is `processing`; an existing one keeps
+    /// its status until the finalize. A refund or dispute takes its money
+    /// from its payment in the claim's transaction (the row is `reserved`),
+    /// so the downstream is called only for money the payment gave, and the
+    /// finalize of a step the downstream executed cannot be refused. A row
+    /// that is `reserved` already (a claim taken over) keeps its reservation.
     pub async fn claim(
-        &self,
+        &mut self,
         ev: &CanonicalEvent,
         fingerprint: &str,
         token: i64,
         t: Transition,
     ) -> Result<Claimed, StoreError> {
         let w = Write::new(ev, fingerprint, token, t);
-        if let Some(parent) = w.parent_move().filter(|&amount| amount > 0) {
-            if let Some(refusal) = parent_refusal(&self.0, ev, parent).await? {
-                return Ok(Claimed::Parent(refusal));
-            }
-        }
-        let stmt = self.0.prepare_cached(CLAIM).await?;
-        let Some(row) = self.0.query_opt(&stmt, &w.claim_params()).await? else {
-            return Ok(Claimed::NotWritten(reread(&self.0, ev).await?));
-        };
-        Ok(Claimed::Claimed {
+        let claimed = |row: &tokio_postgres::Row, over_returned| Claimed::Claimed {
             payment_id: row.get(0),
             event: CanonicalEvent {
                 provider: ev.provider.clone(),
@@ -529,12 +627,73 @@ impl Connection {
                 parent_transaction_id: ev.parent_transaction_id.clone(),
                 occurred_at: row.get(3),
             },
-        })
+            over_returned,
+        };
+        let Some(amount) = w.parent_move().filter(|&amount| amount > 0) else {
+            let stmt = self.0.prepare_cached(CLAIM).await?;
+            return Ok(match self.0.query_opt(&stmt, &w.claim_params()).await? {
+                Some(row) => claimed(&row, false),
+                None => Claimed::NotWritten(reread(&self.0, ev).await?),
+            });
+        };
+        let tx = self.0.transaction().await?;
+        let stmt = tx.prepare_cached(CLAIM).await?;
+        let Some(row) = tx.query_opt(&stmt, &w.claim_params()).await? else {
+            tx.rollback().await?;
+            return Ok(Claimed::NotWritten(reread(&self.0, ev).await?));
+        };
+        let mut over_returned = false;
+        if !row.get::<_, bool>(4) {
+            match move_parent_money(&tx, ev, amount, w.uncapped()).await? {
+                Ok(over) => over_returned = over,
+                Err(refusal) => {
+                    tx.rollback().await?;
+                    return Ok(Claimed::Parent(refusal));
+                }
+            }
+            let stmt = tx.prepare_cached(RESERVE).await?;
+            tx.execute(&stmt, &[&row.get::<_, i64>(0)]).await?;
+        }
+        tx.commit().await?;
+        Ok(claimed(&row, over_returned))
     }
 
-    /// Fenced finalize: the transition and its entry in one statement, with
-    /// the payment's cap update first in the same transaction when the entry
-    /// moves its money.
+    /// Gives back the money the claim of `payment_id` at `token` reserved,
+    /// when the downstream refused the step (it did not execute it): another
+    /// refund may have it, and the next delivery of this one takes it again.
+    /// True when given back; false when there was nothing to give back, the
+    /// row is no longer ours, or the payment row was busy (the reservation
+    /// then stays, and the next claim keeps it).
+    pub async fn release(
+        &mut self,
+        payment_id: i64,
+        ev: &CanonicalEvent,
+        token: i64,
+        t: Transition,
+    ) -> Result<bool, StoreError> {
+        let Some(amount) = Write::new(ev, "", token, t)
+            .parent_move()
+            .filter(|&amount| amount > 0)
+        else {
+            return Ok(false);
+        };
+        let tx = self.0.transaction().await?;
+        let stmt = tx.prepare_cached(RELEASE).await?;
+        if tx.query_opt(&stmt, &[&payment_id, &token]).await?.is_none() {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        if move_parent_money(&tx, ev, -amount, false).await?.is_err() {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Fenced finalize: the transition and its entry in one statement; a
+    /// give-back (a reversal) moves its money back into the payment in the
+    /// same transaction. Money taken out was reserved by the claim.
     pub async fn finalize(
         &mut self,
         payment_id: i64,
@@ -554,12 +713,22 @@ impl Connection {
             &effect,
             &sign,
         ];
-        let parent = Write::new(ev, "", token, t).parent_move();
+        let give_back = Write::new(ev, "", token, t)
+            .parent_move()
+            .filter(|&amount| amount < 0);
+        // A first settlement that books nothing (a refund that failed before
+        // it succeeded) may find money an earlier claim of the row reserved
+        // for a success (its call timed out): it goes back.
+        let unreserve =
+            t.from.is_none() && t.effect.is_none() && ev.parent_transaction_id.is_some();
         let tx = self.0.transaction().await?;
-        if let Some(amount) = parent {
-            if let Some(refusal) = move_parent_money(&tx, ev, amount).await? {
-                tx.rollback().await?;
-                return Ok(Finalized::Parent(refusal));
+        if unreserve {
+            let stmt = tx.prepare_cached(RELEASE).await?;
+            if tx.query_opt(&stmt, &[&payment_id, &token]).await?.is_some() {
+                if let Err(refusal) = move_parent_money(&tx, ev, -ev.amount_minor, false).await? {
+                    tx.rollback().await?;
+                    return Ok(Finalized::Parent(refusal));
+                }
             }
         }
         let stmt = tx.prepare_cached(FINALIZE).await?;
@@ -567,9 +736,34 @@ impl Connection {
             tx.rollback().await?;
             return Ok(Finalized::FenceRejected);
         }
+        if let Some(amount) = give_back {
+            if let Err(refusal) = move_parent_money(&tx, ev, amount, false).await? {
+                tx.rollback().await?;
+                return Ok(Finalized::Parent(refusal));
+            }
+        }
         tx.commit().await?;
         Ok(Finalized::Applied(t.to))
     }
+}
+
+/// Failpoint for process-level fault tests (compiled in only with the
+/// `test-support` feature): `FAILPOINTS=before_money_commit=1*return(sigstop)`
+/// makes the process SIGSTOP itself once an inline write moved its payment's
+/// money, before its COMMIT: a frozen process whose transaction holds the
+/// payment row, its connection still up.
+fn failpoint_before_money_commit() {
+    fail::fail_point!("before_money_commit", |arg: Option<String>| {
+        if arg.as_deref() == Some("sigstop") {
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status();
+            // The stop reaches every thread asynchronously: make sure this
+            // one is frozen before it can send the COMMIT.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    });
 }
 
 /// The parameters of one fenced write.
@@ -614,6 +808,12 @@ impl<'a> Write<'a> {
         let delta = self.t.effect?.parent_delta();
         (delta != 0 && self.ev.parent_transaction_id.is_some())
             .then_some(delta * self.ev.amount_minor)
+    }
+
+    /// Whether the money may go past the payment's amount: a dispute's may
+    /// (money already gone), a refund's never.
+    fn uncapped(&self) -> bool {
+        self.t.effect == Some(Effect::Dispute)
     }
 
     /// [`APPLY`]: a new row is written in its final status at once.
@@ -668,7 +868,11 @@ enum Leased {
     NotWritten(i64),
 }
 
-fn leased(row: &tokio_postgres::Row, t: Transition) -> Result<Leased, StoreError> {
+fn leased(
+    row: &tokio_postgres::Row,
+    t: Transition,
+    over_returned: bool,
+) -> Result<Leased, StoreError> {
     let token: Option<i64> = row.try_get(0)?;
     let id: Option<i64> = row.try_get(1)?;
     Ok(match (token, id) {
@@ -682,17 +886,22 @@ fn leased(row: &tokio_postgres::Row, t: Transition) -> Result<Leased, StoreError
         (Some(token), Some(_)) => Leased::Answer(LeasedApply::Committed {
             token,
             status: t.to,
+            over_returned,
         }),
     })
 }
 
 /// Takes `amount` out of (or, negative, back into) the event's parent
-/// payment; `None` when done, else why not.
+/// payment, past its amount only when `uncapped`; `Ok(over_returned)` when
+/// done, else why not. A payment row another transaction holds is
+/// [`ParentRefusal::Busy`] at once (the transaction is then aborted: the
+/// caller rolls it back).
 async fn move_parent_money<C: GenericClient>(
     client: &C,
     ev: &CanonicalEvent,
     amount: i64,
-) -> Result<Option<ParentRefusal>, StoreError> {
+    uncapped: bool,
+) -> Result<Result<bool, ParentRefusal>, StoreError> {
     let parent = ev
         .parent_transaction_id
         .as_deref()
@@ -702,18 +911,28 @@ async fn move_parent_money<C: GenericClient>(
     // after (the refund raced its own payment) is seen by the re-read, and
     // the update is tried again.
     for _ in 0..3 {
-        let moved = client
-            .query_opt(&stmt, &[&ev.provider, &parent, &ev.currency, &amount])
-            .await?;
-        if moved.is_some() {
-            return Ok(None);
+        let moved = match client
+            .query_opt(
+                &stmt,
+                &[&ev.provider, &parent, &ev.currency, &amount, &uncapped],
+            )
+            .await
+        {
+            Ok(moved) => moved,
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                return Ok(Err(ParentRefusal::Busy))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(row) = moved {
+            return Ok(Ok(row.try_get(0)?));
         }
-        if let Some(refusal) = parent_refusal(client, ev, amount).await? {
-            return Ok(Some(refusal));
+        if let Some(refusal) = parent_refusal(client, ev, amount, uncapped).await? {
+            return Ok(Err(refusal));
         }
     }
     // The payment keeps changing under us: let the PSP come back.
-    Ok(Some(ParentRefusal::NotYet))
+    Ok(Err(ParentRefusal::NotYet))
 }
 
 /// Why the event's parent payment cannot give `amount` (negative: take it
@@ -722,6 +941,7 @@ async fn parent_refusal<C: GenericClient>(
     client: &C,
     ev: &CanonicalEvent,
     amount: i64,
+    uncapped: bool,
 ) -> Result<Option<ParentRefusal>, StoreError> {
     let parent = ev.parent_transaction_id.as_deref().unwrap_or_default();
     let stmt = client.prepare_cached(SELECT_PARENT).await?;
@@ -740,9 +960,11 @@ async fn parent_refusal<C: GenericClient>(
         Some(ParentRefusal::NotYet)
     } else if currency != ev.currency {
         Some(ParentRefusal::Rejected(Rejection::CurrencyMismatch))
-    } else if out + amount > total {
+    } else if amount > 0 && !uncapped && out + amount > total {
         Some(ParentRefusal::Rejected(Rejection::ExceedsPayment))
     } else if out + amount < 0 {
+        // The object's own row was written first in this transaction, so
+        // this is not a copy of a reversal already applied.
         return Err(StoreError::Corrupt(format!(
             "payment {parent}: giving back {} would leave less than nothing out",
             -amount

@@ -95,6 +95,20 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
             println!("      {r}");
         }
     }
+    let (over, over_count) = audit::over_returned(database_url).await.map_err(|e| {
+        format!(
+            "audit could not read the database: {}",
+            fencehook::error::chain(&e)
+        )
+    })?;
+    if over_count > 0 {
+        println!(
+            "  warning: {over_count} payment(s) gave back more than came in (disputes booked past the amount; the money is gone):"
+        );
+        for p in over {
+            println!("      {p}");
+        }
+    }
     println!(
         "audit: {}",
         if clean { "clean" } else { "VIOLATIONS FOUND" }

@@ -186,7 +186,7 @@ async fn a_downstream_slower_than_the_ttl_keeps_one_holder_by_renewing(backend: 
     );
     assert_eq!(ctx.entries().await, 1);
     let call = &downstream.calls()[0];
-    assert_eq!(call.idempotency_key, "generic:tx_slow");
+    assert_eq!(call.idempotency_key, "generic:tx_slow:payment.succeeded");
     assert_eq!(call.body["amount_minor"], 999);
     ctx.assert_audit_clean().await;
 }

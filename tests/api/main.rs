@@ -17,6 +17,7 @@ mod input;
 mod lease;
 mod lifecycle;
 mod load;
+mod money;
 mod operations;
 mod process;
 mod providers;

@@ -10,7 +10,7 @@ use fencehook::metrics::{FENCE_REJECTED_TOTAL, FENCE_RESYNC_TOTAL, LEASE_LOST_TO
 use serde_json::Value;
 
 use crate::helpers::downstream::MockDownstream;
-use crate::helpers::process::{deliver_to, PrivateRedis, ServeProcess};
+use crate::helpers::process::{deliver_to, is_stopped, PrivateRedis, ServeProcess};
 use crate::helpers::{payment, wait_for, Reply, TestContext};
 
 fn env(ctx: &TestContext, redis_url: &str) -> Vec<(&'static str, String)> {
@@ -63,23 +63,6 @@ async fn assert_every_200_is_durable(ctx: &TestContext, answers: &[(String, Vec<
             );
         }
     }
-}
-
-/// Every thread of `pid` is in the stopped state (`T`).
-fn is_stopped(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    let mut any = false;
-    for task in tasks.flatten() {
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-        if !state.starts_with('T') {
-            return false;
-        }
-        any = true;
-    }
-    any
 }
 
 async fn an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once(

@@ -86,8 +86,8 @@ async fn the_database_refuses_every_value_its_rules_forbid_and_writes_nothing() 
             "payments_payment_has_no_parent",
         ),
         (
-            payment_with("amount_out_minor", "501"),
-            "payments_amount_out_within_amount",
+            payment_with("amount_out_minor", "-1"),
+            "payments_amount_out_not_negative",
         ),
         (
             "INSERT INTO payments (provider, fingerprint, transaction_id, kind, parent_transaction_id,
@@ -99,7 +99,11 @@ async fn the_database_refuses_every_value_its_rules_forbid_and_writes_nothing() 
         ),
         (
             "UPDATE payments SET amount_out_minor = -1 WHERE transaction_id = 'pay_good'".into(),
-            "payments_amount_out_within_amount",
+            "payments_amount_out_not_negative",
+        ),
+        (
+            "UPDATE payments SET reserved = true WHERE transaction_id = 'pay_good'".into(),
+            "payments_only_refunds_and_disputes_reserve",
         ),
         (
             "UPDATE payments SET status = 'refunded' WHERE transaction_id = 'pay_good'".into(),

@@ -2,6 +2,7 @@
 //! is fair): records every call with its headers, and can delay, fail, or hold
 //! calls until the test lets them go.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,9 @@ struct Behaviour {
     /// Calls with this token wait at the gate until `open_gate`.
     gate_token: Option<i64>,
     gate_open: bool,
+    /// Idempotency keys as a downstream that implements them keeps them: the
+    /// body and answer of the first 2xx call under each key.
+    strict: Option<HashMap<String, (serde_json::Value, u16)>>,
 }
 
 pub struct MockDownstream {
@@ -81,18 +85,37 @@ impl MockDownstream {
                                 let body = serde_json::from_slice(&bytes)
                                     .unwrap_or(serde_json::Value::Null);
                                 calls.lock().unwrap().push(Call {
-                                    idempotency_key: key,
+                                    idempotency_key: key.clone(),
                                     fencing_token: token,
-                                    body,
+                                    body: body.clone(),
                                 });
-                                let (status, delay, gated) = {
+                                let (status, delay, gated, known) = {
                                     let b = behaviour.lock().unwrap();
+                                    let known = b.strict.as_ref().and_then(|seen| {
+                                        seen.get(&key).map(|(first, status)| {
+                                            // A reused key: the first answer again, or
+                                            // 422 when the body is another one.
+                                            if *first == body {
+                                                *status
+                                            } else {
+                                                422
+                                            }
+                                        })
+                                    });
                                     (
                                         b.status,
                                         b.delay,
                                         b.gate_token == Some(token) && !b.gate_open,
+                                        known,
                                     )
                                 };
+                                if let Some(status) = known {
+                                    let mut resp =
+                                        hyper::Response::new(Full::new(Bytes::from_static(b"{}")));
+                                    *resp.status_mut() =
+                                        hyper::StatusCode::from_u16(status).unwrap();
+                                    return Ok::<_, Infallible>(resp);
+                                }
                                 if gated {
                                     loop {
                                         let notified = gate.notified();
@@ -103,6 +126,11 @@ impl MockDownstream {
                                     }
                                 }
                                 tokio::time::sleep(delay).await;
+                                if (200..300).contains(&status) {
+                                    if let Some(seen) = &mut behaviour.lock().unwrap().strict {
+                                        seen.entry(key).or_insert((body, status));
+                                    }
+                                }
                                 let mut resp =
                                     hyper::Response::new(Full::new(Bytes::from_static(b"{}")));
                                 *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
@@ -135,6 +163,24 @@ impl MockDownstream {
 
     pub fn set_status(&self, status: u16) {
         self.behaviour.lock().unwrap().status = status;
+    }
+
+    /// Deduplicates by `Idempotency-Key` as a downstream that implements it
+    /// does: a reused key with the same body is answered as the first 2xx
+    /// call under it was (not executed again), with another body 422.
+    pub fn strict_idempotency(&self) {
+        self.behaviour.lock().unwrap().strict = Some(HashMap::new());
+    }
+
+    /// With [`MockDownstream::strict_idempotency`]: the bodies of the steps
+    /// it executed (the first 2xx under each key), by key.
+    pub fn executed(&self) -> HashMap<String, serde_json::Value> {
+        let b = self.behaviour.lock().unwrap();
+        b.strict
+            .iter()
+            .flatten()
+            .map(|(key, (body, _))| (key.clone(), body.clone()))
+            .collect()
     }
 
     pub fn set_delay(&self, delay: Duration) {

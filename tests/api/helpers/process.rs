@@ -353,3 +353,35 @@ impl WorkProcess {
         wait_exit(&mut self.child, limit).await
     }
 }
+
+/// Every thread of `pid` is in the stopped state (`T`).
+pub fn is_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        if !state.starts_with('T') {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Runs the `fencehook` binary; (exit code, stdout, stderr).
+pub async fn fencehook_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("the fencehook binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
