@@ -186,19 +186,20 @@ pub struct EventRow {
     pub finished_at: Option<OffsetDateTime>,
 }
 
-/// `existing` is the object's row when it is another object than the event's
-/// (its fingerprint differs), except where the fenced write matches it
-/// anyway (`fenced_upsert!` in the store): a failed payment's success (its
-/// amount and currency stand) and a refund from before refunds named their
-/// payment (fingerprinted with an empty parent).
+/// `existing` is the fingerprint of the object's row, taken as the event's
+/// own where the fenced write matches the row anyway (`fenced_upsert!` in
+/// the store): a failed payment's success (its amount and currency stand)
+/// and a refund from before refunds named their payment (fingerprinted with
+/// an empty parent). A row is still *there* in those cases: an accept that
+/// raced another is told apart from one that found the row by it.
 const ACCEPT: &str = "\
 WITH existing AS (
-    SELECT fingerprint FROM payments
-     WHERE provider = $1 AND transaction_id = $2
-       AND NOT (status = 'failed' AND kind = 'payment' AND $3 = 'payment.succeeded')
-       AND NOT (kind = 'refund' AND parent_transaction_id IS NULL
-                AND fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2', $1, $2,
-                    'refund', $11::int8::text, $12::text, ''), 'UTF8')), 'hex'))),
+    SELECT CASE WHEN (status = 'failed' AND kind = 'payment' AND $3 = 'payment.succeeded')
+                  OR (kind = 'refund' AND parent_transaction_id IS NULL
+                      AND fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2', $1::text, $2::text,
+                          'refund', $11::int8::text, $12::text, ''), 'UTF8')), 'hex'))
+                THEN $7::text ELSE fingerprint::text END AS fingerprint
+      FROM payments WHERE provider = $1 AND transaction_id = $2),
 ev AS (
     INSERT INTO events (provider, transaction_id, event_type, parent_transaction_id,
                         delivery_id, psp_event_id, fingerprint, canonical, body)
@@ -233,12 +234,14 @@ WITH input AS (
                                 psp_event_id, fingerprint, canonical, body, kind, amount, currency,
                                 occurred_at, n)),
 existing AS (
-    SELECT i.n, p.fingerprint FROM input i
-      JOIN payments p ON p.provider = i.provider AND p.transaction_id = i.transaction_id
-     WHERE NOT (p.status = 'failed' AND p.kind = 'payment' AND i.event_type = 'payment.succeeded')
-       AND NOT (p.kind = 'refund' AND p.parent_transaction_id IS NULL
-                AND p.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2', i.provider,
-                    i.transaction_id, 'refund', i.amount::text, i.currency, ''), 'UTF8')), 'hex'))),
+    SELECT i.n,
+           CASE WHEN (p.status = 'failed' AND p.kind = 'payment' AND i.event_type = 'payment.succeeded')
+                  OR (p.kind = 'refund' AND p.parent_transaction_id IS NULL
+                      AND p.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2', i.provider,
+                          i.transaction_id, 'refund', i.amount::text, i.currency, ''), 'UTF8')), 'hex'))
+                THEN i.fingerprint ELSE p.fingerprint::text END AS fingerprint
+      FROM input i
+      JOIN payments p ON p.provider = i.provider AND p.transaction_id = i.transaction_id),
 ev AS (
     INSERT INTO events (provider, transaction_id, event_type, parent_transaction_id,
                         delivery_id, psp_event_id, fingerprint, canonical, body)
