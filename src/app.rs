@@ -42,7 +42,11 @@ pub enum AppError {
 
 /// Connections the admin listener takes at once: a fixed few, its own, so
 /// that `/readyz` and `/metrics` answer even while the public listener is full.
-const ADMIN_MAX_CONNECTIONS: usize = 64;
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// Longest a client of the admin listener may take to send a request head:
+/// a probe or a scrape sends it at once.
+const ADMIN_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long the admin listener's connections get to finish at shutdown.
 const ADMIN_DRAIN: Duration = Duration::from_secs(1);
@@ -58,8 +62,10 @@ pub struct App {
     workers: usize,
     listener: TcpListener,
     admin: TcpListener,
-    drain: Duration,
-    max_connections: usize,
+    /// The public listener's bounds.
+    limits: Limits,
+    /// `FENCEHOOK_ALLOW_PUBLISHED_SECRETS`, for the file re-read on SIGHUP.
+    allow_published_secrets: bool,
 }
 
 impl App {
@@ -113,6 +119,8 @@ impl App {
         ));
         let listener = bind(cfg.listen).await?;
         let admin = bind(cfg.admin_listen).await?;
+        let limits = Limits::public(&cfg, metrics.clone());
+        let allow_published_secrets = cfg.allow_published_secrets;
         let workers = cfg.inbox.workers;
         let providers_file = cfg.providers_file.clone();
         let state = State::new(
@@ -133,8 +141,8 @@ impl App {
             hangup: listen_for_sighup(),
             listener,
             admin,
-            drain: cfg.shutdown_timeout,
-            max_connections: cfg.max_connections,
+            limits,
+            allow_published_secrets,
             workers,
         })
     }
@@ -168,14 +176,20 @@ impl App {
             state,
             listener,
             admin,
-            drain,
-            max_connections,
+            limits,
+            allow_published_secrets,
             workers,
             providers_file,
             hangup,
         } = self;
+        let drain = limits.drain;
         let upkeep = tokio::spawn(state.health.clone().upkeep());
-        let reloads = tokio::spawn(reload_on_sighup(state.clone(), providers_file, hangup));
+        let reloads = tokio::spawn(reload_on_sighup(
+            state.clone(),
+            providers_file,
+            hangup,
+            allow_published_secrets,
+        ));
         let (workers_stop, workers_stopped) = watch::channel(false);
         let workers_task = state
             .inbox
@@ -183,9 +197,18 @@ impl App {
             .map(|inbox| tokio::spawn(inbox.run(workers, workers_stopped)));
         let (admin_stop_tx, mut admin_stop_rx) = watch::channel(false);
         let admin_task = tokio::spawn({
+            // Probes and scrapers come from a few addresses (no per-peer
+            // cap); half-open connections cannot keep them out, because a
+            // new connection takes the slot of the oldest one between
+            // requests.
             let limits = Limits {
                 listener: Listener::Admin,
                 max_connections: ADMIN_MAX_CONNECTIONS,
+                max_per_peer: usize::MAX,
+                max_requests: u64::MAX,
+                max_age: Duration::MAX,
+                head_timeout: ADMIN_HEAD_TIMEOUT,
+                evict_idle: true,
                 drain: ADMIN_DRAIN,
                 metrics: state.metrics.clone(),
             };
@@ -209,12 +232,6 @@ impl App {
         let handler = {
             let state = state.clone();
             Arc::new(move |req| crate::http::webhook::handle(state.clone(), req))
-        };
-        let limits = Limits {
-            listener: Listener::Public,
-            max_connections,
-            drain,
-            metrics: state.metrics.clone(),
         };
         crate::http::serve(listener, handler, public_shutdown, limits).await;
         // Workers finish (or abandon, fenced) their current attempt; every
@@ -242,6 +259,7 @@ async fn reload_on_sighup(
     state: Arc<State>,
     path: Option<std::path::PathBuf>,
     hangup: Option<Signal>,
+    allow_published_secrets: bool,
 ) {
     let Some(mut hup) = hangup else {
         return;
@@ -253,7 +271,14 @@ async fn reload_on_sighup(
         };
         let read = tokio::task::spawn_blocking({
             let path = path.clone();
-            move || crate::providers::load_file(&path)
+            move || {
+                let providers = crate::providers::load_file(&path)?;
+                // What the start refuses, a reload refuses too.
+                match providers.iter().flat_map(|p| p.exposures()).next() {
+                    Some(e) if !allow_published_secrets => Err(e.clone()),
+                    _ => Ok(providers),
+                }
+            }
         })
         .await;
         match read {

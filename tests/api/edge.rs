@@ -233,6 +233,101 @@ async fn a_200_kb_header_block_is_refused_and_the_next_delivery_is_served() {
     assert_eq!(app.deliver(&large_body).await.result(), "processed");
 }
 
+/// A signed delivery whose head is `head_bytes` long (padded with one
+/// header), sent whole on a fresh connection: what came back.
+async fn deliver_with_head_of(app: &TestApp, tx: &str, head_bytes: usize) -> String {
+    let body = payment(tx, 100).to_string();
+    let (id, ts) = (format!("msg_{tx}"), now());
+    let sig = fencehook::providers::standard::sign(SECRET, &id, ts, body.as_bytes()).unwrap();
+    let head = |pad: usize| {
+        format!(
+            "POST /webhooks/generic HTTP/1.1\r\nhost: fencehook\r\nconnection: close\r\n\
+             content-type: application/json\r\nwebhook-id: {id}\r\nwebhook-timestamp: {ts}\r\n\
+             webhook-signature: {sig}\r\ncontent-length: {}\r\nx-padding: {}\r\n\r\n",
+            body.len(),
+            "a".repeat(pad)
+        )
+    };
+    let pad = head_bytes - head(0).len();
+    let request = format!("{}{body}", head(pad));
+    assert_eq!(request.len() - body.len(), head_bytes);
+    let mut stream = TcpStream::connect(public_addr(app)).await.unwrap();
+    let _ = stream.write_all(request.as_bytes()).await;
+    read_until_closed(&mut stream, Duration::from_secs(5))
+        .await
+        .0
+}
+
+/// The reference says 32 KiB; hyper's buffer once let heads of about
+/// 48 KiB through. A head of 32 KiB is served, one byte more is 431,
+/// whatever the size of the reads that bring it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_request_head_limit_is_the_documented_32_kib() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config()).await;
+    let limit = fencehook::http::MAX_HEAD_BYTES;
+    assert_eq!(limit, 32 * 1024);
+    let reply = deliver_with_head_of(&app, "tx_head_at", limit).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:.300}");
+    for (tx, size) in [
+        ("tx_head_over", limit + 1),
+        ("tx_head_33k", limit + 1024),
+        ("tx_head_40k", 40 * 1024),
+        ("tx_head_47k", 47 * 1024),
+    ] {
+        let reply = deliver_with_head_of(&app, tx, size).await;
+        assert!(
+            reply.starts_with("HTTP/1.1 431") || reply.is_empty(),
+            "{size}: {reply:.300}"
+        );
+    }
+    assert_eq!(ctx.payments().await, 1, "only the head within the limit");
+}
+
+/// `Expect: 100-continue` asks the server whether to send the body. It is
+/// answered only on a known provider's path: elsewhere the final answer
+/// comes at once and no body is invited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn expect_100_continue_is_answered_only_on_a_known_providers_path() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config()).await;
+    let ask = |path: &'static str| {
+        let addr = public_addr(&app);
+        async move {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            stream
+                .write_all(
+                    format!(
+                        "POST {path} HTTP/1.1\r\nhost: fencehook\r\nconnection: close\r\n\
+                         content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n"
+                    )
+                    .as_bytes(),
+                )
+                .await
+                .unwrap();
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .expect("an answer within 5 s")
+                .unwrap();
+            let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+            (stream, first)
+        }
+    };
+    for path in ["/webhooks/nope", "/elsewhere", "/webhooks/generic/x"] {
+        let (_, first) = ask(path).await;
+        assert!(first.starts_with("HTTP/1.1 404"), "{path}: {first:.200}");
+    }
+    let (mut stream, first) = ask("/webhooks/generic").await;
+    assert!(first.starts_with("HTTP/1.1 100 Continue"), "{first:.200}");
+    stream.write_all(b"{}").await.unwrap();
+    let (rest, _) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert!(
+        format!("{first}{rest}").contains("HTTP/1.1 401"),
+        "unsigned: {first}{rest}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signed_payload_that_repeats_a_key_is_400_naming_it_and_writes_nothing() {
     let ctx = TestContext::new().await;
