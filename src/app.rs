@@ -119,7 +119,8 @@ impl App {
         ));
         let listener = bind(cfg.listen).await?;
         let admin = bind(cfg.admin_listen).await?;
-        let limits = Limits::public(&cfg, metrics.clone());
+        let mut limits = Limits::public(&cfg, metrics.clone());
+        limits.max_connections = fit_open_files(&cfg);
         let allow_published_secrets = cfg.allow_published_secrets;
         let workers = cfg.inbox.workers;
         let providers_file = cfg.providers_file.clone();
@@ -404,6 +405,66 @@ async fn ignore_sighup(hangup: Option<Signal>) {
     while hup.recv().await.is_some() {
         tracing::warn!("SIGHUP ignored: `fencehook work` has no providers to re-read");
     }
+}
+
+/// File descriptors a `serve` process needs beside its public
+/// connections: the admin listener's, the refusals being written on both
+/// listeners, the database pool (and the inbox's notification connection),
+/// Redis, one downstream connection per delivery in flight, PayPal
+/// certificate fetches, and a reserve for the listeners themselves, the
+/// runtime, logs and DNS.
+fn other_descriptors(cfg: &Config) -> u64 {
+    let downstream = if cfg.downstream_url.is_some() {
+        cfg.max_inflight
+    } else {
+        0
+    };
+    let others = ADMIN_MAX_CONNECTIONS
+        + 2 * crate::http::MAX_REFUSING
+        + cfg.db.pool_size
+        + 2
+        + 16
+        + downstream
+        + 8
+        + 64;
+    others as u64
+}
+
+/// The public listener's connection cap the open-file limit can carry.
+///
+/// Under `ulimit -n 1024` the default cap of 1,024 was never reached:
+/// accepts failed with "Too many open files" instead, deliveries timed
+/// out rather than being answered 503, and nothing was counted. So the
+/// soft limit is raised to what the caps need where the hard limit allows;
+/// where it does not, the cap is lowered to fit, and said.
+fn fit_open_files(cfg: &Config) -> usize {
+    use rlimit::Resource;
+    let others = other_descriptors(cfg);
+    let wanted = cfg.max_connections as u64 + others;
+    let soft = match rlimit::increase_nofile_limit(wanted) {
+        Ok(soft) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit (RLIMIT_NOFILE); FENCEHOOK_MAX_CONNECTIONS is kept as set");
+            return cfg.max_connections;
+        }
+    };
+    if soft >= wanted {
+        tracing::debug!(open_files = soft, wanted, "open-file limit fits the caps");
+        return cfg.max_connections;
+    }
+    let hard = Resource::NOFILE.get().map(|(_, hard)| hard).unwrap_or(soft);
+    let lowered = usize::try_from(soft.saturating_sub(others))
+        .unwrap_or(usize::MAX)
+        .clamp(1, cfg.max_connections);
+    tracing::warn!(
+        open_files = soft,
+        hard_limit = hard,
+        wanted,
+        max_connections = lowered,
+        "the open-file limit (RLIMIT_NOFILE, LimitNOFILE in systemd) cannot carry FENCEHOOK_MAX_CONNECTIONS ({}) plus the pools and outbound connections ({others}): the public listener takes at most {lowered}; raise the limit to {wanted}",
+        cfg.max_connections
+    );
+    lowered
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {
