@@ -517,6 +517,49 @@ async fn half_open_connections_to_the_admin_listener_cannot_keep_the_probes_out(
     drop(half_open);
 }
 
+/// Replaying one captured batch gave 73,276 `duplicate` answers in 3 s and
+/// 12.5 MB of log, one line each. Their outcome is already durable (and
+/// was logged when booked): their lines are sampled, every one is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replayed_copies_answered_duplicate_are_counted_in_full_but_logged_in_a_few_lines() {
+    let ctx = TestContext::new().await;
+    let server = ServeProcess::start(&[
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+    ])
+    .await;
+    let p = payment("tx_replayed", 100);
+    assert_eq!(server.deliver(&p).await.result(), "processed");
+    let copies = 300;
+    let results: Vec<String> = stream::iter(0..copies)
+        .map(|_| async { server.deliver(&p).await.result().to_owned() })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(results.iter().all(|r| r == "duplicate"), "{results:?}");
+    let counted = server
+        .metric(
+            "fencehook_webhooks_total",
+            &[("provider", "generic"), ("result", "duplicate")],
+        )
+        .await;
+    assert_eq!(counted, copies as f64, "every copy is counted");
+    let lines = server.logs.lock().unwrap().clone();
+    let logged = |result: &str| {
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!("\"result\":\"{result}\"")))
+            .count()
+    };
+    assert_eq!(logged("processed"), 1, "the booking's line is always written");
+    assert!(
+        logged("duplicate") < 40,
+        "{} lines for {copies} copies",
+        logged("duplicate")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signed_payload_that_repeats_a_key_is_400_naming_it_and_writes_nothing() {
     let ctx = TestContext::new().await;
