@@ -66,6 +66,38 @@ pub struct App {
     limits: Limits,
     /// `FENCEHOOK_ALLOW_PUBLISHED_SECRETS`, for the file re-read on SIGHUP.
     allow_published_secrets: bool,
+    /// The scheduled prune, unless `FENCEHOOK_PRUNE_INTERVAL_SECS` is 0.
+    prune: Option<Prune>,
+}
+
+/// What the scheduled prune needs ([`crate::inbox::prune_on_schedule`]).
+struct Prune {
+    store: Store,
+    metrics: Metrics,
+    retention: Duration,
+    every: Duration,
+}
+
+impl Prune {
+    fn of(cfg: &Config, store: &Store, metrics: &Metrics) -> Option<Prune> {
+        Some(Prune {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            retention: cfg.inbox.retention,
+            every: cfg.inbox.prune_interval?,
+        })
+    }
+
+    fn spawn(prune: Option<Prune>) -> Option<tokio::task::JoinHandle<()>> {
+        prune.map(|p| {
+            tokio::spawn(crate::inbox::prune_on_schedule(
+                p.store,
+                p.metrics,
+                p.retention,
+                p.every,
+            ))
+        })
+    }
 }
 
 impl App {
@@ -109,6 +141,7 @@ impl App {
         ));
         let inbox_mode = cfg.inbox.mode == Mode::Inbox;
         let inbox = inbox_mode.then(|| Arc::new(inbox_of(&cfg, &store, &processor, &metrics)));
+        let prune = Prune::of(&cfg, &store, &metrics);
         let health = Arc::new(Health::new(
             store,
             lease,
@@ -144,6 +177,7 @@ impl App {
             admin,
             limits,
             allow_published_secrets,
+            prune,
             workers,
         })
     }
@@ -179,10 +213,12 @@ impl App {
             admin,
             limits,
             allow_published_secrets,
+            prune,
             workers,
             providers_file,
             hangup,
         } = self;
+        let pruning = Prune::spawn(prune);
         let drain = limits.drain;
         let upkeep = tokio::spawn(state.health.clone().upkeep());
         let reloads = tokio::spawn(reload_on_sighup(
@@ -247,6 +283,9 @@ impl App {
         let _ = admin_task.await;
         upkeep.abort();
         reloads.abort();
+        if let Some(p) = pruning {
+            p.abort();
+        }
         tracing::info!("stopped");
     }
 }
@@ -322,6 +361,7 @@ fn inbox_of(cfg: &Config, store: &Store, processor: &Processor, metrics: &Metric
 /// `fencehook work`: inbox workers alone, no listeners.
 pub struct Workers {
     hangup: Option<Signal>,
+    prune: Option<Prune>,
     inbox: Arc<Inbox>,
     health: Arc<Health>,
     workers: usize,
@@ -348,6 +388,7 @@ impl Workers {
             downstream,
         );
         let inbox = Arc::new(inbox_of(&cfg, &store, &processor, &metrics));
+        let prune = Prune::of(&cfg, &store, &metrics);
         let health = Arc::new(Health::new(
             store,
             lease,
@@ -358,6 +399,7 @@ impl Workers {
         ));
         Ok(Workers {
             hangup: listen_for_sighup(),
+            prune,
             inbox,
             health,
             workers: cfg.inbox.workers.max(1),
@@ -370,6 +412,7 @@ impl Workers {
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let upkeep = tokio::spawn(self.health.clone().upkeep());
         let hangups = tokio::spawn(ignore_sighup(self.hangup));
+        let pruning = Prune::spawn(self.prune);
         let (stop, stopped) = watch::channel(false);
         let mut task = tokio::spawn(self.inbox.run(self.workers, stopped));
         tokio::select! {
@@ -384,6 +427,9 @@ impl Workers {
         }
         upkeep.abort();
         hangups.abort();
+        if let Some(p) = pruning {
+            p.abort();
+        }
         tracing::info!("stopped");
     }
 }

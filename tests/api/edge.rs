@@ -552,7 +552,11 @@ async fn replayed_copies_answered_duplicate_are_counted_in_full_but_logged_in_a_
             .filter(|l| l.contains(&format!("\"result\":\"{result}\"")))
             .count()
     };
-    assert_eq!(logged("processed"), 1, "the booking's line is always written");
+    assert_eq!(
+        logged("processed"),
+        1,
+        "the booking's line is always written"
+    );
     assert!(
         logged("duplicate") < 40,
         "{} lines for {copies} copies",

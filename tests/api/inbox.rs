@@ -563,6 +563,52 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     assert_eq!(ctx.count("SELECT count(*) FROM events").await, 0);
 }
 
+/// Inbox events cost up to the body limit each and nothing bounded them:
+/// `serve` prunes finished events past retention on a schedule of its own,
+/// and the events table's size on disk is a gauge (and an alert).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_prunes_finished_events_on_its_own_schedule_and_reports_the_stored_bytes() {
+    let ctx = TestContext::new().await;
+    let mut cfg = ctx.inbox_config(1);
+    cfg.inbox.prune_interval = Some(Duration::from_millis(200));
+    let app = ctx.spawn(cfg).await;
+    wait_for(
+        "the stored bytes sampled",
+        Duration::from_secs(15),
+        || async { app.metric("fencehook_inbox_stored_bytes", &[]) > 0.0 },
+    )
+    .await;
+    app.deliver(&payment("pay_old", 5000)).await;
+    app.deliver(&payment("pay_recent", 5000)).await;
+    wait_for("both events done", Duration::from_secs(10), || async {
+        ctx.count("SELECT count(*) FROM events WHERE status = 'done'")
+            .await
+            == 2
+    })
+    .await;
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET received_at = now() - interval '2 days' WHERE transaction_id = 'pay_old'",
+        )
+        .await
+        .unwrap();
+    wait_for("the old event pruned", Duration::from_secs(10), || async {
+        ctx.count("SELECT count(*) FROM events WHERE transaction_id = 'pay_old'")
+            .await
+            == 0
+    })
+    .await;
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE transaction_id = 'pay_recent'")
+            .await,
+        1,
+        "within retention (a day): kept"
+    );
+    assert_eq!(app.metric("fencehook_pruned_total", &[]), 1.0);
+    assert!(booked(&ctx, "pay_old").await, "the booking stays");
+}
+
 /// A "keep forever" retention (u64::MAX days) once wrapped to −1 days and
 /// `prune` deleted every finished event; `--since 100000y` panicked. Both
 /// are refused now, naming what is wrong, and nothing is deleted.
