@@ -521,11 +521,30 @@ fn the_nginx_config_fronts_only_the_public_listener_with_fencehooks_limits() {
     let conf = deploy_file("nginx.conf");
     let settings = serve_settings();
     let example = example_settings();
-    let upstream = nginx_directive(&conf, "server");
+    let upstream: Vec<&str> = nginx_directive(&conf, "server").split_whitespace().collect();
     assert_eq!(
-        upstream, example["FENCEHOOK_LISTEN"],
+        upstream[0], example["FENCEHOOK_LISTEN"],
         "nginx proxies to the public listener of fencehook.env.example"
     );
+    // Behind nginx every connection has nginx's address: its own bound on
+    // them must fit under fencehook's per-peer cap, and it carries the
+    // per-client limits fencehook cannot see.
+    let max_conns: u64 = upstream[1]
+        .strip_prefix("max_conns=")
+        .expect("the upstream bounds its connections")
+        .parse()
+        .unwrap();
+    assert!(max_conns <= default_of(&settings, "FENCEHOOK_MAX_CONNECTIONS_PER_PEER"));
+    assert!(max_conns < default_of(&settings, "FENCEHOOK_MAX_CONNECTIONS"));
+    assert!(nginx_directive(&conf, "zone").starts_with("fencehook_public "));
+    for directive in ["limit_conn_zone", "limit_req_zone"] {
+        assert!(
+            nginx_directive(&conf, directive).starts_with("$binary_remote_addr "),
+            "{directive} is keyed on the client's address"
+        );
+    }
+    assert_eq!(nginx_directive(&conf, "limit_conn"), "fencehook_conn 32");
+    assert!(nginx_directive(&conf, "limit_req").starts_with("zone=fencehook_req "));
     let admin_port = port_of(&example["FENCEHOOK_ADMIN_LISTEN"]).to_string();
     assert!(
         !conf.contains(&admin_port),
@@ -624,8 +643,8 @@ fn nginx_conf_for_test(dir: &Path, port: u16, upstream_port: u16) -> String {
         // IPv6 may be missing on a test host; the IPv4 listener is the same server.
         ("listen [::]:443 ssl;", String::new()),
         (
-            "server 127.0.0.1:8080;",
-            format!("server 127.0.0.1:{upstream_port};"),
+            "server 127.0.0.1:8080 ",
+            format!("server 127.0.0.1:{upstream_port} "),
         ),
         (
             "/etc/fencehook/tls/fullchain.pem",
