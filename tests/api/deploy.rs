@@ -521,7 +521,9 @@ fn the_nginx_config_fronts_only_the_public_listener_with_fencehooks_limits() {
     let conf = deploy_file("nginx.conf");
     let settings = serve_settings();
     let example = example_settings();
-    let upstream: Vec<&str> = nginx_directive(&conf, "server").split_whitespace().collect();
+    let upstream: Vec<&str> = nginx_directive(&conf, "server")
+        .split_whitespace()
+        .collect();
     assert_eq!(
         upstream[0], example["FENCEHOOK_LISTEN"],
         "nginx proxies to the public listener of fencehook.env.example"
