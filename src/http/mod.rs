@@ -222,9 +222,13 @@ pub async fn serve<H, F>(
                             serving.serve(stream, slot, peer_slot, watcher).await;
                         });
                     }
-                    Err(_) if evict_idle && idle.evict_oldest() => {
+                    Err(_) if evict_idle => {
                         // The evicted connection gives its slot back as its
                         // task ends; this one waits that long, no longer.
+                        // With none to evict (every slot busy, or closed for
+                        // an earlier newcomer and not yet given back) it
+                        // waits all the same: a slot frees soon or never.
+                        idle.evict_oldest();
                         let Ok(waiting) = refusing.clone().try_acquire_owned() else {
                             continue;
                         };
@@ -497,22 +501,18 @@ impl Registry {
     }
 
     /// Tells the oldest connection that is between requests (half-open, or
-    /// idle on keep-alive) to close; false when every one is busy.
-    fn evict_oldest(&self) -> bool {
+    /// idle on keep-alive) to close, if there is one.
+    fn evict_oldest(&self) {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(id) = open
+        let idle = open
             .iter()
             .find(|(_, c)| !c.busy.load(Ordering::Acquire))
-            .map(|(id, _)| *id)
-        else {
-            return false;
-        };
-        if let Some(conn) = open.remove(&id) {
+            .map(|(id, _)| *id);
+        if let Some(conn) = idle.and_then(|id| open.remove(&id)) {
             // A stored permit: the connection sees it even if it is not
             // waiting on it yet.
             conn.evicted.notify_one();
         }
-        true
     }
 }
 
