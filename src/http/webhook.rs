@@ -159,6 +159,17 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     if declared.is_some_and(|len| len > limit as u64) {
         return refused(Kind::TooLarge, Answer::new(WebhookResult::TooLarge));
     }
+    // hyper answers `Expect: 100-continue` when the body is first read: only
+    // for a delivery that could be signed. One without its signature header
+    // is refused as it would be after reading.
+    let expects_continue = req
+        .headers()
+        .get(hyper::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue && !provider.has_signature_header(req.headers()) {
+        let reject = Reject::Unauthorized("no signature header".to_owned());
+        return refused(Kind::Unauthorized, Answer::of_reject(&reject));
+    }
     let (parts, body) = req.into_parts();
     // The whole body, not each read: a client that trickles a byte at a time
     // would otherwise hold a connection (and its slot) for as long as it likes.

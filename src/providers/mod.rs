@@ -535,6 +535,22 @@ impl Provider {
         self.psp_side.webhook_id.as_deref()
     }
 
+    /// Whether a delivery carries the header its signature is read from, for
+    /// the schemes that sign in a header; Adyen and Alipay sign inside the
+    /// body, so always. Checked before a body is invited
+    /// (`Expect: 100-continue`): a delivery that cannot be signed is
+    /// answered 401 without asking for its body.
+    pub fn has_signature_header(&self, headers: &http::HeaderMap) -> bool {
+        let name = match self.scheme() {
+            SchemeKind::Standard => "webhook-signature",
+            SchemeKind::Stripe => stripe::SIGNATURE_HEADER,
+            SchemeKind::WechatPay => wechatpay::SIGNATURE_HEADER,
+            SchemeKind::Paypal => paypal::TRANSMISSION_SIG_HEADER,
+            SchemeKind::Adyen | SchemeKind::Alipay => return true,
+        };
+        headers.contains_key(name)
+    }
+
     /// Whether a delivery's `Content-Type` is what this scheme's PSP posts:
     /// JSON (`application/json`, `application/*+json`) for every scheme but
     /// Alipay, whose notifications are `application/x-www-form-urlencoded`.

@@ -294,13 +294,14 @@ async fn the_request_head_limit_is_the_documented_32_kib() {
 }
 
 /// `Expect: 100-continue` asks the server whether to send the body. It is
-/// answered only on a known provider's path: elsewhere the final answer
-/// comes at once and no body is invited.
+/// answered only for a delivery to a known provider's path that carries its
+/// signature header: elsewhere the final answer comes at once and no body
+/// is invited (an unsigned one was invited before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn expect_100_continue_is_answered_only_on_a_known_providers_path() {
+async fn expect_100_continue_is_answered_only_for_a_known_provider_and_a_signature_header() {
     let ctx = TestContext::new().await;
     let app = ctx.spawn(ctx.config()).await;
-    let ask = |path: &'static str| {
+    let ask = |path: &'static str, extra: &'static str| {
         let addr = public_addr(&app);
         async move {
             let mut stream = TcpStream::connect(addr).await.unwrap();
@@ -308,7 +309,7 @@ async fn expect_100_continue_is_answered_only_on_a_known_providers_path() {
                 .write_all(
                     format!(
                         "POST {path} HTTP/1.1\r\nhost: fencehook\r\nconnection: close\r\n\
-                         content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n"
+                         content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 2\r\n{extra}\r\n"
                     )
                     .as_bytes(),
                 )
@@ -324,10 +325,16 @@ async fn expect_100_continue_is_answered_only_on_a_known_providers_path() {
         }
     };
     for path in ["/webhooks/nope", "/elsewhere", "/webhooks/generic/x"] {
-        let (_, first) = ask(path).await;
+        let (_, first) = ask(path, "").await;
         assert!(first.starts_with("HTTP/1.1 404"), "{path}: {first:.200}");
     }
-    let (mut stream, first) = ask("/webhooks/generic").await;
+    let (_, first) = ask("/webhooks/generic", "").await;
+    assert!(
+        first.starts_with("HTTP/1.1 401") && first.contains("unauthorized"),
+        "no signature header, no body invited: {first:.200}"
+    );
+    let signed = "webhook-id: msg_1\r\nwebhook-timestamp: 1\r\nwebhook-signature: v1,x\r\n";
+    let (mut stream, first) = ask("/webhooks/generic", signed).await;
     assert!(first.starts_with("HTTP/1.1 100 Continue"), "{first:.200}");
     stream.write_all(b"{}").await.unwrap();
     let (rest, _) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
