@@ -19,7 +19,8 @@
 #   LOAD_KEEP_DB=1    keep the load database afterwards, to dig into it
 #   PG_URL, REDIS_URL server-level URLs where PostgreSQL and Redis are looked for (as in the
 #                     Makefile); scripts/services.sh starts private ones when none answer
-#   FENCEHOOK_GENERIC_SECRET  signing secret (default: the documented development secret)
+#   FENCEHOOK_GENERIC_SECRET  signing secret (default: the documented development secret;
+#                     the instances run with FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true, as `make run`)
 #   CARGO, CARGO_TARGET_DIR   as for cargo
 #
 # Exit status: 0 when the load run and the audit are clean, 1 otherwise, 130/143 when
