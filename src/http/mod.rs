@@ -65,8 +65,8 @@ pub fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
 /// as nginx's default (4 × 8 KiB). Counted here, on the bytes read while no
 /// request is in progress: hyper's own bound (its read buffer) is checked
 /// only between reads, so on its own it let heads of up to about 48 KiB
-/// through. A head of this size or more is answered 431 before anything is
-/// parsed. Bodies are read through the same buffer a chunk at a time, so
+/// through. A larger head is answered 431 (or the connection is closed
+/// mid-send) before anything is parsed. Bodies are read through the same buffer a chunk at a time, so
 /// this does not bound them (`FENCEHOOK_MAX_BODY_BYTES` does).
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 
@@ -403,9 +403,10 @@ impl Drop for InRequest {
 }
 
 /// A connection's stream that lets at most [`MAX_HEAD_BYTES`] through
-/// between requests. hyper's buffer is bounded to the same size, so the
-/// head that fills it is refused 431 before any more is read; during a
-/// request (the body) reads pass through unchanged.
+/// between requests. hyper's buffer is bounded to the same size, so a head
+/// that does not end within them finds the buffer full and is refused 431
+/// before any more is read; during a request (the body) reads pass through
+/// unchanged.
 struct HeadLimited {
     inner: TcpStream,
     conn: Arc<ConnState>,

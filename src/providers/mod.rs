@@ -319,7 +319,8 @@ pub const TOLERANCE_WARN_SECS: u64 = 3600;
 pub const MAX_TOLERANCE_SECS: u64 = 100 * 365 * 86_400;
 
 /// The development secret the README and `make run` use for the built-in
-/// `generic` provider. Anyone can sign with it: serving it is warned about.
+/// `generic` provider. Anyone can sign with it: serving it is refused
+/// unless `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` says this is development.
 pub const DEV_SECRET: &str = "whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==";
 
 impl Provider {
