@@ -85,7 +85,7 @@ pub const MAX_REFUSING: usize = 64;
 
 /// How long a new connection on an evicting listener waits for the slot of
 /// the idle connection closed for it.
-const EVICTION_WAIT: Duration = Duration::from_millis(500);
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
 
 /// One listener's identity and bounds.
 #[derive(Clone)]
