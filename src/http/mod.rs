@@ -87,6 +87,9 @@ pub const MAX_REFUSING: usize = 64;
 /// the idle connection closed for it.
 const EVICTION_WAIT: Duration = Duration::from_secs(1);
 
+/// How often a waiting newcomer closes another idle connection.
+const EVICTION_STEP: Duration = Duration::from_millis(50);
+
 /// One listener's identity and bounds.
 #[derive(Clone)]
 pub struct Limits {
@@ -223,24 +226,23 @@ pub async fn serve<H, F>(
                         });
                     }
                     Err(_) if evict_idle => {
-                        // The evicted connection gives its slot back as its
-                        // task ends; this one waits that long, no longer.
-                        // With none to evict (every slot busy, or closed for
-                        // an earlier newcomer and not yet given back) it
-                        // waits all the same: a slot frees soon or never.
-                        idle.evict_oldest();
                         let Ok(waiting) = refusing.clone().try_acquire_owned() else {
                             continue;
                         };
-                        let (serving, slots, refused_full, watcher) =
-                            (serving.clone(), slots.clone(), refused_full.clone(), graceful.watcher());
+                        let (serving, slots, idle, refused_full, watcher) = (
+                            serving.clone(),
+                            slots.clone(),
+                            idle.clone(),
+                            refused_full.clone(),
+                            graceful.watcher(),
+                        );
                         connections.spawn(async move {
-                            match tokio::time::timeout(EVICTION_WAIT, slots.acquire_owned()).await {
-                                Ok(Ok(slot)) => {
+                            match make_room(&idle, &slots).await {
+                                Some(slot) => {
                                     drop(waiting);
                                     serving.serve(stream, slot, peer_slot, watcher).await;
                                 }
-                                _ => {
+                                None => {
                                     refused_full.increment(1);
                                     refuse(stream, waiting).await;
                                 }
@@ -288,6 +290,27 @@ pub async fn serve<H, F>(
             cut,
             "drain timeout: aborted the connections still open"
         );
+    }
+}
+
+/// A slot on a full evicting listener: closes the oldest idle connection
+/// and waits for the slot it gives back, again every [`EVICTION_STEP`],
+/// for [`EVICTION_WAIT`] at most. Again, because an eviction can find
+/// nothing to close (the slots are held by connections closed for earlier
+/// newcomers and not yet ended, or taken and not yet registered), and a
+/// newcomer that waited without evicting would leave the one behind it
+/// without a slot.
+async fn make_room(idle: &Registry, slots: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+    let deadline = tokio::time::Instant::now() + EVICTION_WAIT;
+    loop {
+        idle.evict_oldest();
+        let step = (tokio::time::Instant::now() + EVICTION_STEP).min(deadline);
+        if let Ok(Ok(slot)) = tokio::time::timeout_at(step, slots.clone().acquire_owned()).await {
+            return Some(slot);
+        }
+        if step >= deadline {
+            return None;
+        }
     }
 }
 
