@@ -21,7 +21,8 @@ CARGO ?= cargo
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 REDIS_URL ?= redis://127.0.0.1:6379
 FENCEHOOK_DB ?= fencehook
-# The documented development secret of the built-in `generic` provider. Never use it in production.
+# The documented development secret of the built-in `generic` provider. Never use it in production:
+# outside `make run` (which says FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true) it is refused at start.
 DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 
 SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/services.sh env)"
@@ -35,6 +36,7 @@ run: build
 	@set -e; $(SERVICES); \
 	export DATABASE_URL="$${DATABASE_URL%/*}/$(FENCEHOOK_DB)"; unset FENCEHOOK_DB; \
 	export FENCEHOOK_GENERIC_SECRET="$${FENCEHOOK_GENERIC_SECRET:-$(DEV_SECRET)}"; \
+	export FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true; \
 	./target/release/fencehook migrate --create-database; \
 	echo "fencehook: serving http://127.0.0.1:8080/webhooks/generic (admin http://127.0.0.1:9090), database $${DATABASE_URL##*/}"; \
 	exec ./target/release/fencehook serve

@@ -19,7 +19,8 @@
 #   LOAD_KEEP_DB=1    keep the load database afterwards, to dig into it
 #   PG_URL, REDIS_URL server-level URLs where PostgreSQL and Redis are looked for (as in the
 #                     Makefile); scripts/services.sh starts private ones when none answer
-#   FENCEHOOK_GENERIC_SECRET  signing secret (default: the documented development secret)
+#   FENCEHOOK_GENERIC_SECRET  signing secret (default: the documented development secret;
+#                     the instances run with FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true, as `make run`)
 #   CARGO, CARGO_TARGET_DIR   as for cargo
 #
 # Exit status: 0 when the load run and the audit are clean, 1 otherwise, 130/143 when
@@ -247,7 +248,7 @@ for ((i = 1; i <= INSTANCES; i++)); do
     FENCEHOOK_LISTEN=127.0.0.1:0 FENCEHOOK_ADMIN_LISTEN=127.0.0.1:0 \
     FENCEHOOK_REDIS_KEY_PREFIX="$RUN" FENCEHOOK_FENCE_KEY_TTL_SECS=86400 \
     FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_LOG_FORMAT=json \
-    FENCEHOOK_GENERIC_SECRET="$SECRET" \
+    FENCEHOOK_GENERIC_SECRET="$SECRET" FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true \
     "$BIN" serve >"$LOG_DIR/instance-$i.log" 2>&1 </dev/null 8>&- &
   PIDS+=("$!")
 done

@@ -42,7 +42,11 @@ pub enum AppError {
 
 /// Connections the admin listener takes at once: a fixed few, its own, so
 /// that `/readyz` and `/metrics` answer even while the public listener is full.
-const ADMIN_MAX_CONNECTIONS: usize = 64;
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// Longest a client of the admin listener may take to send a request head:
+/// a probe or a scrape sends it at once.
+const ADMIN_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long the admin listener's connections get to finish at shutdown.
 const ADMIN_DRAIN: Duration = Duration::from_secs(1);
@@ -58,8 +62,42 @@ pub struct App {
     workers: usize,
     listener: TcpListener,
     admin: TcpListener,
-    drain: Duration,
-    max_connections: usize,
+    /// The public listener's bounds.
+    limits: Limits,
+    /// `FENCEHOOK_ALLOW_PUBLISHED_SECRETS`, for the file re-read on SIGHUP.
+    allow_published_secrets: bool,
+    /// The scheduled prune, unless `FENCEHOOK_PRUNE_INTERVAL_SECS` is 0.
+    prune: Option<Prune>,
+}
+
+/// What the scheduled prune needs ([`crate::inbox::prune_on_schedule`]).
+struct Prune {
+    store: Store,
+    metrics: Metrics,
+    retention: Duration,
+    every: Duration,
+}
+
+impl Prune {
+    fn of(cfg: &Config, store: &Store, metrics: &Metrics) -> Option<Prune> {
+        Some(Prune {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            retention: cfg.inbox.retention,
+            every: cfg.inbox.prune_interval?,
+        })
+    }
+
+    fn spawn(prune: Option<Prune>) -> Option<tokio::task::JoinHandle<()>> {
+        prune.map(|p| {
+            tokio::spawn(crate::inbox::prune_on_schedule(
+                p.store,
+                p.metrics,
+                p.retention,
+                p.every,
+            ))
+        })
+    }
 }
 
 impl App {
@@ -103,6 +141,7 @@ impl App {
         ));
         let inbox_mode = cfg.inbox.mode == Mode::Inbox;
         let inbox = inbox_mode.then(|| Arc::new(inbox_of(&cfg, &store, &processor, &metrics)));
+        let prune = Prune::of(&cfg, &store, &metrics);
         let health = Arc::new(Health::new(
             store,
             lease,
@@ -113,6 +152,9 @@ impl App {
         ));
         let listener = bind(cfg.listen).await?;
         let admin = bind(cfg.admin_listen).await?;
+        let mut limits = Limits::public(&cfg, metrics.clone());
+        limits.max_connections = fit_open_files(&cfg);
+        let allow_published_secrets = cfg.allow_published_secrets;
         let workers = cfg.inbox.workers;
         let providers_file = cfg.providers_file.clone();
         let state = State::new(
@@ -133,8 +175,9 @@ impl App {
             hangup: listen_for_sighup(),
             listener,
             admin,
-            drain: cfg.shutdown_timeout,
-            max_connections: cfg.max_connections,
+            limits,
+            allow_published_secrets,
+            prune,
             workers,
         })
     }
@@ -168,14 +211,22 @@ impl App {
             state,
             listener,
             admin,
-            drain,
-            max_connections,
+            limits,
+            allow_published_secrets,
+            prune,
             workers,
             providers_file,
             hangup,
         } = self;
+        let pruning = Prune::spawn(prune);
+        let drain = limits.drain;
         let upkeep = tokio::spawn(state.health.clone().upkeep());
-        let reloads = tokio::spawn(reload_on_sighup(state.clone(), providers_file, hangup));
+        let reloads = tokio::spawn(reload_on_sighup(
+            state.clone(),
+            providers_file,
+            hangup,
+            allow_published_secrets,
+        ));
         let (workers_stop, workers_stopped) = watch::channel(false);
         let workers_task = state
             .inbox
@@ -183,9 +234,18 @@ impl App {
             .map(|inbox| tokio::spawn(inbox.run(workers, workers_stopped)));
         let (admin_stop_tx, mut admin_stop_rx) = watch::channel(false);
         let admin_task = tokio::spawn({
+            // Probes and scrapers come from a few addresses (no per-peer
+            // cap); half-open connections cannot keep them out, because a
+            // new connection takes the slot of the oldest one between
+            // requests.
             let limits = Limits {
                 listener: Listener::Admin,
                 max_connections: ADMIN_MAX_CONNECTIONS,
+                max_per_peer: usize::MAX,
+                max_requests: u64::MAX,
+                max_age: Duration::MAX,
+                head_timeout: ADMIN_HEAD_TIMEOUT,
+                evict_idle: true,
                 drain: ADMIN_DRAIN,
                 metrics: state.metrics.clone(),
             };
@@ -210,12 +270,6 @@ impl App {
             let state = state.clone();
             Arc::new(move |req| crate::http::webhook::handle(state.clone(), req))
         };
-        let limits = Limits {
-            listener: Listener::Public,
-            max_connections,
-            drain,
-            metrics: state.metrics.clone(),
-        };
         crate::http::serve(listener, handler, public_shutdown, limits).await;
         // Workers finish (or abandon, fenced) their current attempt; every
         // accepted event is in the database for the next worker.
@@ -229,6 +283,9 @@ impl App {
         let _ = admin_task.await;
         upkeep.abort();
         reloads.abort();
+        if let Some(p) = pruning {
+            p.abort();
+        }
         tracing::info!("stopped");
     }
 }
@@ -242,6 +299,7 @@ async fn reload_on_sighup(
     state: Arc<State>,
     path: Option<std::path::PathBuf>,
     hangup: Option<Signal>,
+    allow_published_secrets: bool,
 ) {
     let Some(mut hup) = hangup else {
         return;
@@ -253,7 +311,14 @@ async fn reload_on_sighup(
         };
         let read = tokio::task::spawn_blocking({
             let path = path.clone();
-            move || crate::providers::load_file(&path)
+            move || {
+                let providers = crate::providers::load_file(&path)?;
+                // What the start refuses, a reload refuses too.
+                match providers.iter().flat_map(|p| p.exposures()).next() {
+                    Some(e) if !allow_published_secrets => Err(e.clone()),
+                    _ => Ok(providers),
+                }
+            }
         })
         .await;
         match read {
@@ -297,6 +362,7 @@ fn inbox_of(cfg: &Config, store: &Store, processor: &Processor, metrics: &Metric
 /// `fencehook work`: inbox workers alone, no listeners.
 pub struct Workers {
     hangup: Option<Signal>,
+    prune: Option<Prune>,
     inbox: Arc<Inbox>,
     health: Arc<Health>,
     workers: usize,
@@ -323,6 +389,7 @@ impl Workers {
             downstream,
         );
         let inbox = Arc::new(inbox_of(&cfg, &store, &processor, &metrics));
+        let prune = Prune::of(&cfg, &store, &metrics);
         let health = Arc::new(Health::new(
             store,
             lease,
@@ -333,6 +400,7 @@ impl Workers {
         ));
         Ok(Workers {
             hangup: listen_for_sighup(),
+            prune,
             inbox,
             health,
             workers: cfg.inbox.workers.max(1),
@@ -345,6 +413,7 @@ impl Workers {
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let upkeep = tokio::spawn(self.health.clone().upkeep());
         let hangups = tokio::spawn(ignore_sighup(self.hangup));
+        let pruning = Prune::spawn(self.prune);
         let (stop, stopped) = watch::channel(false);
         let mut task = tokio::spawn(self.inbox.run(self.workers, stopped));
         tokio::select! {
@@ -359,6 +428,9 @@ impl Workers {
         }
         upkeep.abort();
         hangups.abort();
+        if let Some(p) = pruning {
+            p.abort();
+        }
         tracing::info!("stopped");
     }
 }
@@ -380,6 +452,66 @@ async fn ignore_sighup(hangup: Option<Signal>) {
     while hup.recv().await.is_some() {
         tracing::warn!("SIGHUP ignored: `fencehook work` has no providers to re-read");
     }
+}
+
+/// File descriptors a `serve` process needs beside its public
+/// connections: the admin listener's, the refusals being written on both
+/// listeners, the database pool (and the inbox's notification connection),
+/// Redis, one downstream connection per delivery in flight, PayPal
+/// certificate fetches, and a reserve for the listeners themselves, the
+/// runtime, logs and DNS.
+fn other_descriptors(cfg: &Config) -> u64 {
+    let downstream = if cfg.downstream_url.is_some() {
+        cfg.max_inflight
+    } else {
+        0
+    };
+    let others = ADMIN_MAX_CONNECTIONS
+        + 2 * crate::http::MAX_REFUSING
+        + cfg.db.pool_size
+        + 2
+        + 16
+        + downstream
+        + 8
+        + 64;
+    others as u64
+}
+
+/// The public listener's connection cap the open-file limit can carry.
+///
+/// Under `ulimit -n 1024` the default cap of 1,024 was never reached:
+/// accepts failed with "Too many open files" instead, deliveries timed
+/// out rather than being answered 503, and nothing was counted. So the
+/// soft limit is raised to what the caps need where the hard limit allows;
+/// where it does not, the cap is lowered to fit, and said.
+fn fit_open_files(cfg: &Config) -> usize {
+    use rlimit::Resource;
+    let others = other_descriptors(cfg);
+    let wanted = cfg.max_connections as u64 + others;
+    let soft = match rlimit::increase_nofile_limit(wanted) {
+        Ok(soft) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit (RLIMIT_NOFILE); FENCEHOOK_MAX_CONNECTIONS is kept as set");
+            return cfg.max_connections;
+        }
+    };
+    if soft >= wanted {
+        tracing::debug!(open_files = soft, wanted, "open-file limit fits the caps");
+        return cfg.max_connections;
+    }
+    let hard = Resource::NOFILE.get().map(|(_, hard)| hard).unwrap_or(soft);
+    let lowered = usize::try_from(soft.saturating_sub(others))
+        .unwrap_or(usize::MAX)
+        .clamp(1, cfg.max_connections);
+    tracing::warn!(
+        open_files = soft,
+        hard_limit = hard,
+        wanted,
+        max_connections = lowered,
+        "the open-file limit (RLIMIT_NOFILE, LimitNOFILE in systemd) cannot carry FENCEHOOK_MAX_CONNECTIONS ({}) plus the pools and outbound connections ({others}): the public listener takes at most {lowered}; raise the limit to {wanted}",
+        cfg.max_connections
+    );
+    lowered
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {

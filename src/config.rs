@@ -100,6 +100,11 @@ pub struct ServeArgs {
     /// Secret (`whsec_<base64>`) of the built-in `generic` provider.
     #[arg(long, env = "FENCEHOOK_GENERIC_SECRET", hide_env_values = true)]
     pub generic_secret: Option<String>,
+    /// Development only (`make run` sets it): serve secrets and keys published
+    /// in fencehook's own files, or shorter than their PSP issues. Refused
+    /// without it: anyone can sign with them.
+    #[arg(long, env = "FENCEHOOK_ALLOW_PUBLISHED_SECRETS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_published_secrets: bool,
     /// Largest accepted request body.
     #[arg(long, env = "FENCEHOOK_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
@@ -112,6 +117,28 @@ pub struct ServeArgs {
     /// Connections open at once on the public listener; beyond it a new one gets 503 and is closed.
     #[arg(long, env = "FENCEHOOK_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
+    /// Connections one peer address may hold open at once on the public
+    /// listener; beyond it a new one gets 503 and is closed. Behind a proxy
+    /// every connection has the proxy's address: keep it at or above the
+    /// proxy's own bound (nginx's `max_conns`).
+    #[arg(
+        long,
+        env = "FENCEHOOK_MAX_CONNECTIONS_PER_PEER",
+        default_value_t = 256
+    )]
+    pub max_connections_per_peer: usize,
+    /// Requests one keep-alive connection may carry; the last is answered
+    /// with `Connection: close`.
+    #[arg(
+        long,
+        env = "FENCEHOOK_CONNECTION_MAX_REQUESTS",
+        default_value_t = 1000
+    )]
+    pub connection_max_requests: u64,
+    /// Age after which a keep-alive connection's next answer carries
+    /// `Connection: close`.
+    #[arg(long, env = "FENCEHOOK_CONNECTION_MAX_AGE_SECS", default_value_t = 120)]
+    pub connection_max_age_secs: u64,
     /// Bound on finishing in-flight deliveries after SIGTERM/SIGINT.
     #[arg(long, env = "FENCEHOOK_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
@@ -150,9 +177,14 @@ pub struct InboxArgs {
     /// Age after which an event is dead, whatever its attempts.
     #[arg(long, env = "FENCEHOOK_MAX_AGE_SECS", default_value_t = 259_200)]
     pub max_age_secs: u64,
-    /// How long `fencehook prune` keeps finished events.
+    /// How long finished events are kept (by `fencehook prune` and the
+    /// scheduled prune).
     #[arg(long, env = "FENCEHOOK_EVENT_RETENTION_DAYS", default_value_t = 30)]
     pub event_retention_days: u64,
+    /// How often `serve` and `work` delete finished events past retention
+    /// (as `fencehook prune` does); 0: never, prune by hand or cron.
+    #[arg(long, env = "FENCEHOOK_PRUNE_INTERVAL_SECS", default_value_t = 3600)]
+    pub prune_interval_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -171,6 +203,8 @@ pub struct InboxConfig {
     pub max_attempts: u32,
     pub max_age: Duration,
     pub retention: Duration,
+    /// How often the scheduled prune runs; `None`: never.
+    pub prune_interval: Option<Duration>,
     /// How long an idle worker sleeps when no notification wakes it: 1 s,
     /// not a setting (tests lengthen it to show that notifications, not the
     /// poll, wake the workers).
@@ -191,11 +225,30 @@ impl InboxArgs {
         if self.max_attempts == 0 {
             return Err(bad("FENCEHOOK_MAX_ATTEMPTS", "must be at least 1"));
         }
+        if self.retry_max_ms > MAX_RETRY_MAX_MS {
+            return Err(bad(
+                "FENCEHOOK_RETRY_MAX_MS",
+                format!("must be at most {MAX_RETRY_MAX_MS} (30 days)"),
+            ));
+        }
         if self.max_age_secs == 0 {
             return Err(bad("FENCEHOOK_MAX_AGE_SECS", "must be above 0"));
         }
-        if self.event_retention_days == 0 {
-            return Err(bad("FENCEHOOK_EVENT_RETENTION_DAYS", "must be at least 1"));
+        if self.max_age_secs > MAX_RETENTION_DAYS * 86_400 {
+            return Err(bad(
+                "FENCEHOOK_MAX_AGE_SECS",
+                format!(
+                    "must be at most {} ({MAX_RETENTION_DAYS} days)",
+                    MAX_RETENTION_DAYS * 86_400
+                ),
+            ));
+        }
+        let retention = retention(self.event_retention_days)?;
+        if self.prune_interval_secs > MAX_PRUNE_INTERVAL_SECS {
+            return Err(bad(
+                "FENCEHOOK_PRUNE_INTERVAL_SECS",
+                format!("must be at most {MAX_PRUNE_INTERVAL_SECS} (a week), or 0 for never"),
+            ));
         }
         if self.workers > 256 {
             return Err(bad("FENCEHOOK_WORKERS", "must be at most 256"));
@@ -207,10 +260,42 @@ impl InboxArgs {
             retry_max: Duration::from_millis(self.retry_max_ms),
             max_attempts: self.max_attempts,
             max_age: Duration::from_secs(self.max_age_secs),
-            retention: Duration::from_secs(self.event_retention_days * 86_400),
+            retention,
+            prune_interval: (self.prune_interval_secs > 0)
+                .then(|| Duration::from_secs(self.prune_interval_secs)),
             idle_poll: Duration::from_secs(1),
         })
     }
+}
+
+/// Longest `FENCEHOOK_EVENT_RETENTION_DAYS` (and `FENCEHOOK_MAX_AGE_SECS`):
+/// a hundred years, "keep forever" in practice. Above it a date computed
+/// from the setting could leave the calendar (a huge value once wrapped to
+/// −1 days, and `prune` deleted every finished event).
+pub const MAX_RETENTION_DAYS: u64 = 36_500;
+
+/// Longest `FENCEHOOK_RETRY_MAX_MS`: 30 days.
+const MAX_RETRY_MAX_MS: u64 = 30 * 86_400_000;
+
+/// Longest `FENCEHOOK_PRUNE_INTERVAL_SECS`: a week.
+const MAX_PRUNE_INTERVAL_SECS: u64 = 7 * 86_400;
+
+/// `FENCEHOOK_EVENT_RETENTION_DAYS`, checked: between 1 and
+/// [`MAX_RETENTION_DAYS`].
+pub fn retention(days: u64) -> Result<Duration, ConfigError> {
+    if !(1..=MAX_RETENTION_DAYS).contains(&days) {
+        return Err(bad(
+            "FENCEHOOK_EVENT_RETENTION_DAYS",
+            format!("{days} must be between 1 and {MAX_RETENTION_DAYS} (100 years)"),
+        ));
+    }
+    Ok(Duration::from_secs(days * 86_400))
+}
+
+/// `now - age`, or `None` when that is not a date (before year −9999):
+/// a duration never meets a date unchecked.
+pub fn time_before(now: time::OffsetDateTime, age: Duration) -> Option<time::OffsetDateTime> {
+    now.checked_sub(time::Duration::try_from(age).ok()?)
 }
 
 /// PostgreSQL settings, shared by `serve`, `migrate` and `audit`.
@@ -293,10 +378,29 @@ impl Config {
     /// Settings that start but are probably a mistake: said at start (and by
     /// `check-config`), never refused.
     pub fn warnings(&self) -> Vec<String> {
-        self.providers
+        let mut out: Vec<String> = self
+            .providers
             .iter()
             .flat_map(|p| p.warnings().iter().cloned())
-            .collect()
+            .collect();
+        if self.allow_published_secrets {
+            out.push(
+                "FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true: for development only; never in production"
+                    .to_owned(),
+            );
+            out.extend(self.providers.iter().flat_map(|p| {
+                p.exposures()
+                    .iter()
+                    .map(|e| format!("{e}; served because FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true"))
+            }));
+        }
+        if !self.admin_listen.ip().is_loopback() {
+            out.push(format!(
+                "FENCEHOOK_ADMIN_LISTEN {} is not a loopback address: /metrics, /healthz and /readyz answer whoever reaches it; keep it on a private network, never public",
+                self.admin_listen
+            ));
+        }
+        out
     }
 }
 
@@ -360,6 +464,15 @@ pub struct Config {
     pub max_inflight: usize,
     /// Connections open at once on the public listener.
     pub max_connections: usize,
+    /// Connections open at once from one peer address on the public listener.
+    pub max_connections_per_peer: usize,
+    /// Requests one keep-alive connection carries before it is closed.
+    pub connection_max_requests: u64,
+    /// Age past which a keep-alive connection is closed after its next answer.
+    pub connection_max_age: Duration,
+    /// `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` (development only): also applied
+    /// to the providers file re-read on SIGHUP.
+    pub allow_published_secrets: bool,
     pub shutdown_timeout: Duration,
     pub migrate_on_start: bool,
     pub inbox: InboxConfig,
@@ -487,6 +600,24 @@ impl ServeArgs {
         if self.max_connections == 0 {
             return Err(bad("FENCEHOOK_MAX_CONNECTIONS", "must be at least 1"));
         }
+        if self.max_connections_per_peer == 0 {
+            return Err(bad(
+                "FENCEHOOK_MAX_CONNECTIONS_PER_PEER",
+                "must be at least 1",
+            ));
+        }
+        if self.connection_max_requests == 0 {
+            return Err(bad(
+                "FENCEHOOK_CONNECTION_MAX_REQUESTS",
+                "must be at least 1",
+            ));
+        }
+        if !(1..=MAX_CONNECTION_AGE_SECS).contains(&self.connection_max_age_secs) {
+            return Err(bad(
+                "FENCEHOOK_CONNECTION_MAX_AGE_SECS",
+                format!("must be between 1 and {MAX_CONNECTION_AGE_SECS} (a day)"),
+            ));
+        }
         let providers = match &self.providers {
             Some(path) => providers::load_file(path).map_err(|e| bad("FENCEHOOK_PROVIDERS", e))?,
             None if !providers_required && self.generic_secret.is_none() => Vec::new(),
@@ -500,6 +631,20 @@ impl ServeArgs {
                 vec![Provider::generic(secret).map_err(|e| bad("FENCEHOOK_GENERIC_SECRET", e))?]
             }
         };
+        // Anyone who has read fencehook's repository could sign with these.
+        if !self.allow_published_secrets {
+            let setting = if self.providers.is_some() {
+                "FENCEHOOK_PROVIDERS"
+            } else {
+                "FENCEHOOK_GENERIC_SECRET"
+            };
+            if let Some(e) = providers.iter().flat_map(|p| p.exposures()).next() {
+                return Err(bad(
+                    setting,
+                    format!("{e}; use the PSP's own (FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true serves it, for development only)"),
+                ));
+            }
+        }
         Ok(Config {
             listen,
             admin_listen,
@@ -514,6 +659,10 @@ impl ServeArgs {
             body_timeout: Duration::from_millis(self.body_timeout_ms),
             max_inflight: self.max_inflight,
             max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            connection_max_requests: self.connection_max_requests,
+            connection_max_age: Duration::from_secs(self.connection_max_age_secs),
+            allow_published_secrets: self.allow_published_secrets,
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             migrate_on_start: self.migrate_on_start,
             inbox: self.inbox.validate()?,
@@ -609,6 +758,9 @@ impl ServeArgs {
     }
 }
 
+/// Upper bound of `FENCEHOOK_CONNECTION_MAX_AGE_SECS`.
+const MAX_CONNECTION_AGE_SECS: u64 = 86_400;
+
 /// Upper bound of `FENCEHOOK_BODY_TIMEOUT_MS`.
 const MAX_BODY_TIMEOUT_MS: u64 = 30_000;
 
@@ -682,7 +834,7 @@ mod tests {
         let mut argv = vec![
             "fencehook",
             "--generic-secret",
-            "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=",
+            "whsec_dGVzdC1zZWNyZXQtZm9yLWZlbmNlaG9vay10ZXN0cw==",
         ];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv)
@@ -758,10 +910,23 @@ mod tests {
 
     #[test]
     fn risky_but_allowed_settings_are_warned_about() {
-        let cfg = parse(&["--generic-secret", crate::providers::DEV_SECRET]).unwrap();
+        let cfg = parse(&[
+            "--generic-secret",
+            crate::providers::DEV_SECRET,
+            "--allow-published-secrets",
+            "true",
+        ])
+        .unwrap();
         let warnings = cfg.warnings();
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("DEVELOPMENT secret"), "{warnings:?}");
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("development only"), "{warnings:?}");
+        assert!(warnings[1].contains("DEVELOPMENT secret"), "{warnings:?}");
+        let cfg = parse(&["--admin-listen", "0.0.0.0:9090"]).unwrap();
+        assert!(
+            cfg.warnings()[0].contains("FENCEHOOK_ADMIN_LISTEN 0.0.0.0:9090 is not a loopback"),
+            "{:?}",
+            cfg.warnings()
+        );
         assert!(parse(&[]).unwrap().warnings().is_empty());
         let p = crate::providers::Provider::new(
             "old",
@@ -775,6 +940,65 @@ mod tests {
             "{:?}",
             p.warnings()
         );
+    }
+
+    #[test]
+    fn a_published_or_short_secret_stops_the_start_unless_development_is_said() {
+        for secret in [
+            crate::providers::DEV_SECRET,
+            "whsec_UExBQ0VIT0xERVItc2hvcC1zZWNyZXQtcmVwbGFjZS1tZQ==",
+            "whsec_c2hvcnQta2V5",
+        ] {
+            let err = parse(&["--generic-secret", secret]).unwrap_err();
+            assert_eq!(err.setting, "FENCEHOOK_GENERIC_SECRET", "{secret}");
+            assert!(
+                err.reason.starts_with("provider `generic`: secrets: ")
+                    && err.reason.contains("FENCEHOOK_ALLOW_PUBLISHED_SECRETS")
+                    && !err.reason.contains(secret)
+                    && !err.to_string().contains('\n'),
+                "{err}"
+            );
+            parse(&[
+                "--generic-secret",
+                secret,
+                "--allow-published-secrets",
+                "true",
+            ])
+            .expect("allowed for development");
+        }
+    }
+
+    #[test]
+    fn retention_and_ages_are_bounded_so_no_date_leaves_the_calendar() {
+        for (args, setting) in [
+            (
+                &["--event-retention-days", "18446744073709551615"][..],
+                "FENCEHOOK_EVENT_RETENTION_DAYS",
+            ),
+            (
+                &["--event-retention-days", "36501"][..],
+                "FENCEHOOK_EVENT_RETENTION_DAYS",
+            ),
+            (
+                &["--max-age-secs", "18446744073709551615"][..],
+                "FENCEHOOK_MAX_AGE_SECS",
+            ),
+            (
+                &["--retry-max-ms", "18446744073709551615"][..],
+                "FENCEHOOK_RETRY_MAX_MS",
+            ),
+            (
+                &["--prune-interval-secs", "18446744073709551615"][..],
+                "FENCEHOOK_PRUNE_INTERVAL_SECS",
+            ),
+        ] {
+            let err = parse(args).expect_err(setting);
+            assert_eq!(err.setting, setting, "{args:?}: {err}");
+        }
+        let cfg = parse(&["--event-retention-days", "36500"]).unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        assert!(time_before(now, cfg.inbox.retention).is_some_and(|t| t < now));
+        assert_eq!(time_before(now, Duration::MAX), None);
     }
 
     #[test]
@@ -876,6 +1100,18 @@ mod tests {
             ),
             (&["--db-pool-size", "0"][..], "FENCEHOOK_DB_POOL_SIZE"),
             (&["--max-connections", "0"][..], "FENCEHOOK_MAX_CONNECTIONS"),
+            (
+                &["--max-connections-per-peer", "0"][..],
+                "FENCEHOOK_MAX_CONNECTIONS_PER_PEER",
+            ),
+            (
+                &["--connection-max-requests", "0"][..],
+                "FENCEHOOK_CONNECTION_MAX_REQUESTS",
+            ),
+            (
+                &["--connection-max-age-secs", "0"][..],
+                "FENCEHOOK_CONNECTION_MAX_AGE_SECS",
+            ),
             (
                 &["--generic-secret", "not-a-secret"][..],
                 "FENCEHOOK_GENERIC_SECRET",

@@ -117,7 +117,8 @@ impl Health {
         self.metrics.backend_up(Backend::Lease).set(up(lease));
     }
 
-    /// Samples `fencehook_inbox_rows{status}` (inbox mode).
+    /// Samples `fencehook_inbox_rows{status}` and
+    /// `fencehook_inbox_stored_bytes` (inbox mode).
     pub async fn count_inbox(&self) {
         if !self.inbox {
             return;
@@ -128,6 +129,10 @@ impl Health {
             m.inbox_rows(InboxStatus::Processing)
                 .set(c.processing as f64);
             m.inbox_rows(InboxStatus::Dead).set(c.dead as f64);
+        }
+        let stored = tokio::time::timeout(PROBE_TIMEOUT, self.store.events_stored_bytes()).await;
+        if let Ok(Ok(bytes)) = stored {
+            self.metrics.inbox_stored_bytes().set(bytes as f64);
         }
     }
 

@@ -619,3 +619,37 @@ fn report_settle(taken: &Taken, settle: &Settle, recorded: Result<bool, &StoreEr
 fn age_of(since: OffsetDateTime) -> Duration {
     Duration::try_from(OffsetDateTime::now_utc() - since).unwrap_or(Duration::ZERO)
 }
+
+/// The scheduled prune of `serve` and `work` (`FENCEHOOK_PRUNE_INTERVAL_SECS`):
+/// what `fencehook prune` does, every `every`, the first time at start.
+/// Finished events past `retention` and quarantined items last seen before
+/// it are deleted; dead events are kept for a replay. Every instance runs
+/// it: the deletes are idempotent, and a second one finds nothing. Runs
+/// until the task is aborted.
+pub async fn prune_on_schedule(
+    store: Store,
+    metrics: Metrics,
+    retention: Duration,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(before) = crate::config::time_before(OffsetDateTime::now_utc(), retention) else {
+            // Bounded at start (FENCEHOOK_EVENT_RETENTION_DAYS); cannot happen.
+            return;
+        };
+        match store.prune(before, false).await {
+            Ok((events, items)) => {
+                metrics.pruned().increment(events);
+                if events + items > 0 {
+                    tracing::info!(events, quarantined_items = items, "pruned past retention");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error::chain(&e), "scheduled prune failed; tried again at the next interval");
+            }
+        }
+    }
+}

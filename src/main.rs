@@ -303,7 +303,11 @@ fn bad_arguments(e: clap::Error) -> ExitCode {
         .get(ContextKind::ValidValue)
         .map(|v| format!(" (one of: {v})"))
         .unwrap_or_default();
-    eprintln!("fencehook: invalid configuration: {setting}: invalid value `{value}`{valid}");
+    // A value parser's own reason (`--since 100000y`: before any date).
+    let why = std::error::Error::source(&e)
+        .map(|reason| format!(": {reason}"))
+        .unwrap_or_default();
+    eprintln!("fencehook: invalid configuration: {setting}: invalid value `{value}`{valid}{why}");
     ExitCode::from(2)
 }
 

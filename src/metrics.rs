@@ -51,6 +51,9 @@ pub const PAYMENTS_OVER_RETURNED_TOTAL: &str = "fencehook_payments_over_returned
 pub const ITEMS_QUARANTINED_TOTAL: &str = "fencehook_items_quarantined_total";
 pub const CONNECTIONS_OPEN: &str = "fencehook_connections_open";
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "fencehook_connections_refused_total";
+pub const ACCEPT_ERRORS_TOTAL: &str = "fencehook_accept_errors_total";
+pub const INBOX_STORED_BYTES: &str = "fencehook_inbox_stored_bytes";
+pub const PRUNED_TOTAL: &str = "fencehook_pruned_total";
 
 /// Declares a label enum: its variants, their label values, and `ALL`.
 macro_rules! label_enum {
@@ -133,6 +136,17 @@ label_enum! {
     Listener {
         Public => "public",
         Admin => "admin",
+    }
+}
+
+label_enum! {
+    /// Why a connection was answered 503 and closed at once
+    /// (`fencehook_connections_refused_total{listener,reason}`).
+    ConnectionRefusal {
+        /// The listener had `FENCEHOOK_MAX_CONNECTIONS` open.
+        MaxConnections => "max_connections",
+        /// The peer's address had `FENCEHOOK_MAX_CONNECTIONS_PER_PEER` open.
+        PerPeer => "per_peer",
     }
 }
 
@@ -251,7 +265,10 @@ struct Inner {
     inbox_rows: HashMap<InboxStatus, Gauge>,
     quarantined: HashMap<QuarantineReason, Counter>,
     connections_open: HashMap<Listener, Gauge>,
-    connections_refused: HashMap<Listener, Counter>,
+    connections_refused: HashMap<(Listener, ConnectionRefusal), Counter>,
+    accept_errors: HashMap<Listener, Counter>,
+    inbox_stored_bytes: Gauge,
+    pruned: Counter,
 }
 
 struct Handles {
@@ -400,11 +417,20 @@ impl Metrics {
             .collect();
         let connections_refused = Listener::ALL
             .iter()
-            .map(|&l| {
-                let listener = ("listener", l.as_str());
-                (l, zero(c(CONNECTIONS_REFUSED_TOTAL, &[listener])))
+            .flat_map(|&l| ConnectionRefusal::ALL.iter().map(move |&r| (l, r)))
+            .map(|(l, r)| {
+                let labels = [("listener", l.as_str()), ("reason", r.as_str())];
+                ((l, r), zero(c(CONNECTIONS_REFUSED_TOTAL, &labels)))
             })
             .collect();
+        let accept_errors = Listener::ALL
+            .iter()
+            .map(|&l| (l, zero(c(ACCEPT_ERRORS_TOTAL, &[("listener", l.as_str())]))))
+            .collect();
+        let inbox_stored_bytes =
+            recorder.register_gauge(&Key::from_static_name(INBOX_STORED_BYTES), &META);
+        inbox_stored_bytes.set(0.0);
+        let pruned = zero(c(PRUNED_TOTAL, &[]));
         let connections_open = Listener::ALL
             .iter()
             .map(|&l| {
@@ -441,6 +467,9 @@ impl Metrics {
             quarantined,
             connections_open,
             connections_refused,
+            accept_errors,
+            inbox_stored_bytes,
+            pruned,
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
@@ -496,9 +525,24 @@ impl Metrics {
         &self.inner.connections_open[&listener]
     }
 
-    /// `fencehook_connections_refused_total{listener}`.
-    pub fn connection_refused(&self, listener: Listener) -> &Counter {
-        &self.inner.connections_refused[&listener]
+    /// `fencehook_connections_refused_total{listener,reason}`.
+    pub fn connection_refused(&self, listener: Listener, reason: ConnectionRefusal) -> &Counter {
+        &self.inner.connections_refused[&(listener, reason)]
+    }
+
+    /// `fencehook_accept_errors_total{listener}`.
+    pub fn accept_errors(&self, listener: Listener) -> &Counter {
+        &self.inner.accept_errors[&listener]
+    }
+
+    /// `fencehook_inbox_stored_bytes`.
+    pub fn inbox_stored_bytes(&self) -> &Gauge {
+        &self.inner.inbox_stored_bytes
+    }
+
+    /// `fencehook_pruned_total`: events deleted by the scheduled prune.
+    pub fn pruned(&self) -> &Counter {
+        &self.inner.pruned
     }
 
     pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
@@ -737,7 +781,22 @@ fn describe(rec: &PrometheusRecorder) {
     d(
         CONNECTIONS_REFUSED_TOTAL,
         None,
-        "Connections answered 503 and closed at once because the listener had its maximum open.",
+        "Connections answered 503 and closed at once, by reason: max_connections (the listener had its maximum open), per_peer (the peer address had its maximum open).",
+    );
+    d(
+        ACCEPT_ERRORS_TOTAL,
+        None,
+        "Connections the listener could not accept (most often: out of file descriptors).",
+    );
+    d(
+        INBOX_STORED_BYTES,
+        Some(Unit::Bytes),
+        "Inbox: bytes the events table takes on disk (rows, indexes, TOAST).",
+    );
+    d(
+        PRUNED_TOTAL,
+        None,
+        "Finished inbox events deleted past FENCEHOOK_EVENT_RETENTION_DAYS by the scheduled prune.",
     );
 }
 
@@ -784,8 +843,16 @@ mod tests {
             assert!(text.contains(&series), "{series} missing");
         }
         for l in Listener::ALL {
-            for name in [CONNECTIONS_OPEN, CONNECTIONS_REFUSED_TOTAL] {
+            for name in [CONNECTIONS_OPEN, ACCEPT_ERRORS_TOTAL] {
                 let series = format!(r#"{name}{{listener="{}"}} 0"#, l.as_str());
+                assert!(text.contains(&series), "{series} missing");
+            }
+            for r in ConnectionRefusal::ALL {
+                let series = format!(
+                    r#"{CONNECTIONS_REFUSED_TOTAL}{{listener="{}",reason="{}"}} 0"#,
+                    l.as_str(),
+                    r.as_str()
+                );
                 assert!(text.contains(&series), "{series} missing");
             }
         }

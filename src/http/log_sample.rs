@@ -7,7 +7,10 @@
 //! many were left out. The metrics count every one.
 //!
 //! Deliveries that reached processing are never sampled: their line is the
-//! record of what happened to a payment.
+//! record of what happened to a payment. The exception is a delivery all of
+//! whose items were `duplicate`: nothing happened to any payment, its
+//! outcome was durable (and logged) before, and a replayed batch makes them
+//! by the ten thousand.
 //!
 //! Hand-written rather than a rate-limiting crate (`governor` and the like):
 //! what is needed is a fixed one-second window per kind plus the count of
@@ -36,10 +39,17 @@ pub enum Kind {
     /// What verification needs could not be had (PayPal's certificate did
     /// not download): answered 503.
     VerificationUnavailable,
+    /// A connection the listener could not accept (out of file
+    /// descriptors): it repeats for every connection waiting.
+    AcceptFailed,
+    /// A copy of a delivery already booked, answered `duplicate`: a replayed
+    /// batch makes tens of thousands a second, and the outcome they repeat
+    /// is already durable (and logged when it was booked).
+    Duplicate,
 }
 
 impl Kind {
-    const COUNT: usize = 8;
+    const COUNT: usize = 10;
 
     fn index(self) -> usize {
         self as usize

@@ -4,8 +4,9 @@
 //! map it (awaited: a PayPal provider may fetch its signing certificate; a
 //! certificate it cannot get is a 503), process every item, answer (see
 //! [`super::answer`]). Requests that are no delivery are counted by reason
-//! (`fencehook_requests_rejected_total`); refused deliveries are logged
-//! sampled ([`super::log_sample`]), processed ones always.
+//! (`fencehook_requests_rejected_total`); refused deliveries and copies
+//! answered `duplicate` are logged sampled ([`super::log_sample`]), other
+//! processed ones always.
 //!
 //! A delivery may carry several items (an Adyen batch). Each event item is
 //! processed on its own, under its own lease, concurrently; the delivery is
@@ -69,6 +70,23 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
     // Rounded to the microsecond: a float printed in full reads 0.018427000000000002.
     let latency_ms = (elapsed.as_secs_f64() * 1_000_000.0).round() / 1000.0;
     match &delivery {
+        Delivery::Processed(answer) if answer.result == WebhookResult::Duplicate => {
+            // Nothing happened to any payment: the outcome this copy repeats
+            // was durable, and logged, before. A replayed batch makes these
+            // by the ten thousand a second: sampled.
+            let Some(suppressed) = state.log_sample.admit(Kind::Duplicate) else {
+                return response;
+            };
+            tracing::info!(
+                provider = %provider.name,
+                transaction_id = answer.transaction_id.as_deref().unwrap_or("-"),
+                result = answer.result.as_str(),
+                status,
+                latency_ms,
+                suppressed,
+                "delivery"
+            )
+        }
         Delivery::Processed(answer) => tracing::info!(
             provider = %provider.name,
             transaction_id = answer.transaction_id.as_deref().unwrap_or("-"),
@@ -148,6 +166,17 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
         return refused(Kind::TooLarge, Answer::new(WebhookResult::TooLarge));
+    }
+    // hyper answers `Expect: 100-continue` when the body is first read: only
+    // for a delivery that could be signed. One without its signature header
+    // is refused as it would be after reading.
+    let expects_continue = req
+        .headers()
+        .get(hyper::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue && !provider.has_signature_header(req.headers()) {
+        let reject = Reject::Unauthorized("no signature header".to_owned());
+        return refused(Kind::Unauthorized, Answer::of_reject(&reject));
     }
     let (parts, body) = req.into_parts();
     // The whole body, not each read: a client that trickles a byte at a time

@@ -42,6 +42,7 @@ mod hmac;
 pub mod keys;
 pub mod paypal;
 pub mod paypal_api;
+mod published;
 pub mod standard;
 pub mod stripe;
 #[cfg(any(test, feature = "test-support"))]
@@ -188,6 +189,9 @@ pub struct Provider {
     scheme: Scheme,
     /// Settings that are allowed but probably a mistake, said at start.
     warnings: Vec<String>,
+    /// Secrets and keys anyone could sign with (published, or too short):
+    /// refused at start unless development is said (see [`Provider::exposures`]).
+    exposures: Vec<String>,
     /// What a sender playing this provider's PSP signs with, as the file
     /// names it: the scheme's own types keep only the decoded keys.
     psp_side: PspSide,
@@ -279,6 +283,38 @@ impl Settings {
     }
 }
 
+/// What [`Provider::exposures`] lists for these settings.
+fn exposures_of(name: &str, scheme: SchemeKind, settings: &Settings) -> Vec<String> {
+    let secrets = settings.secrets.iter().flatten().enumerate();
+    let mut out: Vec<String> = secrets
+        .filter_map(|(i, s)| {
+            let what = published::secret_exposure(scheme, s)?;
+            Some(format!(
+                "provider `{name}`: secrets: secret {} is {what}: anyone can sign deliveries",
+                i + 1
+            ))
+        })
+        .collect();
+    let keys = settings
+        .platform_keys
+        .iter()
+        .flat_map(|k| k.iter().map(|(serial, key)| ("platform_keys", serial, key)))
+        .chain(
+            settings
+                .public_keys
+                .iter()
+                .flat_map(|k| k.iter().map(|(path, key)| ("public_keys", path, key))),
+        );
+    for (field, which, key) in keys {
+        if published::is_placeholder_key(key) {
+            out.push(format!(
+                "provider `{name}`: {field}: {which} is the example's placeholder key (deploy/keys), not the PSP's"
+            ));
+        }
+    }
+    out
+}
+
 /// The settings each scheme takes (the first ones are required).
 fn scheme_settings(scheme: SchemeKind) -> &'static [&'static str] {
     match scheme {
@@ -319,8 +355,13 @@ pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 /// it), but warned about at start.
 pub const TOLERANCE_WARN_SECS: u64 = 3600;
 
+/// Largest `tolerance_secs`: past it a timestamp check is no check, and the
+/// window would no longer fit the arithmetic on Unix times.
+pub const MAX_TOLERANCE_SECS: u64 = 100 * 365 * 86_400;
+
 /// The development secret the README and `make run` use for the built-in
-/// `generic` provider. Anyone can sign with it: serving it is warned about.
+/// `generic` provider. Anyone can sign with it: serving it is refused
+/// unless `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` says this is development.
 pub const DEV_SECRET: &str = "whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==";
 
 impl Provider {
@@ -332,6 +373,14 @@ impl Provider {
     /// Settings of this provider that start but are probably a mistake.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// Its secrets and keys that are published in fencehook's own files or
+    /// shorter than their PSP issues, one line each naming the provider and
+    /// the field. The configuration refuses a provider with any, unless
+    /// `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` is set.
+    pub fn exposures(&self) -> &[String] {
+        &self.exposures
     }
 
     /// One provider of an HMAC scheme (standard, stripe, adyen): its
@@ -388,12 +437,19 @@ impl Provider {
             app_id: settings.app_id.clone(),
             webhook_id: settings.webhook_id.clone(),
         };
+        let exposures = exposures_of(name, scheme, &settings);
         let secrets = settings.secrets.unwrap_or_default();
         if takes.contains(&"secrets") && secrets.is_empty() {
             return Err(field("secrets", "at least one secret is required".into()));
         }
         if settings.tolerance_secs == Some(0) {
             return Err(field("tolerance_secs", "must be above 0".into()));
+        }
+        if let Some(t) = settings.tolerance_secs.filter(|t| *t > MAX_TOLERANCE_SECS) {
+            return Err(field(
+                "tolerance_secs",
+                format!("{t} is above {MAX_TOLERANCE_SECS} (100 years)"),
+            ));
         }
         let tolerance = settings.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS);
         let mut warnings = Vec::new();
@@ -500,11 +556,6 @@ impl Provider {
                 "provider `{name}`: tolerance_secs = {tolerance}: signed deliveries stay replayable for that long (keep it at most {TOLERANCE_WARN_SECS} in production)"
             ));
         }
-        if secrets.iter().any(|s| s == DEV_SECRET) {
-            warnings.push(format!(
-                "provider `{name}`: serves the DEVELOPMENT secret published in the README: anyone can sign deliveries; never use it in production"
-            ));
-        }
         if let Scheme::Paypal(p) = &scheme {
             if p.allows_plain_http() {
                 warnings.push(format!(
@@ -516,6 +567,7 @@ impl Provider {
             name: name.to_owned(),
             scheme,
             warnings,
+            exposures,
             psp_side,
         })
     }
@@ -554,6 +606,22 @@ impl Provider {
     /// for other schemes.
     pub fn webhook_id(&self) -> Option<&str> {
         self.psp_side.webhook_id.as_deref()
+    }
+
+    /// Whether a delivery carries the header its signature is read from, for
+    /// the schemes that sign in a header; Adyen and Alipay sign inside the
+    /// body, so always. Checked before a body is invited
+    /// (`Expect: 100-continue`): a delivery that cannot be signed is
+    /// answered 401 without asking for its body.
+    pub fn has_signature_header(&self, headers: &http::HeaderMap) -> bool {
+        let name = match self.scheme() {
+            SchemeKind::Standard => "webhook-signature",
+            SchemeKind::Stripe => stripe::SIGNATURE_HEADER,
+            SchemeKind::WechatPay => wechatpay::SIGNATURE_HEADER,
+            SchemeKind::Paypal => paypal::TRANSMISSION_SIG_HEADER,
+            SchemeKind::Adyen | SchemeKind::Alipay => return true,
+        };
+        headers.contains_key(name)
     }
 
     /// Whether a delivery's `Content-Type` is what this scheme's PSP posts:
@@ -841,6 +909,8 @@ secrets = ["{ADYEN_KEY}"]
             ("[providers.s]\nscheme = \"adyen\"\nsecrets = [\"whsec_x\"]", "secrets"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance_secs = -1", "tolerance_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance_secs = 0", "tolerance_secs"),
+            ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance_secs = 4000000000", "tolerance_secs"),
+            ("[providers.s]\nscheme = \"standard\"\nsecrets = [\"whsec_c2VjcmV0LWtleS1vbGQ=\"]\ntolerance_secs = 9223372036854775807", "tolerance_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance_secs = \"5m\"", "tolerance_secs"),
             (&format!("[providers.s]\nscheme = \"adyen\"\nsecrets = [\"{ADYEN_KEY}\"]\ntolerance_secs = 300"), "tolerance_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5", "tolerance"),

@@ -734,6 +734,16 @@ impl Store {
         })
     }
 
+    /// Bytes the events table takes on disk: its rows, indexes and TOAST
+    /// (`fencehook_inbox_stored_bytes`).
+    pub async fn events_stored_bytes(&self) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached("SELECT pg_total_relation_size('events')")
+            .await?;
+        Ok(client.query_one(&stmt, &[]).await?.get(0))
+    }
+
     /// The stored events matching every given filter, newest first.
     pub async fn events(&self, filter: &EventFilter) -> Result<Vec<EventRow>, StoreError> {
         let client = self.pool.get().await?;

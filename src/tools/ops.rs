@@ -86,7 +86,8 @@ fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
     }
     let ago = humantime::parse_duration(text)
         .map_err(|_| format!("`{text}` is neither an RFC 3339 time nor an age like 2h"))?;
-    Ok(OffsetDateTime::now_utc() - ago)
+    fencehook::config::time_before(OffsetDateTime::now_utc(), ago)
+        .ok_or_else(|| format!("`{text}` reaches back before any date"))
 }
 
 fn store(db: &DbArgs) -> Result<Store, String> {
@@ -203,7 +204,11 @@ pub async fn events(args: &EventsArgs) -> Result<bool, String> {
 }
 
 pub async fn prune(args: &PruneArgs) -> Result<bool, String> {
-    let before = OffsetDateTime::now_utc() - time::Duration::days(args.event_retention_days as i64);
+    let retention = fencehook::config::retention(args.event_retention_days)
+        .map_err(|e| format!("invalid configuration: {e}"))?;
+    let before = fencehook::config::time_before(OffsetDateTime::now_utc(), retention).ok_or(
+        "invalid configuration: FENCEHOOK_EVENT_RETENTION_DAYS: reaches back before any date",
+    )?;
     let (events, items) = store(&args.db)?
         .prune(before, args.dead)
         .await

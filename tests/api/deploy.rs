@@ -124,8 +124,12 @@ fn port_of(addr: &str) -> u16 {
         .unwrap_or_else(|| panic!("`{addr}` is host:port"))
 }
 
+/// Its placeholders are published: served as they are, anyone could sign
+/// deliveries (a probe booked 500,000 on three providers). `check-config`
+/// refuses the file naming a provider, and passes it, loudly, only when
+/// development is said.
 #[test]
-fn the_example_providers_file_passes_check_config_with_one_provider_per_scheme() {
+fn the_example_providers_file_is_refused_as_it_stands_and_passes_check_config_for_development() {
     let text = deploy_file("providers.example.toml");
     // Key files are relative to the file, so `check-config` below is what
     // reads it whole; here only which schemes it names.
@@ -144,6 +148,21 @@ fn the_example_providers_file_passes_check_config_with_one_provider_per_scheme()
         .env("FENCEHOOK_PROVIDERS", deploy_path("providers.example.toml"))
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("FENCEHOOK_PROVIDERS: provider `adyen`: secrets: ")
+            && stderr.contains("published"),
+        "{stderr}"
+    );
+
+    let out = fencehook_command()
+        .arg("check-config")
+        .env("FENCEHOOK_PROVIDERS", deploy_path("providers.example.toml"))
+        .env("FENCEHOOK_ALLOW_PUBLISHED_SECRETS", "true")
+        .output()
+        .unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -153,7 +172,13 @@ fn the_example_providers_file_passes_check_config_with_one_provider_per_scheme()
         stdout.contains("providers [adyen, alipay, paypal, shop, stripe, wechat]"),
         "{stdout}"
     );
-    assert!(stderr.is_empty(), "no warning about the example: {stderr}");
+    for provider in ["adyen", "alipay", "shop", "stripe", "wechat"] {
+        assert!(
+            stderr.contains(&format!("warning: provider `{provider}`: ")),
+            "{provider} is warned about: {stderr}"
+        );
+    }
+    assert!(stderr.contains("development only"), "{stderr}");
 }
 
 #[test]
@@ -201,6 +226,8 @@ fn the_example_settings_file_names_every_setting_of_serve_with_its_default_and_n
         cmd.env(name, value);
     }
     cmd.env("FENCEHOOK_PROVIDERS", deploy_path("providers.example.toml"));
+    // The example's placeholders are published secrets.
+    cmd.env("FENCEHOOK_ALLOW_PUBLISHED_SECRETS", "true");
     let out = cmd.output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -494,11 +521,32 @@ fn the_nginx_config_fronts_only_the_public_listener_with_fencehooks_limits() {
     let conf = deploy_file("nginx.conf");
     let settings = serve_settings();
     let example = example_settings();
-    let upstream = nginx_directive(&conf, "server");
+    let upstream: Vec<&str> = nginx_directive(&conf, "server")
+        .split_whitespace()
+        .collect();
     assert_eq!(
-        upstream, example["FENCEHOOK_LISTEN"],
+        upstream[0], example["FENCEHOOK_LISTEN"],
         "nginx proxies to the public listener of fencehook.env.example"
     );
+    // Behind nginx every connection has nginx's address: its own bound on
+    // them must fit under fencehook's per-peer cap, and it carries the
+    // per-client limits fencehook cannot see.
+    let max_conns: u64 = upstream[1]
+        .strip_prefix("max_conns=")
+        .expect("the upstream bounds its connections")
+        .parse()
+        .unwrap();
+    assert!(max_conns <= default_of(&settings, "FENCEHOOK_MAX_CONNECTIONS_PER_PEER"));
+    assert!(max_conns < default_of(&settings, "FENCEHOOK_MAX_CONNECTIONS"));
+    assert!(nginx_directive(&conf, "zone").starts_with("fencehook_public "));
+    for directive in ["limit_conn_zone", "limit_req_zone"] {
+        assert!(
+            nginx_directive(&conf, directive).starts_with("$binary_remote_addr "),
+            "{directive} is keyed on the client's address"
+        );
+    }
+    assert_eq!(nginx_directive(&conf, "limit_conn"), "fencehook_conn 32");
+    assert!(nginx_directive(&conf, "limit_req").starts_with("zone=fencehook_req "));
     let admin_port = port_of(&example["FENCEHOOK_ADMIN_LISTEN"]).to_string();
     assert!(
         !conf.contains(&admin_port),
@@ -597,8 +645,8 @@ fn nginx_conf_for_test(dir: &Path, port: u16, upstream_port: u16) -> String {
         // IPv6 may be missing on a test host; the IPv4 listener is the same server.
         ("listen [::]:443 ssl;", String::new()),
         (
-            "server 127.0.0.1:8080;",
-            format!("server 127.0.0.1:{upstream_port};"),
+            "server 127.0.0.1:8080 ",
+            format!("server 127.0.0.1:{upstream_port} "),
         ),
         (
             "/etc/fencehook/tls/fullchain.pem",

@@ -563,6 +563,92 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     assert_eq!(ctx.count("SELECT count(*) FROM events").await, 0);
 }
 
+/// Inbox events cost up to the body limit each and nothing bounded them:
+/// `serve` prunes finished events past retention on a schedule of its own,
+/// and the events table's size on disk is a gauge (and an alert).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_prunes_finished_events_on_its_own_schedule_and_reports_the_stored_bytes() {
+    let ctx = TestContext::new().await;
+    let mut cfg = ctx.inbox_config(1);
+    cfg.inbox.prune_interval = Some(Duration::from_millis(200));
+    let app = ctx.spawn(cfg).await;
+    wait_for(
+        "the stored bytes sampled",
+        Duration::from_secs(15),
+        || async { app.metric("fencehook_inbox_stored_bytes", &[]) > 0.0 },
+    )
+    .await;
+    app.deliver(&payment("pay_old", 5000)).await;
+    app.deliver(&payment("pay_recent", 5000)).await;
+    wait_for("both events done", Duration::from_secs(10), || async {
+        ctx.count("SELECT count(*) FROM events WHERE status = 'done'")
+            .await
+            == 2
+    })
+    .await;
+    ctx.db()
+        .await
+        .batch_execute(
+            "UPDATE events SET received_at = now() - interval '2 days' WHERE transaction_id = 'pay_old'",
+        )
+        .await
+        .unwrap();
+    wait_for("the old event pruned", Duration::from_secs(10), || async {
+        ctx.count("SELECT count(*) FROM events WHERE transaction_id = 'pay_old'")
+            .await
+            == 0
+    })
+    .await;
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE transaction_id = 'pay_recent'")
+            .await,
+        1,
+        "within retention (a day): kept"
+    );
+    assert_eq!(app.metric("fencehook_pruned_total", &[]), 1.0);
+    assert!(booked(&ctx, "pay_old").await, "the booking stays");
+}
+
+/// A "keep forever" retention (u64::MAX days) once wrapped to −1 days and
+/// `prune` deleted every finished event; `--since 100000y` panicked. Both
+/// are refused now, naming what is wrong, and nothing is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_and_ages_beyond_the_calendar_are_refused_and_prune_deletes_nothing() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.inbox_config(1)).await;
+    app.deliver(&payment("pay_keep", 5000)).await;
+    wait_for("the event done", Duration::from_secs(10), || async {
+        ctx.count("SELECT count(*) FROM events WHERE status = 'done'")
+            .await
+            == 1
+    })
+    .await;
+    let url = ctx.database_url.clone();
+    for days in ["18446744073709551615", "36501", "0"] {
+        let (code, out, err) =
+            fencehook_binary(&["prune", "--event-retention-days", days], &url).await;
+        assert_eq!(code, 2, "{days}: {out}{err}");
+        assert!(
+            err.contains("FENCEHOOK_EVENT_RETENTION_DAYS") && err.lines().count() == 1,
+            "{days}: {err}"
+        );
+    }
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 1);
+    let (code, out, _) =
+        fencehook_binary(&["prune", "--event-retention-days", "36500"], &url).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("deleted 0 event(s)"), "{out}");
+    for args in [
+        &["events", "--since", "100000y"][..],
+        &["replay", "--dead", "--since", "100000y"][..],
+    ] {
+        let (code, _, err) = fencehook_binary(args, &url).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("before any date"), "{args:?}: {err}");
+    }
+    assert_eq!(ctx.count("SELECT count(*) FROM events").await, 1);
+}
+
 /// A failed payment can still succeed (the lifecycle moves `failed` to
 /// `succeeded`), so a refund taken while its payment's row says `failed`
 /// waits for it like for a payment not booked yet; it is not given up.

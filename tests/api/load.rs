@@ -587,7 +587,7 @@ async fn send_with_only_a_provider_name_signs_with_the_providers_file_and_an_unk
         r#"
 [providers.shop]
 scheme = "stripe"
-secrets = ["whsec_shop_endpoint_new", "whsec_shop_endpoint_old"]
+secrets = ["whsec_shop_endpoint_secret_new_0123456789", "whsec_shop_endpoint_secret_old_0123456789"]
 
 [providers.alipay]
 scheme = "alipay"

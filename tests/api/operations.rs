@@ -155,11 +155,46 @@ fn check_config_hides_the_downstream_password_and_warns_about_risky_settings() {
     assert!(!out.contains("hunter2") && !out.contains("k3y"), "{out}");
     assert!(err.is_empty(), "nothing to warn about: {err}");
 
-    let (code, _, err) =
-        check_config(&[("FENCEHOOK_GENERIC_SECRET", fencehook::providers::DEV_SECRET)]);
-    assert_eq!(code, 0, "the development secret is allowed, loudly");
+    let dev = ("FENCEHOOK_GENERIC_SECRET", fencehook::providers::DEV_SECRET);
+    let (code, _, err) = check_config(&[dev]);
+    assert_eq!(
+        code, 2,
+        "the development secret is refused outside development"
+    );
+    assert!(
+        err.contains("FENCEHOOK_GENERIC_SECRET: provider `generic`: secrets: ")
+            && err.contains("DEVELOPMENT secret")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    let (code, _, err) = check_config(&[dev, ("FENCEHOOK_ALLOW_PUBLISHED_SECRETS", "true")]);
+    assert_eq!(
+        code, 0,
+        "the development secret is allowed for development, loudly"
+    );
     assert!(
         err.contains("warning") && err.contains("DEVELOPMENT secret"),
+        "{err}"
+    );
+    // Stripe's shortest placeholder, accepted silently before.
+    let dir = std::env::temp_dir().join(format!("fencehook-short-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    std::fs::write(
+        &file,
+        "[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"whsec_a\"]\n",
+    )
+    .unwrap();
+    let (code, _, err) = check_config(&[("FENCEHOOK_PROVIDERS", &file.display().to_string())]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("provider `stripe`: secrets: ") && err.contains("shorter than"),
+        "{err}"
+    );
+    let (code, _, err) = check_config(&[("FENCEHOOK_ADMIN_LISTEN", "0.0.0.0:9090")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: FENCEHOOK_ADMIN_LISTEN 0.0.0.0:9090 is not a loopback address"),
         "{err}"
     );
 

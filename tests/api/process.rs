@@ -346,3 +346,88 @@ crate::helpers::both_backends!(
     an_instance_killed_while_holding_a_lease_is_taken_over_after_the_ttl_and_books_once,
     an_instance_stopped_past_its_ttl_is_fenced_out_when_it_continues,
 );
+
+/// The soft open-file limit of process `pid`, from /proc.
+fn soft_open_files(pid: u32) -> u64 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    line.split_whitespace().nth(3).unwrap().parse().unwrap()
+}
+
+/// Under `ulimit -n 1024` the 1,024-connection cap was never reached:
+/// accepts failed ("Too many open files", thousands of lines), deliveries
+/// timed out instead of 503, nothing was counted. Now the soft limit is
+/// raised where the hard one allows; where it does not, the cap is lowered
+/// to fit and said, and connections past it get the counted 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_open_file_limit_is_raised_to_fit_the_caps_or_the_cap_is_lowered_to_fit_it() {
+    let ctx = TestContext::new().await;
+    let redis = ctx.redis_url.clone();
+
+    let roomy = ServeProcess::start_with_open_files(&env(&ctx, &redis), 400, 8192).await;
+    assert!(
+        soft_open_files(roomy.pid()) >= 1024,
+        "the soft limit is raised past the cap"
+    );
+    assert!(
+        !roomy
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("RLIMIT_NOFILE")),
+        "{:?}",
+        roomy.logs.lock().unwrap()
+    );
+    drop(roomy);
+
+    let tight = ServeProcess::start_with_open_files(&env(&ctx, &redis), 400, 400).await;
+    let warned = tight
+        .logs
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.contains("RLIMIT_NOFILE"))
+        .cloned()
+        .expect("the lowered cap is said");
+    let line: Value = serde_json::from_str(&warned).unwrap();
+    let cap = line["max_connections"].as_u64().expect("the cap it took") as usize;
+    assert!((1..400).contains(&cap), "{warned}");
+
+    let addr = crate::helpers::socket_of(&tight.base);
+    let mut held = Vec::new();
+    for _ in 0..cap {
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    wait_for("the cap is taken", Duration::from_secs(10), || async {
+        tight
+            .metric("fencehook_connections_open", &[("listener", "public")])
+            .await
+            == cap as f64
+    })
+    .await;
+    let mut beyond = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut beyond, &mut reply),
+    )
+    .await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply:?}");
+    let refused = tight
+        .metric(
+            "fencehook_connections_refused_total",
+            &[("listener", "public"), ("reason", "max_connections")],
+        )
+        .await;
+    assert_eq!(refused, 1.0);
+    let accept_errors = tight
+        .metric("fencehook_accept_errors_total", &[("listener", "public")])
+        .await;
+    assert_eq!(accept_errors, 0.0, "no descriptor ran out");
+    drop(held);
+}

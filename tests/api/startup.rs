@@ -195,6 +195,27 @@ async fn sighup_re_reads_the_providers_file_and_keeps_the_old_one_when_the_new_i
             .await,
         1.0
     );
+
+    // What the start refuses, a reload refuses: the development secret.
+    write(&format!("\"{}\"", fencehook::providers::DEV_SECRET));
+    p.signal("HUP");
+    wait_for(
+        "the published secret refused",
+        Duration::from_secs(10),
+        || async {
+            p.metric("fencehook_providers_reloads_total", &[("result", "error")])
+                .await
+                == 2.0
+        },
+    )
+    .await;
+    assert_eq!(
+        signed_with_new("tx_hup_5").await.status,
+        200,
+        "the providers in force are kept"
+    );
+    let logs = p.logs.lock().unwrap().join("\n");
+    assert!(logs.contains("DEVELOPMENT secret"), "{logs}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -128,6 +128,10 @@ impl TestContext {
             body_timeout: Duration::from_secs(10),
             max_inflight: 512,
             max_connections: 1024,
+            max_connections_per_peer: 1024,
+            connection_max_requests: 1000,
+            connection_max_age: Duration::from_secs(120),
+            allow_published_secrets: false,
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
             inbox: InboxConfig {
@@ -138,6 +142,7 @@ impl TestContext {
                 max_attempts: 20,
                 max_age: Duration::from_secs(3600),
                 retention: Duration::from_secs(86_400),
+                prune_interval: None,
                 idle_poll: Duration::from_secs(1),
             },
         }

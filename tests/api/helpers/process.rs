@@ -22,7 +22,25 @@ impl ServeProcess {
     /// Starts `fencehook serve` with `env` on ports it picks itself
     /// (`127.0.0.1:0`) and waits for its "serving" log line.
     pub async fn start(env: &[(&str, String)]) -> ServeProcess {
-        let mut cmd = fencehook_command("serve");
+        ServeProcess::start_with(fencehook_command("serve"), env).await
+    }
+
+    /// As [`ServeProcess::start`], under an open-file limit of `soft`
+    /// (`hard`) set by `prlimit` (util-linux), as `ulimit -n` would.
+    pub async fn start_with_open_files(
+        env: &[(&str, String)],
+        soft: u64,
+        hard: u64,
+    ) -> ServeProcess {
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--nofile={soft}:{hard}"))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_fencehook"))
+            .arg("serve");
+        ServeProcess::start_with(clean_env(cmd), env).await
+    }
+
+    async fn start_with(mut cmd: Command, env: &[(&str, String)]) -> ServeProcess {
         cmd.env("FENCEHOOK_LISTEN", "127.0.0.1:0")
             .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:0")
             .env("FENCEHOOK_GENERIC_SECRET", SECRET);
@@ -75,6 +93,12 @@ impl ServeProcess {
 fn fencehook_command(command: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencehook"));
     cmd.arg(command);
+    clean_env(cmd)
+}
+
+/// `cmd` (fencehook, or a wrapper that runs it) with the settings of
+/// [`fencehook_command`].
+fn clean_env(mut cmd: Command) -> Command {
     for (k, _) in std::env::vars() {
         if k.starts_with("FENCEHOOK_")
             || k == "DATABASE_URL"
