@@ -215,6 +215,10 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                 quarantine(state, provider, transaction_id, &why, &raw, QuarantineReason::Unmappable).await
             }
             Item::Event(ev) if draining => Answer::unavailable(Some(ev.transaction_id)),
+            // FENCEHOOK_REQUIRE_SYNC_REPLICATION and the last sample found
+            // commits not waiting for a standby: an acknowledgement could be
+            // lost in a failover, so none is given.
+            Item::Event(ev) if state.health.refuses_bookings() => Answer::unavailable(Some(ev.transaction_id)),
             Item::Event(ev) if state.inbox.is_some() => {
                 let inbox = state.inbox.as_ref().expect("checked");
                 match inbox.accept(&ev, psp_event_id, received).await {

@@ -130,6 +130,7 @@ impl TestContext {
             max_connections: 1024,
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
+            require_sync_replication: false,
             inbox: InboxConfig {
                 mode: Mode::Sync,
                 workers: 2,
