@@ -24,3 +24,4 @@ mod rsa_providers;
 mod schema;
 mod shutdown;
 mod startup;
+mod topology;

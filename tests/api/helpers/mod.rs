@@ -69,6 +69,22 @@ impl TestContext {
         ctx
     }
 
+    /// A test's database, created but not migrated: no table at all.
+    pub async fn empty() -> TestContext {
+        let ctx = TestContext::unmigrated();
+        let (admin, conn) = tokio_postgres::connect(&database_admin_url(), tokio_postgres::NoTls)
+            .await
+            .expect("admin connection");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{}\"", ctx.db_name))
+            .await
+            .expect("test database created");
+        ctx
+    }
+
     /// A test's database as the release with migrations up to `version` left it.
     pub async fn at_version(version: i32) -> TestContext {
         let ctx = TestContext::unmigrated();
