@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::helpers::postgres::PrivatePostgres;
 use crate::helpers::process::ServeProcess;
 use crate::helpers::proxy::FaultProxy;
 use crate::helpers::{payment, socket_of, wait_for, TestContext};
@@ -250,4 +251,91 @@ async fn without_the_requirement_asynchronous_replication_is_warned_about_once_a
     let lines = p.log_lines(warning);
     assert_eq!(lines.len(), 1, "once per start, not per probe: {lines:?}");
     assert!(lines[0].contains("WARN"), "{lines:?}");
+}
+
+/// A session on `url` whose commits do not wait for the (fake) standby.
+async fn local_commit_session(url: &str) -> tokio_postgres::Client {
+    let mut cfg: tokio_postgres::Config = url.parse().unwrap();
+    cfg.options("-c synchronous_commit=local");
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A private cluster names a standby that never connects: the probe's reads
+/// never wait for it, so the check is seen from both sides without a commit
+/// hanging (the database is migrated with `synchronous_commit = local`, and no
+/// delivery is sent while commits would wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn synchronous_replication_is_seen_on_a_primary_naming_a_standby_and_off_with_a_local_commit()
+{
+    let pg = PrivatePostgres::start(&["synchronous_standby_names=fake_standby"]).await;
+    let ctx = TestContext::new().await; // for its Redis prefix
+    let admin = local_commit_session(&pg.url("postgres")).await;
+    for sql in [
+        "CREATE DATABASE fh_sync",
+        "ALTER DATABASE fh_sync SET synchronous_commit = local",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
+    let url = pg.url("fh_sync");
+    fencehook::store::migrate::run(&url, fencehook::store::migrate::MissingDatabase::Refuse)
+        .await
+        .unwrap();
+    admin
+        .batch_execute("ALTER DATABASE fh_sync RESET synchronous_commit")
+        .await
+        .unwrap();
+    let mut e = env(&ctx);
+    e.retain(|(k, _)| *k != "DATABASE_URL");
+    e.push(("DATABASE_URL", url.clone()));
+    e.push(("FENCEHOOK_REQUIRE_SYNC_REPLICATION", "true".to_owned()));
+
+    let p = ServeProcess::start(&e).await;
+    let (status, body) = p.get_admin("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        readyz_json(&body)["synchronous_replication"],
+        "ok",
+        "{body}"
+    );
+    wait_for("the gauge at 1", Duration::from_secs(20), || async {
+        p.metric("fencehook_db_synchronous_replication", &[]).await == 1.0
+    })
+    .await;
+    assert!(p
+        .log_lines("do not wait for a synchronous standby")
+        .is_empty());
+    drop(p);
+
+    // The same cluster, but this database's sessions commit locally.
+    admin
+        .batch_execute("ALTER DATABASE fh_sync SET synchronous_commit = local")
+        .await
+        .unwrap();
+    let p = ServeProcess::start(&e).await;
+    let (status, body) = p.get_admin("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        readyz_json(&body)["synchronous_replication"]
+            .as_str()
+            .unwrap()
+            .contains("synchronous_commit = local (required)"),
+        "{body}"
+    );
+    assert_eq!(
+        p.metric("fencehook_db_synchronous_replication", &[]).await,
+        0.0
+    );
+    let r = p.deliver(&payment("pay_local_commit", 400)).await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+    let check = local_commit_session(&url).await;
+    let n: i64 = check
+        .query_one("SELECT count(*) FROM payments", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "nothing booked");
 }

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod downstream;
 pub mod metrics;
+pub mod postgres;
 pub mod process;
 pub mod proxy;
 
