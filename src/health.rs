@@ -20,6 +20,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const UNKNOWN: &str = "unknown: PostgreSQL does not answer";
 /// How often the upkeep samples gauges and probes the backends.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+/// Least time between two probes asked for by [`Health::nudge`].
+const NUDGE_SPACING: Duration = Duration::from_secs(1);
 /// How often (in upkeep ticks) lease rows unused for the counter's idle
 /// expiry are pruned (PostgreSQL lease backend; Redis keys expire by themselves).
 const PRUNE_EVERY_TICKS: u64 = 12;
@@ -92,6 +94,8 @@ pub struct Health {
     sync_replication: AtomicBool,
     /// The start's one warning about asynchronous replication is said.
     warned_async: AtomicBool,
+    /// [`Health::nudge`]: probe before the next tick.
+    nudged: tokio::sync::Notify,
 }
 
 impl Health {
@@ -113,6 +117,7 @@ impl Health {
             require_sync: false,
             sync_replication: AtomicBool::new(false),
             warned_async: AtomicBool::new(false),
+            nudged: tokio::sync::Notify::new(),
         };
         health.set_backend_up(false, false);
         health
@@ -256,18 +261,36 @@ impl Health {
         }
     }
 
+    /// A delivery failed on a database error: probe now rather than at the
+    /// next tick, so connections to a node that became read-only are dropped
+    /// before the PSP's retry arrives.
+    pub fn nudge(&self) {
+        self.nudged.notify_one();
+    }
+
     /// Every few seconds: gauges, probes, the stuck count, histogram upkeep;
-    /// now and then, the lease prune. Runs until the task is aborted.
+    /// now and then, the lease prune; and a probe when nudged. Runs until the
+    /// task is aborted.
     pub async fn upkeep(self: Arc<Self>) {
         let mut tick = tokio::time::interval(UPKEEP_EVERY);
-        for n in 0u64.. {
-            tick.tick().await;
+        let mut n = 0u64;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.nudged.notified() => {
+                    let _ = self.probe().await;
+                    // However many deliveries fail meanwhile: a probe a second at most.
+                    tokio::time::sleep(NUDGE_SPACING).await;
+                    continue;
+                }
+            }
+            n += 1;
             self.refresh_pool_gauges();
             let _ = self.probe().await;
             self.count_stuck().await;
             self.count_inbox().await;
             self.metrics.upkeep();
-            if n % PRUNE_EVERY_TICKS == PRUNE_EVERY_TICKS - 1 {
+            if n % PRUNE_EVERY_TICKS == 0 {
                 self.prune_leases().await;
             }
         }

@@ -242,6 +242,9 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                 }
                 Ok(outcome) => Answer::of_outcome(&outcome, ev.transaction_id),
                 Err(e) => {
+                    if matches!(e, crate::error::Error::Store(_)) {
+                        state.health.nudge();
+                    }
                     tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
                         kind = e.kind(), error = %crate::error::chain(&e), "item failed; answered 503");
                     Answer::unavailable(Some(ev.transaction_id))

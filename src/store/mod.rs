@@ -356,6 +356,8 @@ impl NodeState {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// Set by [`Store::node_state`] on a read-only node.
+    retire: db::Retire,
 }
 
 impl Store {
@@ -363,7 +365,8 @@ impl Store {
     /// down at start makes requests answer 503 (and `/readyz` say so) instead
     /// of stopping the process.
     pub fn new(cfg: &DbConfig) -> Result<Store, StoreError> {
-        let pool = db::pool(
+        let retire = db::Retire::default();
+        let pool = db::pool_with_retire(
             cfg,
             PoolSpec {
                 application_name: "fencehook",
@@ -371,8 +374,9 @@ impl Store {
                 size: cfg.pool_size,
                 wait: cfg.pool_wait,
             },
+            &retire,
         )?;
-        Ok(Store { pool })
+        Ok(Store { pool, retire })
     }
 
     pub fn pool_status(&self) -> deadpool_postgres::Status {
@@ -403,7 +407,8 @@ impl Store {
 
     /// What a pooled connection finds on its node, for `/readyz` and the
     /// health sampler. A connection to a node that cannot take writes is
-    /// dropped, not returned, and so are the idle ones: the pool then opens
+    /// dropped, not returned, and so are the idle ones (those in use are
+    /// dropped at their next checkout, see [`db::Retire`]): the pool then opens
     /// new connections, which a multi-host `DATABASE_URL` with
     /// `target_session_attrs=read-write` sends to the node that is primary now.
     pub async fn node_state(&self) -> Result<NodeState, StoreError> {
@@ -435,6 +440,7 @@ impl Store {
             schema_version,
         };
         if !state.writable() {
+            self.retire.all_open_now();
             drop(deadpool_postgres::Object::take(client));
             self.pool.retain(|_, _| false);
         }
