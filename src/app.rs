@@ -59,8 +59,9 @@ pub struct App {
     listener: TcpListener,
     /// The admin listener serves from the build on (see [`App::build`]).
     admin: AdminServer,
-    /// The health sampler, likewise running from the build on.
-    upkeep: tokio::task::JoinHandle<()>,
+    /// The health sampler, likewise running from the build on (and stopped
+    /// with the app, also when it is dropped unrun).
+    upkeep: AbortOnDrop,
     drain: Duration,
     max_connections: usize,
 }
@@ -139,10 +140,9 @@ impl App {
                 max_inflight: cfg.max_inflight,
             },
         ));
+        // An error below drops these, which stops the admin listener and the sampler.
         let admin = serve_admin(state.clone(), bind(cfg.admin_listen).await?);
-        let upkeep = tokio::spawn(state.health.clone().upkeep());
-        // Dropping these on an error below stops the admin listener and the sampler.
-        let started = (admin, AbortOnDrop(Some(upkeep)));
+        let upkeep = AbortOnDrop(tokio::spawn(state.health.clone().upkeep()));
         if cfg.migrate_on_start {
             let applied = crate::startup::migrate_when_reachable(&cfg.db.url).await?;
             if !applied.is_empty() {
@@ -150,14 +150,13 @@ impl App {
             }
         }
         let listener = bind(cfg.listen).await?;
-        let (admin, mut upkeep) = started;
         Ok(App {
             state,
             providers_file,
             hangup,
             listener,
             admin,
-            upkeep: upkeep.0.take().expect("set above"),
+            upkeep,
             drain: cfg.shutdown_timeout,
             max_connections: cfg.max_connections,
             workers,
@@ -232,7 +231,7 @@ impl App {
         }
         let _ = admin.stop.send(true);
         let _ = admin.task.await;
-        upkeep.abort();
+        drop(upkeep);
         reloads.abort();
         tracing::info!("stopped");
     }
@@ -400,13 +399,11 @@ fn serve_admin(state: Arc<State>, admin: TcpListener) -> AdminServer {
 }
 
 /// Aborts a task when dropped: a build that fails halfway leaves nothing running.
-struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
-            task.abort();
-        }
+        self.0.abort();
     }
 }
 
