@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::helpers::postgres::PrivatePostgres;
-use crate::helpers::process::ServeProcess;
+use crate::helpers::process::{ServeProcess, WorkProcess};
 use crate::helpers::proxy::FaultProxy;
 use crate::helpers::{payment, socket_of, wait_for, TestContext};
 
@@ -335,4 +335,37 @@ async fn synchronous_replication_is_seen_on_a_primary_naming_a_standby_and_off_w
         .unwrap()
         .get(0);
     assert_eq!(n, 0, "nothing booked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn work_started_before_postgres_waits_for_it_then_migrates_and_starts_its_workers() {
+    let ctx = TestContext::empty().await;
+    let pg = FaultProxy::start(socket_of(&ctx.database_url)).await;
+    pg.cut();
+    let mut e = env(&ctx);
+    e.retain(|(k, _)| *k != "DATABASE_URL");
+    e.push(("DATABASE_URL", ctx.database_url_via(pg.addr())));
+    e.push(("FENCEHOOK_MIGRATE_ON_START", "true".to_owned()));
+    // The outage lasts two seconds: long enough for several tries.
+    let (w, ()) = tokio::join!(WorkProcess::start(&e), async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        pg.restore();
+    });
+    let logs = w.logs.lock().unwrap().clone();
+    let waiting = logs
+        .iter()
+        .filter(|l| l.contains("PostgreSQL does not answer; waiting for it"))
+        .count();
+    assert_eq!(waiting, 1, "{logs:?}");
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("PostgreSQL answers; the start goes on")),
+        "{logs:?}"
+    );
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM pg_tables WHERE tablename = 'events'")
+            .await,
+        1,
+        "migrated once PostgreSQL answered"
+    );
 }
