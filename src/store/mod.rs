@@ -398,13 +398,6 @@ impl Store {
         Ok(client.query_one(&stmt, &[&ms]).await?.get(0))
     }
 
-    /// Readiness probe.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        let client = self.pool.get().await?;
-        client.simple_query("SELECT 1").await?;
-        Ok(())
-    }
-
     /// What a pooled connection finds on its node, for `/readyz` and the
     /// health sampler. A connection to a node that cannot take writes is
     /// dropped, not returned, and so are the idle ones (those in use are
