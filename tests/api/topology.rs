@@ -369,3 +369,114 @@ async fn work_started_before_postgres_waits_for_it_then_migrates_and_starts_its_
         "migrated once PostgreSQL answered"
     );
 }
+
+/// A session on `url` that stays writable whatever the server's default.
+async fn writable_session(url: &str) -> tokio_postgres::Client {
+    let mut cfg: tokio_postgres::Config = url.parse().unwrap();
+    cfg.options("-c default_transaction_read_only=off");
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+async fn fencehook_backends(admin: &tokio_postgres::Client) -> Vec<i32> {
+    admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'fencehook'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// A private cluster turned read-only under a running instance (as a
+/// demoted primary is): its pooled connections' writes are refused with
+/// SQLSTATE 25006, answered 503, those connections are dropped, and once the
+/// node takes writes again the retry is booked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_becomes_read_only_is_answered_503_its_connections_dropped_and_the_retry_booked_once(
+) {
+    let pg = PrivatePostgres::start(&[]).await;
+    let ctx = TestContext::new().await; // for its Redis prefix
+    let admin = writable_session(&pg.url("postgres")).await;
+    admin.batch_execute("CREATE DATABASE fh_ro").await.unwrap();
+    let url = pg.url("fh_ro");
+    fencehook::store::migrate::run(&url, fencehook::store::migrate::MissingDatabase::Refuse)
+        .await
+        .unwrap();
+    let db = writable_session(&url).await;
+    let count = |sql: &'static str| {
+        let db = &db;
+        async move { db.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    let mut e = env(&ctx);
+    e.retain(|(k, _)| *k != "DATABASE_URL");
+    e.push(("DATABASE_URL", url.clone()));
+    let p = ServeProcess::start(&e).await;
+    let first = payment("pay_before", 100);
+    let r = p.deliver(&first).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let before = fencehook_backends(&admin).await;
+    assert!(!before.is_empty());
+
+    admin
+        .batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    let second = payment("pay_during", 200);
+    wait_for(
+        "a delivery refused by the read-only node",
+        Duration::from_secs(20),
+        || async {
+            let r = p.deliver(&second).await;
+            assert_ne!(r.status, 200, "nothing acknowledged once read-only: {r:?}");
+            r.status == 503
+        },
+    )
+    .await;
+    assert_eq!(
+        count("SELECT count(*) FROM payments WHERE transaction_id = 'pay_during'").await,
+        0
+    );
+    wait_for(
+        "the connections to the read-only node dropped",
+        Duration::from_secs(20),
+        || async {
+            let now = fencehook_backends(&admin).await;
+            before.iter().all(|pid| !now.contains(pid))
+        },
+    )
+    .await;
+
+    admin
+        .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    wait_for("/readyz 200 again", Duration::from_secs(20), || async {
+        p.get_admin("/readyz").await.0 == 200
+    })
+    .await;
+    let r = p.deliver(&second).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let r = p.deliver(&first).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    assert_eq!(count("SELECT count(*) FROM payments").await, 2);
+    assert_eq!(
+        count("SELECT count(*) FROM ledger_entries").await,
+        2,
+        "each booked once"
+    );
+}
