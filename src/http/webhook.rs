@@ -226,6 +226,9 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                     Ok(Accepted::Duplicate) => Answer::with_transaction(WebhookResult::Duplicate, ev.transaction_id),
                     Ok(Accepted::Mismatch) => Answer::with_transaction(WebhookResult::PayloadMismatch, ev.transaction_id),
                     Err(e) => {
+                        if matches!(e, crate::error::Error::Store(_)) {
+                            state.health.nudge();
+                        }
                         tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
                             kind = e.kind(), error = %crate::error::chain(&e), "could not accept; answered 503");
                         Answer::unavailable(Some(ev.transaction_id))
