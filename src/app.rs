@@ -21,7 +21,7 @@ use crate::inbox::Inbox;
 use crate::lease::{Lease, LeaseError};
 use crate::metrics::{Listener, Metrics, Reload};
 use crate::processor::Processor;
-use crate::store::migrate::{self, MigrateError};
+use crate::store::migrate::MigrateError;
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +61,11 @@ pub struct App {
     /// Inbox workers to run beside the listeners.
     workers: usize,
     listener: TcpListener,
-    admin: TcpListener,
+    /// The admin listener serves from the build on (see [`App::build`]).
+    admin: AdminServer,
+    /// The health sampler, likewise running from the build on (and stopped
+    /// with the app, also when it is dropped unrun).
+    upkeep: AbortOnDrop,
     /// The public listener's bounds.
     limits: Limits,
     /// `FENCEHOOK_ALLOW_PUBLISHED_SECRETS`, for the file re-read on SIGHUP.
@@ -100,7 +104,19 @@ impl Prune {
     }
 }
 
+/// The admin listener, serving: its address, and how to stop it.
+struct AdminServer {
+    addr: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
 impl App {
+    /// Builds the rooms, binds the admin listener and serves it at once, then
+    /// (with `FENCEHOOK_MIGRATE_ON_START`) waits for PostgreSQL and migrates,
+    /// and only then binds the public listener: during the wait `/healthz`
+    /// says the process is alive and `/readyz` names what is missing, and no
+    /// delivery reaches a database that is not there yet or not migrated.
     pub async fn build(cfg: Config) -> Result<App, AppError> {
         App::assemble(cfg, |p| p).await
     }
@@ -118,14 +134,10 @@ impl App {
         cfg: Config,
         processor_with: impl FnOnce(Processor) -> Processor,
     ) -> Result<App, AppError> {
-        if cfg.migrate_on_start {
-            let applied = migrate::ensure_current(&cfg.db.url).await?;
-            if !applied.is_empty() {
-                tracing::info!(?applied, "migrations applied");
-            }
-        }
+        let hangup = listen_for_sighup();
         let names: Vec<String> = cfg.providers.iter().map(|p| p.name.clone()).collect();
         let metrics = Metrics::new(&names);
+        // Pools connect lazily: nothing here needs the database up.
         let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
         let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
         let downstream = cfg
@@ -142,22 +154,23 @@ impl App {
         let inbox_mode = cfg.inbox.mode == Mode::Inbox;
         let inbox = inbox_mode.then(|| Arc::new(inbox_of(&cfg, &store, &processor, &metrics)));
         let prune = Prune::of(&cfg, &store, &metrics);
-        let health = Arc::new(Health::new(
-            store,
-            lease,
-            metrics.clone(),
-            cfg.lease.max_hold,
-            cfg.lease.fence_key_ttl,
-            inbox_mode,
-        ));
-        let listener = bind(cfg.listen).await?;
-        let admin = bind(cfg.admin_listen).await?;
+        let health = Arc::new(
+            Health::new(
+                store,
+                lease,
+                metrics.clone(),
+                cfg.lease.max_hold,
+                cfg.lease.fence_key_ttl,
+                inbox_mode,
+            )
+            .requiring_sync_replication(cfg.require_sync_replication),
+        );
         let mut limits = Limits::public(&cfg, metrics.clone());
         limits.max_connections = fit_open_files(&cfg);
         let allow_published_secrets = cfg.allow_published_secrets;
         let workers = cfg.inbox.workers;
         let providers_file = cfg.providers_file.clone();
-        let state = State::new(
+        let state = Arc::new(State::new(
             cfg.providers,
             processor,
             inbox,
@@ -168,13 +181,24 @@ impl App {
                 body_timeout: cfg.body_timeout,
                 max_inflight: cfg.max_inflight,
             },
-        );
+        ));
+        // An error below drops these, which stops the admin listener and the sampler.
+        let admin = serve_admin(state.clone(), bind(cfg.admin_listen).await?);
+        let upkeep = AbortOnDrop(tokio::spawn(state.health.clone().upkeep()));
+        if cfg.migrate_on_start {
+            let applied = crate::startup::migrate_when_reachable(&cfg.db.url).await?;
+            if !applied.is_empty() {
+                tracing::info!(?applied, "migrations applied");
+            }
+        }
+        let listener = bind(cfg.listen).await?;
         Ok(App {
-            state: Arc::new(state),
+            state,
             providers_file,
-            hangup: listen_for_sighup(),
+            hangup,
             listener,
             admin,
+            upkeep,
             limits,
             allow_published_secrets,
             prune,
@@ -190,10 +214,7 @@ impl App {
     }
 
     pub fn admin_port(&self) -> u16 {
-        self.admin
-            .local_addr()
-            .map(|a| a.port())
-            .unwrap_or_default()
+        self.admin.addr.map(|a| a.port()).unwrap_or_default()
     }
 
     /// The handlers' shared state (tests read its metrics).
@@ -211,6 +232,7 @@ impl App {
             state,
             listener,
             admin,
+            upkeep,
             limits,
             allow_published_secrets,
             prune,
@@ -220,7 +242,6 @@ impl App {
         } = self;
         let pruning = Prune::spawn(prune);
         let drain = limits.drain;
-        let upkeep = tokio::spawn(state.health.clone().upkeep());
         let reloads = tokio::spawn(reload_on_sighup(
             state.clone(),
             providers_file,
@@ -232,32 +253,6 @@ impl App {
             .inbox
             .clone()
             .map(|inbox| tokio::spawn(inbox.run(workers, workers_stopped)));
-        let (admin_stop_tx, mut admin_stop_rx) = watch::channel(false);
-        let admin_task = tokio::spawn({
-            // Probes and scrapers come from a few addresses (no per-peer
-            // cap); half-open connections cannot keep them out, because a
-            // new connection takes the slot of the oldest one between
-            // requests.
-            let limits = Limits {
-                listener: Listener::Admin,
-                max_connections: ADMIN_MAX_CONNECTIONS,
-                max_per_peer: usize::MAX,
-                max_requests: u64::MAX,
-                max_age: Duration::MAX,
-                head_timeout: ADMIN_HEAD_TIMEOUT,
-                evict_idle: true,
-                drain: ADMIN_DRAIN,
-                metrics: state.metrics.clone(),
-            };
-            let state = state.clone();
-            let handler = Arc::new(move |req| crate::http::admin::handle(state.clone(), req));
-            async move {
-                let stop = async move {
-                    let _ = admin_stop_rx.wait_for(|stop| *stop).await;
-                };
-                crate::http::serve(admin, handler, stop, limits).await;
-            }
-        });
         let public_shutdown = {
             let state = state.clone();
             async move {
@@ -279,9 +274,9 @@ impl App {
                 tracing::warn!("inbox workers still busy past the drain timeout; their events will be taken again");
             }
         }
-        let _ = admin_stop_tx.send(true);
-        let _ = admin_task.await;
-        upkeep.abort();
+        let _ = admin.stop.send(true);
+        let _ = admin.task.await;
+        drop(upkeep);
         reloads.abort();
         if let Some(p) = pruning {
             p.abort();
@@ -371,8 +366,10 @@ pub struct Workers {
 
 impl Workers {
     pub async fn build(cfg: Config) -> Result<Workers, AppError> {
+        // Before the wait for the database: a SIGHUP meanwhile must not end it.
+        let hangup = listen_for_sighup();
         if cfg.migrate_on_start {
-            migrate::ensure_current(&cfg.db.url).await?;
+            crate::startup::migrate_when_reachable(&cfg.db.url).await?;
         }
         let metrics = Metrics::new(&[]);
         let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
@@ -390,16 +387,19 @@ impl Workers {
         );
         let inbox = Arc::new(inbox_of(&cfg, &store, &processor, &metrics));
         let prune = Prune::of(&cfg, &store, &metrics);
-        let health = Arc::new(Health::new(
-            store,
-            lease,
-            metrics,
-            cfg.lease.max_hold,
-            cfg.lease.fence_key_ttl,
-            true,
-        ));
+        let health = Arc::new(
+            Health::new(
+                store,
+                lease,
+                metrics,
+                cfg.lease.max_hold,
+                cfg.lease.fence_key_ttl,
+                true,
+            )
+            .requiring_sync_replication(cfg.require_sync_replication),
+        );
         Ok(Workers {
-            hangup: listen_for_sighup(),
+            hangup,
             prune,
             inbox,
             health,
@@ -432,6 +432,49 @@ impl Workers {
             p.abort();
         }
         tracing::info!("stopped");
+    }
+}
+
+/// Serves the admin listener until its `stop` is sent (or dropped).
+fn serve_admin(state: Arc<State>, admin: TcpListener) -> AdminServer {
+    let addr = admin.local_addr().ok();
+    if let Some(addr) = addr {
+        tracing::info!(
+            admin_port = addr.port(),
+            "admin listener up: /healthz, /readyz, /metrics"
+        );
+    }
+    let (stop, mut stopped) = watch::channel(false);
+    // Probes and scrapers come from a few addresses (no per-peer cap);
+    // half-open connections cannot keep them out, because a new connection
+    // takes the slot of the oldest one between requests.
+    let limits = Limits {
+        listener: Listener::Admin,
+        max_connections: ADMIN_MAX_CONNECTIONS,
+        max_per_peer: usize::MAX,
+        max_requests: u64::MAX,
+        max_age: Duration::MAX,
+        head_timeout: ADMIN_HEAD_TIMEOUT,
+        evict_idle: true,
+        drain: ADMIN_DRAIN,
+        metrics: state.metrics.clone(),
+    };
+    let task = tokio::spawn(async move {
+        let handler = Arc::new(move |req| crate::http::admin::handle(state.clone(), req));
+        let stop = async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        crate::http::serve(admin, handler, stop, limits).await;
+    });
+    AdminServer { addr, stop, task }
+}
+
+/// Aborts a task when dropped: a build that fails halfway leaves nothing running.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

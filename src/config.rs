@@ -145,6 +145,11 @@ pub struct ServeArgs {
     /// Apply migrations from sql/ at start.
     #[arg(long, env = "FENCEHOOK_MIGRATE_ON_START", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate_on_start: bool,
+    /// Answer deliveries 503 (and `/readyz` 503) while the database's commits
+    /// do not wait for a synchronous standby: an acknowledged payment could
+    /// otherwise be lost in a failover.
+    #[arg(long, env = "FENCEHOOK_REQUIRE_SYNC_REPLICATION", default_value_t = false, action = clap::ArgAction::Set)]
+    pub require_sync_replication: bool,
     /// Log format.
     #[arg(long, env = "FENCEHOOK_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -404,19 +409,33 @@ impl Config {
     }
 }
 
-/// Where a database URL points, for the start log: host, port and
-/// database name (never the user or password).
+/// Where a database URL points, for the start log: every host with its
+/// port (a multi-host URL lists the nodes of a failover pair or cluster, and
+/// an operator needs to see that all of them were taken) and the database
+/// name; never the user or password.
 pub fn database_target(url: &str) -> String {
     let Ok(cfg) = url.parse::<tokio_postgres::Config>() else {
         return "?".to_owned();
     };
-    let host = match cfg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
-        None => "localhost".to_owned(),
+    let ports = cfg.get_ports();
+    // One port given applies to every host; none means the default.
+    let port_of = |i: usize| match ports.len() {
+        0 => 5432,
+        1 => ports[0],
+        _ => ports.get(i).copied().unwrap_or(5432),
     };
-    let port = cfg.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}/{}", cfg.get_dbname().unwrap_or("?"))
+    let hosts: Vec<String> = match cfg.get_hosts() {
+        [] => vec![format!("localhost:{}", port_of(0))],
+        hosts => hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| match h {
+                tokio_postgres::config::Host::Tcp(h) => format!("{h}:{}", port_of(i)),
+                tokio_postgres::config::Host::Unix(p) => format!("{}:{}", p.display(), port_of(i)),
+            })
+            .collect(),
+    };
+    format!("{}/{}", hosts.join(","), cfg.get_dbname().unwrap_or("?"))
 }
 
 /// Where `REDIS_URL` points, for the start log: host:port/db of each node,
@@ -475,6 +494,8 @@ pub struct Config {
     pub allow_published_secrets: bool,
     pub shutdown_timeout: Duration,
     pub migrate_on_start: bool,
+    /// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`.
+    pub require_sync_replication: bool,
     pub inbox: InboxConfig,
 }
 
@@ -665,6 +686,7 @@ impl ServeArgs {
             allow_published_secrets: self.allow_published_secrets,
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
             migrate_on_start: self.migrate_on_start,
+            require_sync_replication: self.require_sync_replication,
             inbox: self.inbox.validate()?,
         })
     }
@@ -999,6 +1021,20 @@ mod tests {
         let now = time::OffsetDateTime::now_utc();
         assert!(time_before(now, cfg.inbox.retention).is_some_and(|t| t < now));
         assert_eq!(time_before(now, Duration::MAX), None);
+    }
+
+    #[test]
+    fn the_start_log_names_every_host_of_a_multi_host_database_url() {
+        assert_eq!(
+            database_target(
+                "postgresql://app:s3cret@h1:5432,h2:5433/payments?target_session_attrs=read-write"
+            ),
+            "h1:5432,h2:5433/payments"
+        );
+        assert_eq!(
+            database_target("host=h1,h2,h3 port=6432 user=app password=s3cret dbname=pay"),
+            "h1:6432,h2:6432,h3:6432/pay"
+        );
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! PostgreSQL connection pools: one builder for the store's pool and the
 //! PostgreSQL lease backend's, so both connect, time out and recover alike.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 use crate::config::DbConfig;
@@ -36,6 +37,36 @@ pub enum PoolBuildError {
 /// themselves. Nothing connects here: a database that is down at start makes
 /// requests answer 503 (and `/readyz` say so) instead of stopping the process.
 pub fn pool(cfg: &DbConfig, spec: PoolSpec<'_>) -> Result<Pool, PoolBuildError> {
+    pool_with_retire(cfg, spec, &Retire::default())
+}
+
+/// Connections opened before a moment, never handed out again: set when a
+/// probe finds the node read-only, so the connections a failover left on a
+/// demoted primary (also those in use then) are replaced at their next
+/// checkout instead of refusing writes until they break.
+#[derive(Clone, Default)]
+pub struct Retire(Arc<Mutex<Option<Instant>>>);
+
+impl Retire {
+    /// Retires every connection open now.
+    pub fn all_open_now(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    fn retired(&self, created: Instant) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|before| created <= before)
+    }
+}
+
+/// As [`pool`], with connections retired by `retire` dropped at checkout.
+pub fn pool_with_retire(
+    cfg: &DbConfig,
+    spec: PoolSpec<'_>,
+    retire: &Retire,
+) -> Result<Pool, PoolBuildError> {
     let mut pg: tokio_postgres::Config = cfg.url.parse().map_err(PoolBuildError::Url)?;
     pg.application_name(spec.application_name);
     let mut options = format!(
@@ -59,7 +90,15 @@ pub fn pool(cfg: &DbConfig, spec: PoolSpec<'_>) -> Result<Pool, PoolBuildError> 
             recycling_method: RecyclingMethod::Fast,
         },
     );
+    let retire = retire.clone();
     Pool::builder(manager)
+        .pre_recycle(Hook::sync_fn(move |_, metrics| {
+            if retire.retired(metrics.created) {
+                Err(HookError::message("opened on a node that became read-only"))
+            } else {
+                Ok(())
+            }
+        }))
         .max_size(spec.size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(spec.wait))
@@ -67,4 +106,20 @@ pub fn pool(cfg: &DbConfig, spec: PoolSpec<'_>) -> Result<Pool, PoolBuildError> 
         .recycle_timeout(Some(cfg.connect_timeout))
         .build()
         .map_err(PoolBuildError::Build)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retiring_covers_the_connections_open_then_and_not_later_ones() {
+        let retire = Retire::default();
+        let before = Instant::now();
+        assert!(!retire.retired(before), "nothing retired yet");
+        retire.all_open_now();
+        assert!(retire.retired(before));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!retire.retired(Instant::now()));
+    }
 }

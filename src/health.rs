@@ -1,32 +1,81 @@
 //! What the admin listener and the periodic upkeep report about the backends:
-//! readiness probes, `fencehook_backend_up`, the pool gauges and the count of
-//! payments stuck in `processing`. Deliveries never wait on anything here.
+//! readiness probes (a writable node, the schema, the lease backend,
+//! synchronous replication), `fencehook_backend_up`,
+//! `fencehook_db_synchronous_replication`, the pool gauges and the count of
+//! payments stuck in `processing`. Deliveries never wait on anything here:
+//! they read the last sample ([`Health::refuses_bookings`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lease::Lease;
 use crate::metrics::{self, Backend, InboxStatus, Metrics};
-use crate::store::Store;
+use crate::store::migrate::MIN_SCHEMA_VERSION;
+use crate::store::{NodeState, Store};
 
 /// Bound on one readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// What `/readyz` says of a check it could not make.
+const UNKNOWN: &str = "unknown: PostgreSQL does not answer";
 /// How often the upkeep samples gauges and probes the backends.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+/// Least time between two probes asked for by [`Health::nudge`].
+const NUDGE_SPACING: Duration = Duration::from_secs(1);
 /// How often (in upkeep ticks) lease rows unused for the counter's idle
 /// expiry are pruned (PostgreSQL lease backend; Redis keys expire by themselves).
 const PRUNE_EVERY_TICKS: u64 = 12;
 
-/// The result of probing both backends: `Err` holds the cause for `/readyz`.
+/// The result of probing the backends: each `Err` holds the cause for `/readyz`.
 pub struct Probe {
+    /// A pooled connection answers and its node takes writes.
     pub postgres: Result<(), String>,
+    /// The schema is at least [`MIN_SCHEMA_VERSION`].
+    pub schema: Result<(), String>,
     pub lease: Result<(), String>,
+    /// Commits wait for a synchronous standby.
+    pub sync_replication: Result<(), String>,
+    /// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`: `sync_replication` decides readiness.
+    pub sync_required: bool,
 }
 
 impl Probe {
     pub fn ok(&self) -> bool {
-        self.postgres.is_ok() && self.lease.is_ok()
+        self.postgres.is_ok()
+            && self.schema.is_ok()
+            && self.lease.is_ok()
+            && (self.sync_replication.is_ok() || !self.sync_required)
     }
+}
+
+/// The node's checks, from what a pooled connection found there.
+fn node_checks(node: &NodeState) -> (Result<(), String>, Result<(), String>, Result<(), String>) {
+    let postgres = if node.in_recovery {
+        Err("the node is a standby (pg_is_in_recovery); writes are refused".to_owned())
+    } else if node.read_only {
+        Err("the node is read-only (transaction_read_only = on)".to_owned())
+    } else {
+        Ok(())
+    };
+    let schema = if node.schema_version >= MIN_SCHEMA_VERSION {
+        Ok(())
+    } else {
+        Err(format!(
+            "schema at version {}, this binary needs at least {MIN_SCHEMA_VERSION}: run `fencehook migrate`",
+            node.schema_version
+        ))
+    };
+    let sync = if node.commits_wait_for_a_standby() {
+        Ok(())
+    } else if node.synchronous_standby_names.trim().is_empty() {
+        Err("off: synchronous_standby_names is empty".to_owned())
+    } else {
+        Err(format!(
+            "off: synchronous_commit = {}",
+            node.synchronous_commit
+        ))
+    };
+    (postgres, schema, sync)
 }
 
 pub struct Health {
@@ -39,6 +88,14 @@ pub struct Health {
     counter_idle: Duration,
     /// Inbox mode: sample `fencehook_inbox_rows`.
     inbox: bool,
+    /// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`.
+    require_sync: bool,
+    /// The last sample found commits waiting for a synchronous standby.
+    sync_replication: AtomicBool,
+    /// The start's one warning about asynchronous replication is said.
+    warned_async: AtomicBool,
+    /// [`Health::nudge`]: probe before the next tick.
+    nudged: tokio::sync::Notify,
 }
 
 impl Health {
@@ -57,8 +114,16 @@ impl Health {
             max_hold,
             counter_idle,
             inbox,
+            require_sync: false,
+            sync_replication: AtomicBool::new(false),
+            warned_async: AtomicBool::new(false),
+            nudged: tokio::sync::Notify::new(),
         };
         health.set_backend_up(false, false);
+        health
+            .metrics
+            .gauge(metrics::DB_SYNCHRONOUS_REPLICATION, &[])
+            .set(0.0);
         health
             .metrics
             .gauge(metrics::PAYMENTS_STUCK_PROCESSING, &[])
@@ -77,25 +142,77 @@ impl Health {
         m.gauge(metrics::DB_POOL_WAITING, &[]).set(s.waiting as f64);
     }
 
-    /// Pings PostgreSQL and the lease backend (bounded) and updates
-    /// `fencehook_backend_up`.
+    /// With `FENCEHOOK_REQUIRE_SYNC_REPLICATION=true`: deliveries are refused
+    /// while commits do not wait for a synchronous standby.
+    pub fn requiring_sync_replication(mut self, required: bool) -> Health {
+        self.require_sync = required;
+        self
+    }
+
+    /// Whether deliveries must be answered 503 now: synchronous replication is
+    /// required and the last sample did not find it (or none was taken yet).
+    /// An atomic read: no round trip per delivery.
+    pub fn refuses_bookings(&self) -> bool {
+        self.require_sync && !self.sync_replication.load(Ordering::Relaxed)
+    }
+
+    /// Probes PostgreSQL (a pooled connection, what its node is) and the
+    /// lease backend (bounded), and updates `fencehook_backend_up` and the
+    /// synchronous-replication sample.
     pub async fn probe(&self) -> Probe {
         let (pg, lease) = tokio::join!(
-            tokio::time::timeout(PROBE_TIMEOUT, self.store.ping()),
+            tokio::time::timeout(PROBE_TIMEOUT, self.store.node_state()),
             tokio::time::timeout(PROBE_TIMEOUT, self.lease.ping()),
         );
-        let pg = match pg {
-            Ok(r) => r.map_err(|e| crate::error::chain(&e)),
-            Err(_) => Err("timed out".to_owned()),
+        let (postgres, schema, sync_replication) = match pg {
+            Ok(Ok(node)) => {
+                let checks = node_checks(&node);
+                self.record_sync_replication(checks.2.is_ok(), &node);
+                checks
+            }
+            Ok(Err(e)) => {
+                let e = crate::error::chain(&e);
+                (Err(e), Err(UNKNOWN.to_owned()), Err(UNKNOWN.to_owned()))
+            }
+            Err(_) => (
+                Err("timed out".to_owned()),
+                Err(UNKNOWN.to_owned()),
+                Err(UNKNOWN.to_owned()),
+            ),
         };
         let lease = match lease {
             Ok(r) => r.map_err(|e| crate::error::chain(&e)),
             Err(_) => Err("timed out".to_owned()),
         };
-        self.set_backend_up(pg.is_ok(), lease.is_ok());
+        self.set_backend_up(postgres.is_ok(), lease.is_ok());
         Probe {
-            postgres: pg,
+            postgres,
+            schema,
             lease,
+            sync_replication,
+            sync_required: self.require_sync,
+        }
+    }
+
+    /// Keeps the last answer (unknown while PostgreSQL does not answer: the
+    /// last one stands), exports it, and warns once per start when commits
+    /// do not wait for a standby — a probe every few seconds must not repeat it.
+    fn record_sync_replication(&self, on: bool, node: &NodeState) {
+        self.sync_replication.store(on, Ordering::Relaxed);
+        self.metrics
+            .gauge(metrics::DB_SYNCHRONOUS_REPLICATION, &[])
+            .set(if on { 1.0 } else { 0.0 });
+        if !on && !self.warned_async.swap(true, Ordering::Relaxed) {
+            let consequence = if self.require_sync {
+                "deliveries are answered 503 until it is (FENCEHOOK_REQUIRE_SYNC_REPLICATION)"
+            } else {
+                "an acknowledged payment can be lost if the primary fails over"
+            };
+            tracing::warn!(
+                synchronous_standby_names = %node.synchronous_standby_names,
+                synchronous_commit = %node.synchronous_commit,
+                "PostgreSQL commits do not wait for a synchronous standby; {consequence}"
+            );
         }
     }
 
@@ -149,20 +266,110 @@ impl Health {
         }
     }
 
+    /// A delivery failed on a database error: probe now rather than at the
+    /// next tick, so connections to a node that became read-only are dropped
+    /// before the PSP's retry arrives.
+    pub fn nudge(&self) {
+        self.nudged.notify_one();
+    }
+
     /// Every few seconds: gauges, probes, the stuck count, histogram upkeep;
-    /// now and then, the lease prune. Runs until the task is aborted.
+    /// now and then, the lease prune; and a probe when nudged. Runs until the
+    /// task is aborted.
     pub async fn upkeep(self: Arc<Self>) {
         let mut tick = tokio::time::interval(UPKEEP_EVERY);
-        for n in 0u64.. {
-            tick.tick().await;
+        let mut n = 0u64;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.nudged.notified() => {
+                    let _ = self.probe().await;
+                    // However many deliveries fail meanwhile: a probe a second at most.
+                    tokio::time::sleep(NUDGE_SPACING).await;
+                    continue;
+                }
+            }
+            n += 1;
             self.refresh_pool_gauges();
             let _ = self.probe().await;
             self.count_stuck().await;
             self.count_inbox().await;
             self.metrics.upkeep();
-            if n % PRUNE_EVERY_TICKS == PRUNE_EVERY_TICKS - 1 {
+            if n % PRUNE_EVERY_TICKS == 0 {
                 self.prune_leases().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(standbys: &str, commit: &str) -> NodeState {
+        NodeState {
+            in_recovery: false,
+            read_only: false,
+            synchronous_standby_names: standbys.to_owned(),
+            synchronous_commit: commit.to_owned(),
+            schema_version: MIN_SCHEMA_VERSION,
+        }
+    }
+
+    #[test]
+    fn commits_wait_for_a_standby_only_with_one_named_and_a_waiting_synchronous_commit() {
+        for commit in ["on", "remote_write", "remote_apply"] {
+            assert!(
+                node("standby1", commit).commits_wait_for_a_standby(),
+                "{commit}"
+            );
+            assert!(
+                node("ANY 1 (a, b)", commit).commits_wait_for_a_standby(),
+                "{commit}"
+            );
+            assert!(!node("", commit).commits_wait_for_a_standby(), "{commit}");
+            assert!(!node("  ", commit).commits_wait_for_a_standby(), "{commit}");
+        }
+        for commit in ["local", "off"] {
+            assert!(
+                !node("standby1", commit).commits_wait_for_a_standby(),
+                "{commit}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_standby_a_read_only_node_and_an_old_schema_are_each_named() {
+        let (pg, schema, sync) = node_checks(&node("s1", "on"));
+        assert!(pg.is_ok() && schema.is_ok() && sync.is_ok());
+        let standby = NodeState {
+            in_recovery: true,
+            ..node("", "on")
+        };
+        assert!(node_checks(&standby).0.unwrap_err().contains("standby"));
+        let read_only = NodeState {
+            read_only: true,
+            ..node("", "on")
+        };
+        assert!(node_checks(&read_only).0.unwrap_err().contains("read-only"));
+        let old = NodeState {
+            schema_version: MIN_SCHEMA_VERSION - 1,
+            ..node("", "on")
+        };
+        assert!(node_checks(&old)
+            .1
+            .unwrap_err()
+            .contains("fencehook migrate"));
+        let local = node("s1", "local");
+        assert!(node_checks(&local)
+            .2
+            .unwrap_err()
+            .contains("synchronous_commit = local"));
+    }
+
+    #[test]
+    fn the_schema_this_binary_needs_is_one_it_carries() {
+        let latest = crate::store::migrate::latest_version();
+        assert!((1..=latest).contains(&MIN_SCHEMA_VERSION), "{latest}");
     }
 }

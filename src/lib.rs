@@ -23,6 +23,8 @@
 //! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
 //!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
 //!   scripts ([`lease::redis`]) and the PostgreSQL backend.
+//! - [`startup`]: the start before the database (waiting for PostgreSQL
+//!   with a backoff before migrating).
 //! - [`store`]: fenced writes returning outcome enums, SQLSTATE
 //!   classification, migrations ([`store::migrate`]), the invariant
 //!   checks of `fencehook audit` ([`store::audit`]), the drain figures
@@ -60,4 +62,5 @@ pub mod lease;
 pub mod metrics;
 pub mod processor;
 pub mod providers;
+pub mod startup;
 pub mod store;

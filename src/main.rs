@@ -359,10 +359,13 @@ fn log_targets(cfg: &fencehook::config::Config) {
 async fn warn_unreachable(health: &fencehook::health::Health) {
     let probe = health.probe().await;
     if let Err(e) = &probe.postgres {
-        tracing::warn!(error = %e, "PostgreSQL does not answer at start; deliveries answer 503 until it does");
+        tracing::warn!(error = %e, "PostgreSQL is not ready at start (unreachable, or takes no writes); deliveries answer 503 until it is");
     }
     if let Err(e) = &probe.lease {
         tracing::warn!(error = %e, "the lease backend does not answer at start; deliveries answer 503 until it does");
+    }
+    if let (Ok(()), Err(e)) = (&probe.postgres, &probe.schema) {
+        tracing::warn!(error = %e, "the schema is older than this binary needs; /readyz says 503 until it is migrated");
     }
 }
 

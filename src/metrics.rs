@@ -38,6 +38,7 @@ pub const DB_POOL_SIZE: &str = "fencehook_db_pool_size";
 pub const DB_POOL_AVAILABLE: &str = "fencehook_db_pool_available";
 pub const DB_POOL_WAITING: &str = "fencehook_db_pool_waiting";
 pub const BACKEND_UP: &str = "fencehook_backend_up";
+pub const DB_SYNCHRONOUS_REPLICATION: &str = "fencehook_db_synchronous_replication";
 pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing";
 pub const BUILD_INFO: &str = "fencehook_build_info";
 pub const REQUESTS_REJECTED_TOTAL: &str = "fencehook_requests_rejected_total";
@@ -721,6 +722,11 @@ fn describe(rec: &PrometheusRecorder) {
         BACKEND_UP,
         None,
         "1 when the last health probe of the backend succeeded.",
+    );
+    d(
+        DB_SYNCHRONOUS_REPLICATION,
+        None,
+        "1 when the last health probe found PostgreSQL's commits waiting for a synchronous standby; 0 otherwise (or not yet known).",
     );
     d(
         PAYMENTS_STUCK_PROCESSING,

@@ -26,6 +26,9 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
     }
 }
 
+/// 200 only when every check passes; the body names each check and its
+/// state. Synchronous replication is always reported, and decides only with
+/// `FENCEHOOK_REQUIRE_SYNC_REPLICATION=true`.
 async fn readyz(state: &State) -> Response<Body> {
     let probe = state.health.probe().await;
     let draining = state.is_draining();
@@ -33,9 +36,16 @@ async fn readyz(state: &State) -> Response<Body> {
         Ok(()) => "ok".to_owned(),
         Err(e) => format!("error: {e}"),
     };
+    let sync = match (&probe.sync_replication, probe.sync_required) {
+        (Ok(()), _) => "ok".to_owned(),
+        (Err(e), true) => format!("error: {e} (required)"),
+        (Err(e), false) => format!("{e} (not required)"),
+    };
     let body = json!({
         "postgres": show(&probe.postgres),
+        "schema": show(&probe.schema),
         "lease_backend": show(&probe.lease),
+        "synchronous_replication": sync,
         "draining": draining,
     });
     let status = if probe.ok() && !draining {

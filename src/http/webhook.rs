@@ -266,6 +266,10 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
             }
             Item::CancelOrRefund(_) => unreachable!("resolved above"),
             Item::Event(ev) if draining => Answer::unavailable(Some(ev.transaction_id)),
+            // FENCEHOOK_REQUIRE_SYNC_REPLICATION and the last sample found
+            // commits not waiting for a standby: an acknowledgement could be
+            // lost in a failover, so none is given.
+            Item::Event(ev) if state.health.refuses_bookings() => Answer::unavailable(Some(ev.transaction_id)),
             Item::Event(ev) if state.inbox.is_some() => {
                 let inbox = state.inbox.as_ref().expect("checked");
                 match inbox.accept(&ev, psp_event_id, received).await {
@@ -273,6 +277,9 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                     Ok(Accepted::Duplicate) => Answer::with_transaction(WebhookResult::Duplicate, ev.transaction_id),
                     Ok(Accepted::Mismatch) => Answer::with_transaction(WebhookResult::PayloadMismatch, ev.transaction_id),
                     Err(e) => {
+                        if matches!(e, crate::error::Error::Store(_)) {
+                            state.health.nudge();
+                        }
                         tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
                             kind = e.kind(), error = %crate::error::chain(&e), "could not accept; answered 503");
                         Answer::unavailable(Some(ev.transaction_id))
@@ -293,6 +300,9 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                 }
                 Ok(outcome) => Answer::of_outcome(&outcome, ev.transaction_id),
                 Err(e) => {
+                    if matches!(e, crate::error::Error::Store(_)) {
+                        state.health.nudge();
+                    }
                     tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
                         kind = e.kind(), error = %crate::error::chain(&e), "item failed; answered 503");
                     Answer::unavailable(Some(ev.transaction_id))

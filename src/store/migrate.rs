@@ -14,6 +14,23 @@ mod embedded {
 /// Arbitrary, fixed key of the advisory lock that serialises migration runs.
 const MIGRATION_LOCK_KEY: i64 = 0x6665_6e63_6568_6f6f; // "fencehoo"
 
+/// The oldest schema this binary books on: V7. It reads and writes nothing
+/// that V8's domains, V11's wake-up trigger or a later migration added
+/// (domains only tighten what the columns take; without the trigger, waiting
+/// events fall back to their pause), so an upgrade can roll the binaries
+/// before the migration. `/readyz` is 503 below it.
+pub const MIN_SCHEMA_VERSION: i32 = 7;
+
+/// The newest migration embedded in this binary.
+pub fn latest_version() -> i32 {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| m.version())
+        .max()
+        .unwrap_or_default()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
     #[error("cannot connect to PostgreSQL")]
@@ -63,12 +80,7 @@ pub async fn ensure_current(url: &str) -> Result<Vec<String>, MigrateError> {
 
 /// Whether every embedded migration is recorded as applied.
 async fn schema_is_current(client: &tokio_postgres::Client) -> Result<bool, MigrateError> {
-    let latest = embedded::migrations::runner()
-        .get_migrations()
-        .iter()
-        .map(|m| m.version())
-        .max()
-        .unwrap_or_default();
+    let latest = latest_version();
     match client
         .query_one("SELECT max(version) FROM refinery_schema_history", &[])
         .await

@@ -206,6 +206,10 @@ pub fn classify(e: &tokio_postgres::Error) -> DbErrorKind {
         || *code == SqlState::CRASH_SHUTDOWN
         || *code == SqlState::CANNOT_CONNECT_NOW
         || *code == SqlState::TOO_MANY_CONNECTIONS
+        // 25006: the node is (or became) read-only — a standby, or a primary
+        // demoted in a failover. Nothing was written; another node (or this
+        // one, once promoted) takes the retry.
+        || *code == SqlState::READ_ONLY_SQL_TRANSACTION
     {
         DbErrorKind::Connection
     } else {
@@ -395,10 +399,42 @@ ON CONFLICT ON CONSTRAINT quarantined_items_provider_item_key DO UPDATE
        reason = EXCLUDED.reason
 RETURNING times_seen";
 
+/// What [`Store::node_state`] found on the node a pooled connection reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    /// `pg_is_in_recovery()`: a standby.
+    pub in_recovery: bool,
+    /// `transaction_read_only`: writes are refused here.
+    pub read_only: bool,
+    pub synchronous_standby_names: String,
+    pub synchronous_commit: String,
+    /// The newest migration recorded in `refinery_schema_history` (0: none).
+    pub schema_version: i32,
+}
+
+impl NodeState {
+    pub fn writable(&self) -> bool {
+        !self.in_recovery && !self.read_only
+    }
+
+    /// Whether a commit here returns only once a synchronous standby has it:
+    /// a standby is named and the session's `synchronous_commit` waits for it
+    /// (`local` and `off` do not wait, even with standbys named).
+    pub fn commits_wait_for_a_standby(&self) -> bool {
+        !self.synchronous_standby_names.trim().is_empty()
+            && matches!(
+                self.synchronous_commit.as_str(),
+                "on" | "remote_write" | "remote_apply"
+            )
+    }
+}
+
 /// The pooled PostgreSQL store.
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// Set by [`Store::node_state`] on a read-only node.
+    retire: db::Retire,
 }
 
 impl Store {
@@ -419,7 +455,8 @@ impl Store {
     }
 
     fn build(cfg: &DbConfig, idle_in_transaction: Option<Duration>) -> Result<Store, StoreError> {
-        let pool = db::pool(
+        let retire = db::Retire::default();
+        let pool = db::pool_with_retire(
             cfg,
             PoolSpec {
                 application_name: "fencehook",
@@ -428,8 +465,9 @@ impl Store {
                 wait: cfg.pool_wait,
                 idle_in_transaction,
             },
+            &retire,
         )?;
-        Ok(Store { pool })
+        Ok(Store { pool, retire })
     }
 
     pub fn pool_status(&self) -> deadpool_postgres::Status {
@@ -451,11 +489,46 @@ impl Store {
         Ok(client.query_one(&stmt, &[&ms]).await?.get(0))
     }
 
-    /// Readiness probe.
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    /// What a pooled connection finds on its node, for `/readyz` and the
+    /// health sampler. A connection to a node that cannot take writes is
+    /// dropped, not returned, and so are the idle ones (those in use are
+    /// dropped at their next checkout, see [`db::Retire`]): the pool then opens
+    /// new connections, which a multi-host `DATABASE_URL` with
+    /// `target_session_attrs=read-write` sends to the node that is primary now.
+    pub async fn node_state(&self) -> Result<NodeState, StoreError> {
         let client = self.pool.get().await?;
-        client.simple_query("SELECT 1").await?;
-        Ok(())
+        let row = client
+            .query_one(
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on', \
+                        current_setting('synchronous_standby_names'), \
+                        current_setting('synchronous_commit')",
+                &[],
+            )
+            .await?;
+        let schema_version = match client
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM refinery_schema_history",
+                &[],
+            )
+            .await
+        {
+            Ok(r) => r.get(0),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        let state = NodeState {
+            in_recovery: row.get(0),
+            read_only: row.get(1),
+            synchronous_standby_names: row.get(2),
+            synchronous_commit: row.get(3),
+            schema_version,
+        };
+        if !state.writable() {
+            self.retire.all_open_now();
+            drop(deadpool_postgres::Object::take(client));
+            self.pool.retain(|_, _| false);
+        }
+        Ok(state)
     }
 
     pub async fn lookup(

@@ -347,7 +347,7 @@ fn the_systemd_units_run_the_right_command_outlast_the_drain_and_verify() {
     );
     assert!(
         example_settings().contains_key("FENCEHOOK_PROVIDERS"),
-        "reload (SIGHUP) needs a providers file: without one SIGHUP ends the process"
+        "reload (SIGHUP) re-reads the providers file: without one it is ignored"
     );
     assert_eq!(unit_value(&serve, "KillSignal"), ["SIGTERM"]);
     // The public drain, then the inbox workers' own, then the admin listener.
@@ -373,7 +373,7 @@ fn the_systemd_units_run_the_right_command_outlast_the_drain_and_verify() {
     );
     assert!(
         unit_value(&work, "ExecReload").is_empty(),
-        "fencehook work has no SIGHUP handler"
+        "fencehook work has nothing to reload (it ignores SIGHUP)"
     );
     let stop = timespan(unit_value(&work, "TimeoutStopSec")[0]);
     assert!(stop > drain + Duration::from_secs(5), "{stop:?}");

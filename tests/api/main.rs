@@ -25,3 +25,4 @@ mod rsa_providers;
 mod schema;
 mod shutdown;
 mod startup;
+mod topology;

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod downstream;
 pub mod metrics;
+pub mod postgres;
 pub mod process;
 pub mod proxy;
 
@@ -66,6 +67,22 @@ impl TestContext {
         )
         .await
         .expect("test database created and migrated");
+        ctx
+    }
+
+    /// A test's database, created but not migrated: no table at all.
+    pub async fn empty() -> TestContext {
+        let ctx = TestContext::unmigrated();
+        let (admin, conn) = tokio_postgres::connect(&database_admin_url(), tokio_postgres::NoTls)
+            .await
+            .expect("admin connection");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{}\"", ctx.db_name))
+            .await
+            .expect("test database created");
         ctx
     }
 
@@ -134,6 +151,7 @@ impl TestContext {
             allow_published_secrets: false,
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
+            require_sync_replication: false,
             inbox: InboxConfig {
                 mode: Mode::Sync,
                 workers: 2,

@@ -54,6 +54,71 @@ impl ServeProcess {
         }
     }
 
+    /// Starts `fencehook serve` with `env` and waits only for its admin
+    /// listener: the public one may wait for the database. `base` is empty
+    /// until [`ServeProcess::wait_serving`] finds the "serving" line.
+    pub async fn start_admin_first(env: &[(&str, String)]) -> ServeProcess {
+        let mut cmd = fencehook_command("serve");
+        cmd.env("FENCEHOOK_LISTEN", "127.0.0.1:0")
+            .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:0")
+            .env("FENCEHOOK_GENERIC_SECRET", SECRET);
+        let (child, logs, admin_port) = spawn_logged(cmd, env, "serve", admin_port).await;
+        ServeProcess {
+            child,
+            base: String::new(),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            logs,
+        }
+    }
+
+    /// Waits (up to `limit`) for the "serving" line and sets `base`.
+    pub async fn wait_serving(&mut self, limit: Duration) {
+        let end = tokio::time::Instant::now() + limit;
+        loop {
+            let port = self
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .find_map(|l| serving_ports(l));
+            if let Some((port, _)) = port {
+                self.base = format!("http://127.0.0.1:{port}");
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "not serving within {limit:?}: {:?}",
+                self.logs.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// GET on the admin listener: (status, body).
+    pub async fn get_admin(&self, path: &str) -> (u16, String) {
+        let req = hyper::Request::get(format!("{}{path}", self.admin))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Log lines whose message contains `text`.
+    pub fn log_lines(&self, text: &str) -> Vec<String> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(text))
+            .cloned()
+            .collect()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id().expect("still running")
     }
@@ -169,6 +234,15 @@ async fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::E
         .await
         .ok()
         .map(|r| r.unwrap())
+}
+
+/// The admin port from the "admin listener up" line (JSON logs).
+fn admin_port(line: &str) -> Option<u64> {
+    let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
+    v["message"]
+        .as_str()?
+        .starts_with("admin listener up")
+        .then(|| v["admin_port"].as_u64())?
 }
 
 fn serving_ports(line: &str) -> Option<(u64, u64)> {
