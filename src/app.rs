@@ -163,7 +163,8 @@ impl App {
                 cfg.lease.fence_key_ttl,
                 inbox_mode,
             )
-            .requiring_sync_replication(cfg.require_sync_replication),
+            .requiring_sync_replication(cfg.require_sync_replication)
+            .needing_schema(schema_needed(&cfg)),
         );
         let mut limits = Limits::public(&cfg, metrics.clone());
         limits.max_connections = fit_open_files(&cfg);
@@ -396,7 +397,8 @@ impl Workers {
                 cfg.lease.fence_key_ttl,
                 true,
             )
-            .requiring_sync_replication(cfg.require_sync_replication),
+            .requiring_sync_replication(cfg.require_sync_replication)
+            .needing_schema(schema_needed(&cfg)),
         );
         Ok(Workers {
             hangup,
@@ -467,6 +469,15 @@ fn serve_admin(state: Arc<State>, admin: TcpListener) -> AdminServer {
         crate::http::serve(admin, handler, stop, limits).await;
     });
     AdminServer { addr, stop, task }
+}
+
+/// The oldest schema this configuration books on (readiness waits for it).
+fn schema_needed(cfg: &Config) -> i32 {
+    let paypal = cfg
+        .providers
+        .iter()
+        .any(|p| p.scheme() == crate::providers::SchemeKind::Paypal);
+    crate::store::migrate::min_schema_version(cfg.downstream_url.is_some(), paypal)
 }
 
 /// Aborts a task when dropped: a build that fails halfway leaves nothing running.

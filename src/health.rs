@@ -30,7 +30,8 @@ const PRUNE_EVERY_TICKS: u64 = 12;
 pub struct Probe {
     /// A pooled connection answers and its node takes writes.
     pub postgres: Result<(), String>,
-    /// The schema is at least [`MIN_SCHEMA_VERSION`].
+    /// The schema is at least the one this configuration books on
+    /// ([`crate::store::migrate::min_schema_version`]).
     pub schema: Result<(), String>,
     pub lease: Result<(), String>,
     /// Commits wait for a synchronous standby.
@@ -49,7 +50,10 @@ impl Probe {
 }
 
 /// The node's checks, from what a pooled connection found there.
-fn node_checks(node: &NodeState) -> (Result<(), String>, Result<(), String>, Result<(), String>) {
+fn node_checks(
+    node: &NodeState,
+    min_schema: i32,
+) -> (Result<(), String>, Result<(), String>, Result<(), String>) {
     let postgres = if node.in_recovery {
         Err("the node is a standby (pg_is_in_recovery); writes are refused".to_owned())
     } else if node.read_only {
@@ -57,11 +61,11 @@ fn node_checks(node: &NodeState) -> (Result<(), String>, Result<(), String>, Res
     } else {
         Ok(())
     };
-    let schema = if node.schema_version >= MIN_SCHEMA_VERSION {
+    let schema = if node.schema_version >= min_schema {
         Ok(())
     } else {
         Err(format!(
-            "schema at version {}, this binary needs at least {MIN_SCHEMA_VERSION}: run `fencehook migrate`",
+            "schema at version {}, this binary needs at least {min_schema} here: run `fencehook migrate`",
             node.schema_version
         ))
     };
@@ -90,6 +94,8 @@ pub struct Health {
     inbox: bool,
     /// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`.
     require_sync: bool,
+    /// The oldest schema this configuration books on.
+    min_schema: i32,
     /// The last sample found commits waiting for a synchronous standby.
     sync_replication: AtomicBool,
     /// The start's one warning about asynchronous replication is said.
@@ -115,6 +121,7 @@ impl Health {
             counter_idle,
             inbox,
             require_sync: false,
+            min_schema: MIN_SCHEMA_VERSION,
             sync_replication: AtomicBool::new(false),
             warned_async: AtomicBool::new(false),
             nudged: tokio::sync::Notify::new(),
@@ -149,6 +156,13 @@ impl Health {
         self
     }
 
+    /// Readiness asks for this schema version at least (default
+    /// [`MIN_SCHEMA_VERSION`]).
+    pub fn needing_schema(mut self, version: i32) -> Health {
+        self.min_schema = version;
+        self
+    }
+
     /// Whether deliveries must be answered 503 now: synchronous replication is
     /// required and the last sample did not find it (or none was taken yet).
     /// An atomic read: no round trip per delivery.
@@ -166,7 +180,7 @@ impl Health {
         );
         let (postgres, schema, sync_replication) = match pg {
             Ok(Ok(node)) => {
-                let checks = node_checks(&node);
+                let checks = node_checks(&node, self.min_schema);
                 self.record_sync_replication(checks.2.is_ok(), &node);
                 checks
             }
@@ -340,28 +354,28 @@ mod tests {
 
     #[test]
     fn a_standby_a_read_only_node_and_an_old_schema_are_each_named() {
-        let (pg, schema, sync) = node_checks(&node("s1", "on"));
+        let (pg, schema, sync) = node_checks(&node("s1", "on"), MIN_SCHEMA_VERSION);
         assert!(pg.is_ok() && schema.is_ok() && sync.is_ok());
         let standby = NodeState {
             in_recovery: true,
             ..node("", "on")
         };
-        assert!(node_checks(&standby).0.unwrap_err().contains("standby"));
+        assert!(node_checks(&standby, MIN_SCHEMA_VERSION).0.unwrap_err().contains("standby"));
         let read_only = NodeState {
             read_only: true,
             ..node("", "on")
         };
-        assert!(node_checks(&read_only).0.unwrap_err().contains("read-only"));
+        assert!(node_checks(&read_only, MIN_SCHEMA_VERSION).0.unwrap_err().contains("read-only"));
         let old = NodeState {
             schema_version: MIN_SCHEMA_VERSION - 1,
             ..node("", "on")
         };
-        assert!(node_checks(&old)
+        assert!(node_checks(&old, MIN_SCHEMA_VERSION)
             .1
             .unwrap_err()
             .contains("fencehook migrate"));
         let local = node("s1", "local");
-        assert!(node_checks(&local)
+        assert!(node_checks(&local, MIN_SCHEMA_VERSION)
             .2
             .unwrap_err()
             .contains("synchronous_commit = local"));
@@ -371,5 +385,24 @@ mod tests {
     fn the_schema_this_binary_needs_is_one_it_carries() {
         let latest = crate::store::migrate::latest_version();
         assert!((1..=latest).contains(&MIN_SCHEMA_VERSION), "{latest}");
+        for (downstream, paypal) in [(false, false), (false, true), (true, false), (true, true)] {
+            let needed = crate::store::migrate::min_schema_version(downstream, paypal);
+            assert!((MIN_SCHEMA_VERSION..=latest).contains(&needed), "{needed}");
+        }
+    }
+
+    #[test]
+    fn a_downstream_or_a_paypal_provider_needs_the_migration_it_writes() {
+        use crate::store::migrate::min_schema_version;
+        let at = |version| NodeState {
+            schema_version: version,
+            ..node("", "on")
+        };
+        assert!(node_checks(&at(8), min_schema_version(false, false)).1.is_ok());
+        let paypal = node_checks(&at(8), min_schema_version(false, true)).1;
+        assert!(paypal.unwrap_err().contains("at least 9"));
+        let downstream = node_checks(&at(9), min_schema_version(true, true)).1;
+        assert!(downstream.unwrap_err().contains("at least 10"));
+        assert!(node_checks(&at(10), min_schema_version(true, true)).1.is_ok());
     }
 }

@@ -14,12 +14,31 @@ mod embedded {
 /// Arbitrary, fixed key of the advisory lock that serialises migration runs.
 const MIGRATION_LOCK_KEY: i64 = 0x6665_6e63_6568_6f6f; // "fencehoo"
 
-/// The oldest schema this binary books on: V7. It reads and writes nothing
-/// that V8's domains, V11's wake-up trigger or a later migration added
-/// (domains only tighten what the columns take; without the trigger, waiting
-/// events fall back to their pause), so an upgrade can roll the binaries
-/// before the migration. `/readyz` is 503 below it.
+/// The oldest schema this binary books on: V7. Without a downstream service
+/// and a PayPal provider it reads and writes nothing that V8's domains, V11's
+/// wake-up trigger or a later migration added (domains only tighten what the
+/// columns take; without the trigger, waiting events fall back to their
+/// pause), so an upgrade can roll the binaries before the migration.
 pub const MIN_SCHEMA_VERSION: i32 = 7;
+
+/// PayPal deliveries bind their transmission id in `paypal_transmissions`.
+const PAYPAL_SCHEMA_VERSION: i32 = 9;
+/// The downstream path reserves a refund's money in `payments.reserved`.
+const DOWNSTREAM_SCHEMA_VERSION: i32 = 10;
+
+/// The oldest schema a configuration books on: [`MIN_SCHEMA_VERSION`], or
+/// V9 with a PayPal provider, V10 with a downstream service. `/readyz` is
+/// 503 below it, so no load balancer sends a delivery that would answer 503
+/// for want of a migration.
+pub fn min_schema_version(downstream: bool, paypal: bool) -> i32 {
+    if downstream {
+        DOWNSTREAM_SCHEMA_VERSION
+    } else if paypal {
+        PAYPAL_SCHEMA_VERSION
+    } else {
+        MIN_SCHEMA_VERSION
+    }
+}
 
 /// The newest migration embedded in this binary.
 pub fn latest_version() -> i32 {
