@@ -360,12 +360,18 @@ mod tests {
             in_recovery: true,
             ..node("", "on")
         };
-        assert!(node_checks(&standby, MIN_SCHEMA_VERSION).0.unwrap_err().contains("standby"));
+        assert!(node_checks(&standby, MIN_SCHEMA_VERSION)
+            .0
+            .unwrap_err()
+            .contains("standby"));
         let read_only = NodeState {
             read_only: true,
             ..node("", "on")
         };
-        assert!(node_checks(&read_only, MIN_SCHEMA_VERSION).0.unwrap_err().contains("read-only"));
+        assert!(node_checks(&read_only, MIN_SCHEMA_VERSION)
+            .0
+            .unwrap_err()
+            .contains("read-only"));
         let old = NodeState {
             schema_version: MIN_SCHEMA_VERSION - 1,
             ..node("", "on")
@@ -398,11 +404,15 @@ mod tests {
             schema_version: version,
             ..node("", "on")
         };
-        assert!(node_checks(&at(8), min_schema_version(false, false)).1.is_ok());
+        assert!(node_checks(&at(8), min_schema_version(false, false))
+            .1
+            .is_ok());
         let paypal = node_checks(&at(8), min_schema_version(false, true)).1;
         assert!(paypal.unwrap_err().contains("at least 9"));
         let downstream = node_checks(&at(9), min_schema_version(true, true)).1;
         assert!(downstream.unwrap_err().contains("at least 10"));
-        assert!(node_checks(&at(10), min_schema_version(true, true)).1.is_ok());
+        assert!(node_checks(&at(10), min_schema_version(true, true))
+            .1
+            .is_ok());
     }
 }
