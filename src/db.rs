@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 
 use crate::config::DbConfig;
+
+pub mod tls;
 
 /// What a pool is for: its name in `pg_stat_activity`, its size and its bounds.
 pub struct PoolSpec<'a> {
@@ -23,8 +24,8 @@ pub struct PoolSpec<'a> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolBuildError {
-    #[error("DATABASE_URL is not a PostgreSQL URL")]
-    Url(#[source] tokio_postgres::Error),
+    #[error("DATABASE_URL")]
+    Url(#[source] tls::UrlError),
     #[error("cannot build the connection pool")]
     Build(#[source] deadpool_postgres::BuildError),
 }
@@ -36,7 +37,11 @@ pub enum PoolBuildError {
 /// themselves. Nothing connects here: a database that is down at start makes
 /// requests answer 503 (and `/readyz` say so) instead of stopping the process.
 pub fn pool(cfg: &DbConfig, spec: PoolSpec<'_>) -> Result<Pool, PoolBuildError> {
-    let mut pg: tokio_postgres::Config = cfg.url.parse().map_err(PoolBuildError::Url)?;
+    let tls::Target {
+        config: mut pg,
+        tls,
+        ..
+    } = tls::Target::parse(&cfg.url).map_err(PoolBuildError::Url)?;
     pg.application_name(spec.application_name);
     let mut options = format!(
         "-c statement_timeout={}",
@@ -54,7 +59,7 @@ pub fn pool(cfg: &DbConfig, spec: PoolSpec<'_>) -> Result<Pool, PoolBuildError> 
     pg.keepalives_idle(Duration::from_secs(10));
     let manager = Manager::from_config(
         pg,
-        NoTls,
+        tls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
