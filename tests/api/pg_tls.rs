@@ -418,3 +418,58 @@ async fn an_unreadable_sslrootcert_is_refused_as_configuration_naming_database_u
         "{line}"
     );
 }
+
+/// Inbox mode adds the listener's own connection (LISTEN): it is
+/// encrypted like the pool's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_inbox_listener_and_workers_connect_over_verified_tls_too() {
+    let pg = TlsPostgres::start(true).await;
+    let mut e = env(pg.url(&format!("sslmode=verify-full&sslrootcert={}", pg.ca())));
+    e.push(("FENCEHOOK_MODE", "inbox".to_owned()));
+    e.push(("FENCEHOOK_WORKERS", "1".to_owned()));
+    let p = ServeProcess::start(&e).await;
+    let r = p.deliver(&payment("tx_pgtls_inbox", 900)).await;
+    assert_eq!((r.status, r.result()), (200, "accepted"), "{r:?}");
+    let client = pg.client().await;
+    wait_for("the worker books the event", Duration::from_secs(20), || {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT count(*) FROM payments WHERE transaction_id = 'tx_pgtls_inbox' AND status = 'succeeded'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        }
+    })
+    .await;
+    let listener = || async {
+        client
+            .query(
+                "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+                 WHERE a.application_name = 'fencehook-inbox-listen'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, bool>(0))
+            .collect::<Vec<bool>>()
+    };
+    // It connects in the background at start.
+    wait_for(
+        "the listener is connected",
+        Duration::from_secs(20),
+        || async { !listener().await.is_empty() },
+    )
+    .await;
+    assert_eq!(listener().await, vec![true], "one listener, encrypted");
+    let (all, encrypted) = pg.service_connections().await;
+    assert_eq!(
+        encrypted, all,
+        "every connection of the service is encrypted"
+    );
+}
