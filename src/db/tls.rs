@@ -395,20 +395,19 @@ where
     type Error = TlsError;
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, TlsError> {
-        let config = self
-            .config
-            .clone()
-            .ok_or_else(|| TlsError(io::Error::other("sslmode=disable: no TLS configured")))?;
-        let name = ServerName::try_from(domain.to_owned())
-            .map_err(|e| TlsError(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
-        Ok(RustlsConnect { config, name })
+        // Asked for every connection, TLS or not (a Unix socket gives ""):
+        // whatever is wrong here is said only if a handshake is attempted.
+        let setup = match &self.config {
+            None => Err("sslmode=disable: no TLS configured".to_owned()),
+            Some(config) => ServerName::try_from(domain.to_owned())
+                .map(|name| (config.clone(), name))
+                .map_err(|e| format!("`{domain}` cannot be verified as a TLS server name ({e})")),
+        };
+        Ok(RustlsConnect(setup))
     }
 }
 
-pub struct RustlsConnect {
-    config: Arc<ClientConfig>,
-    name: ServerName<'static>,
-}
+pub struct RustlsConnect(Result<(Arc<ClientConfig>, ServerName<'static>), String>);
 
 impl<S> TlsConnect<S> for RustlsConnect
 where
@@ -420,8 +419,9 @@ where
 
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
-            tokio_rustls::TlsConnector::from(self.config)
-                .connect(self.name, stream)
+            let (config, name) = self.0.map_err(|e| TlsError(io::Error::other(e)))?;
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
                 .await
                 .map(RustlsStream)
                 .map_err(TlsError)

@@ -473,3 +473,33 @@ async fn the_inbox_listener_and_workers_connect_over_verified_tls_too() {
         "every connection of the service is encrypted"
     );
 }
+
+/// Without `sslmode` nothing changes: plaintext even to a server that
+/// offers TLS, over TCP and over a Unix socket (which has no host name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_sslmode_the_service_connects_in_the_clear_as_before() {
+    let pg = TlsPostgres::start(true).await;
+    let socket = format!(
+        "postgres://postgres@{}:{}/postgres",
+        pg.dir.display().to_string().replace('/', "%2F"),
+        pg.port
+    );
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"))
+        .arg("migrate")
+        .env("DATABASE_URL", &socket)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = ServeProcess::start(&env(pg.url(""))).await;
+    let r = p.deliver(&payment("tx_pgtls_plain", 700)).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let (all, encrypted) = pg.service_connections().await;
+    assert!(all >= 1, "the service holds a connection");
+    assert_eq!(encrypted, 0, "no connection of the service is encrypted");
+}
