@@ -594,6 +594,20 @@ mod tests {
         assert!(t.tls.config.is_none());
     }
 
+    /// tokio-postgres makes the connector before it knows whether TLS is
+    /// used, for a Unix socket too (host name ""): making it never fails.
+    #[test]
+    fn the_connector_is_made_for_every_connection_even_without_tls_or_a_host_name() {
+        for url in ["postgres://db/app", "postgres://db/app?sslmode=require"] {
+            let mut t = Target::parse(url).unwrap();
+            for host in ["db", ""] {
+                let made =
+                    MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(&mut t.tls, host);
+                assert!(made.is_ok(), "{url} {host:?}");
+            }
+        }
+    }
+
     #[test]
     fn an_unknown_sslmode_is_refused_by_name() {
         let e = Target::parse("postgres://db/app?sslmode=allow")
