@@ -414,9 +414,10 @@ impl Config {
 /// an operator needs to see that all of them were taken) and the database
 /// name; never the user or password.
 pub fn database_target(url: &str) -> String {
-    let Ok(cfg) = url.parse::<tokio_postgres::Config>() else {
+    let Ok(target) = crate::db::tls::Target::parse(url) else {
         return "?".to_owned();
     };
+    let cfg = target.config;
     let ports = cfg.get_ports();
     // One port given applies to every host; none means the default.
     let port_of = |i: usize| match ports.len() {
@@ -501,9 +502,10 @@ pub struct Config {
 
 impl DbArgs {
     pub fn validate(&self) -> Result<DbConfig, ConfigError> {
-        self.database_url
-            .parse::<tokio_postgres::Config>()
-            .map_err(|e| bad("DATABASE_URL", format!("not a PostgreSQL URL ({e})")))?;
+        // Also reads sslrootcert: a file that is missing or holds no
+        // certificate stops the start here, not at the first connection.
+        crate::db::tls::Target::parse(&self.database_url)
+            .map_err(|e| bad("DATABASE_URL", crate::error::chain(&e)))?;
         if self.db_pool_size == 0 {
             return Err(bad("FENCEHOOK_DB_POOL_SIZE", "must be at least 1"));
         }

@@ -5,9 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 
 use crate::config::DbConfig;
+
+pub mod tls;
 
 /// What a pool is for: its name in `pg_stat_activity`, its size and its bounds.
 pub struct PoolSpec<'a> {
@@ -24,8 +25,8 @@ pub struct PoolSpec<'a> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolBuildError {
-    #[error("DATABASE_URL is not a PostgreSQL URL")]
-    Url(#[source] tokio_postgres::Error),
+    #[error("DATABASE_URL")]
+    Url(#[source] tls::UrlError),
     #[error("cannot build the connection pool")]
     Build(#[source] deadpool_postgres::BuildError),
 }
@@ -67,7 +68,11 @@ pub fn pool_with_retire(
     spec: PoolSpec<'_>,
     retire: &Retire,
 ) -> Result<Pool, PoolBuildError> {
-    let mut pg: tokio_postgres::Config = cfg.url.parse().map_err(PoolBuildError::Url)?;
+    let tls::Target {
+        config: mut pg,
+        tls,
+        ..
+    } = tls::Target::parse(&cfg.url).map_err(PoolBuildError::Url)?;
     pg.application_name(spec.application_name);
     let mut options = format!(
         "-c statement_timeout={}",
@@ -85,7 +90,7 @@ pub fn pool_with_retire(
     pg.keepalives_idle(Duration::from_secs(10));
     let manager = Manager::from_config(
         pg,
-        NoTls,
+        tls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

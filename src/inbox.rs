@@ -45,7 +45,7 @@ use rand::Rng;
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 use crate::config::{DbConfig, InboxConfig};
 use crate::domain::{CanonicalEvent, Rejection};
@@ -554,14 +554,11 @@ impl Inbox {
     }
 
     async fn listen_once(&self, stop: &mut watch::Receiver<bool>) -> Result<(), StoreError> {
-        let mut cfg: tokio_postgres::Config = self
-            .db
-            .url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| StoreError::from(e))?;
-        cfg.application_name("fencehook-inbox-listen");
-        cfg.connect_timeout(self.db.connect_timeout);
-        let (client, mut conn) = cfg.connect(NoTls).await?;
+        let mut cfg = crate::db::tls::Target::parse(&self.db.url)
+            .map_err(|e| StoreError::Build(crate::db::PoolBuildError::Url(e)))?;
+        cfg.config.application_name("fencehook-inbox-listen");
+        cfg.config.connect_timeout(self.db.connect_timeout);
+        let (client, mut conn) = cfg.config.connect(cfg.tls).await?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));

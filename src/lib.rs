@@ -32,7 +32,8 @@
 //!   transmission ids bound to their bodies ([`store::transmissions`]).
 //! - [`downstream`]: the optional business call that leaves the database.
 //! - [`health`]: readiness probes and the gauges sampled in the background.
-//! - [`db`]: the PostgreSQL pool builder the store and the lease backend share.
+//! - [`db`]: the PostgreSQL pool builder the store and the lease backend share,
+//!   and every connection's TLS (`sslmode`, `sslrootcert`: [`db::tls`]).
 //! - [`domain`]: the canonical event, its kinds and fingerprint, row statuses.
 //! - [`config`]: settings (env + flags), defaults, cross-field validation.
 //! - [`metrics`]: metric names, label values as enums, the per-app registry.

@@ -68,6 +68,64 @@ pub fn signer(i: usize) -> RsaSigner {
     RsaSigner::from_pem(private_key_pem(i).as_bytes()).expect("ring reads the key")
 }
 
+/// A certificate authority of test key `i` named `subject`, valid for a
+/// century from 2020 (PEM): the private CA of the TLS-to-PostgreSQL tests.
+pub fn ca_certificate(i: usize, subject: &str) -> String {
+    certificate(
+        i,
+        &format!("0{}", i + 1),
+        subject,
+        1_577_836_800,
+        4_733_510_400,
+    )
+}
+
+/// A server certificate of test key `leaf` for the address `ip` and
+/// `localhost`, issued by the CA [`ca_certificate`] made of key `ca` and
+/// `ca_subject`.
+pub fn server_certificate(
+    leaf: usize,
+    ip: std::net::Ipv4Addr,
+    ca: usize,
+    ca_subject: &str,
+) -> String {
+    use x509_cert::der::asn1::{Ia5String, OctetString};
+    use x509_cert::ext::pkix::name::GeneralName;
+    use x509_cert::ext::pkix::SubjectAltName;
+
+    let time = |secs: u64| Time::try_from(UNIX_EPOCH + Duration::from_secs(secs)).expect("a time");
+    let signing_key = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key(ca).clone());
+    let spki = SubjectPublicKeyInfoOwned::from_key(key(leaf).to_public_key()).expect("an SPKI");
+    let mut builder = CertificateBuilder::new(
+        Profile::Leaf {
+            issuer: ca_subject.parse().expect("a distinguished name"),
+            enable_key_agreement: false,
+            enable_key_encipherment: true,
+        },
+        SerialNumber::new(&[0x10 + leaf as u8]).expect("a serial"),
+        Validity {
+            not_before: time(1_577_836_800),
+            not_after: time(4_733_510_400),
+        },
+        "CN=localhost".parse().expect("a distinguished name"),
+        spki,
+        &signing_key,
+    )
+    .expect("a certificate builder");
+    // rustls (webpki) matches the host against the subjectAltName only.
+    builder
+        .add_extension(&SubjectAltName(vec![
+            GeneralName::DnsName(Ia5String::new("localhost").expect("IA5")),
+            GeneralName::IpAddress(OctetString::new(ip.octets().to_vec()).expect("octets")),
+        ]))
+        .expect("an extension");
+    builder
+        .build::<rsa::pkcs1v15::Signature>()
+        .expect("signs")
+        .to_pem(LineEnding::LF)
+        .expect("encodes")
+}
+
 /// A self-signed PEM certificate of test key `i`: serial `serial_hex`
 /// (hex), `subject` (e.g. `CN=messageverificationcerts.paypal.com`), valid
 /// from `not_before` to `not_after` (unix seconds).

@@ -7,7 +7,9 @@
 //! load run and asks [`missing_terminal_rows`] about them (and, for inbox
 //! mode's `accepted`, [`missing_rows_or_events`]).
 
-use tokio_postgres::NoTls;
+use crate::db::tls::Target;
+use crate::db::PoolBuildError;
+use crate::store::StoreError;
 
 /// One invariant and what violated it.
 #[derive(Debug, Clone)]
@@ -160,7 +162,7 @@ const LEGACY_REFUNDS: &str = "SELECT provider || ':' || transaction_id FROM paym
   WHERE kind = 'refund' AND parent_transaction_id IS NULL";
 
 /// Runs every check. A connection or query failure is an error, not "clean".
-pub async fn run(url: &str) -> Result<Vec<Check>, tokio_postgres::Error> {
+pub async fn run(url: &str) -> Result<Vec<Check>, StoreError> {
     let client = connect(url).await?;
     // One snapshot for every check, so they agree with each other.
     client
@@ -190,7 +192,7 @@ pub async fn run(url: &str) -> Result<Vec<Check>, tokio_postgres::Error> {
 
 /// Whether the schema has `payments.reserved` (migration V10): the audit
 /// also reads a database an older release left, before `migrate`.
-async fn has_reservations(client: &tokio_postgres::Client) -> Result<bool, tokio_postgres::Error> {
+async fn has_reservations(client: &tokio_postgres::Client) -> Result<bool, StoreError> {
     Ok(client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM information_schema.columns
@@ -206,7 +208,7 @@ async fn has_reservations(client: &tokio_postgres::Client) -> Result<bool, tokio
 /// the amount (a chargeback larger than the charge, or after a refund). The
 /// money is gone, so they are booked; a warning for someone to reconcile,
 /// not a violation. At most [`SHOWN_VIOLATIONS`] of them, and how many.
-pub async fn over_returned(url: &str) -> Result<(Vec<String>, i64), tokio_postgres::Error> {
+pub async fn over_returned(url: &str) -> Result<(Vec<String>, i64), StoreError> {
     let client = connect(url).await?;
     let sql = "SELECT provider || ':' || transaction_id || ' amount ' || amount_minor
                       || ', out ' || amount_out_minor
@@ -227,7 +229,7 @@ pub async fn over_returned(url: &str) -> Result<(Vec<String>, i64), tokio_postgr
 /// Refunds from before refunds named their payment (not violations: they
 /// cannot be checked against one); at most [`SHOWN_VIOLATIONS`] of them, and
 /// how many there are.
-pub async fn legacy_refunds(url: &str) -> Result<(Vec<String>, i64), tokio_postgres::Error> {
+pub async fn legacy_refunds(url: &str) -> Result<(Vec<String>, i64), StoreError> {
     let client = connect(url).await?;
     let shown = client
         .query(&format!("{LEGACY_REFUNDS} LIMIT {SHOWN_VIOLATIONS}"), &[])
@@ -246,7 +248,7 @@ pub async fn legacy_refunds(url: &str) -> Result<(Vec<String>, i64), tokio_postg
 }
 
 /// Payments and entries counted, for the audit summary.
-pub async fn totals(url: &str) -> Result<(i64, i64), tokio_postgres::Error> {
+pub async fn totals(url: &str) -> Result<(i64, i64), StoreError> {
     let client = connect(url).await?;
     let row = client
         .query_one(
@@ -262,7 +264,7 @@ pub async fn totals(url: &str) -> Result<(i64, i64), tokio_postgres::Error> {
 pub async fn missing_terminal_rows(
     url: &str,
     transactions: &[(String, String)],
-) -> Result<Vec<String>, tokio_postgres::Error> {
+) -> Result<Vec<String>, StoreError> {
     offenders(
         url,
         transactions,
@@ -283,7 +285,7 @@ pub async fn missing_terminal_rows(
 pub async fn missing_rows_or_events(
     url: &str,
     transactions: &[(String, String)],
-) -> Result<Vec<String>, tokio_postgres::Error> {
+) -> Result<Vec<String>, StoreError> {
     offenders(
         url,
         transactions,
@@ -310,7 +312,7 @@ async fn offenders(
     url: &str,
     transactions: &[(String, String)],
     sql: &str,
-) -> Result<Vec<String>, tokio_postgres::Error> {
+) -> Result<Vec<String>, StoreError> {
     let client = connect(url).await?;
     let stmt = client.prepare(sql).await?;
     let mut out = Vec::new();
@@ -324,9 +326,9 @@ async fn offenders(
     Ok(out)
 }
 
-async fn connect(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let cfg: tokio_postgres::Config = url.parse()?;
-    let (client, conn) = cfg.connect(NoTls).await?;
+async fn connect(url: &str) -> Result<tokio_postgres::Client, StoreError> {
+    let cfg = Target::parse(url).map_err(PoolBuildError::Url)?;
+    let (client, conn) = cfg.config.connect(cfg.tls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

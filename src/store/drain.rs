@@ -9,7 +9,9 @@
 //! `finished_at`: done or dead), so they do not depend on the load tool's
 //! clock or on when it looked.
 
-use tokio_postgres::NoTls;
+use crate::db::tls::Target;
+use crate::db::PoolBuildError;
+use crate::store::StoreError;
 
 /// The run's events: "of this provider, transaction id starting with $2".
 /// `starts_with`, not `LIKE`: a run id may hold `_`, a `LIKE` wildcard.
@@ -80,14 +82,10 @@ pub struct RunEvents {
 impl RunEvents {
     /// Connects to `url`; the run's events are `provider`'s whose
     /// transaction id starts with `prefix`.
-    pub async fn connect(
-        url: &str,
-        provider: &str,
-        prefix: &str,
-    ) -> Result<RunEvents, tokio_postgres::Error> {
-        let mut cfg: tokio_postgres::Config = url.parse()?;
-        cfg.application_name("fencehook-load-drain");
-        let (client, conn) = cfg.connect(NoTls).await?;
+    pub async fn connect(url: &str, provider: &str, prefix: &str) -> Result<RunEvents, StoreError> {
+        let mut cfg = Target::parse(url).map_err(PoolBuildError::Url)?;
+        cfg.config.application_name("fencehook-load-drain");
+        let (client, conn) = cfg.config.connect(cfg.tls).await?;
         // Ends when `client` is dropped.
         tokio::spawn(async move {
             let _ = conn.await;

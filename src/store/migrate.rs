@@ -5,7 +5,8 @@
 //! a current schema costs `serve` one `SELECT`, no DDL ([`ensure_current`]).
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
+
+use crate::db::tls::{self, Target};
 
 mod embedded {
     refinery::embed_migrations!("sql");
@@ -52,8 +53,13 @@ pub fn latest_version() -> i32 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
+    #[error("DATABASE_URL")]
+    Url(#[source] tls::UrlError),
     #[error("cannot connect to PostgreSQL")]
     Connect(#[source] tokio_postgres::Error),
+    /// A setting to fix (the sslmode, the CA), so it names it.
+    #[error("DATABASE_URL: no TLS connection to PostgreSQL as its sslmode asks")]
+    Tls(#[source] tokio_postgres::Error),
     #[error("database `{name}` does not exist; create it with `fencehook migrate --create-database` (or fix the name in DATABASE_URL)")]
     NoDatabase { name: String },
     #[error("cannot create database `{name}`")]
@@ -66,6 +72,16 @@ pub enum MigrateError {
     Run(#[from] refinery::Error),
     #[error("database error")]
     Db(#[from] tokio_postgres::Error),
+}
+
+impl MigrateError {
+    fn connect(e: tokio_postgres::Error) -> MigrateError {
+        if tls::is_tls_failure(&e) {
+            MigrateError::Tls(e)
+        } else {
+            MigrateError::Connect(e)
+        }
+    }
 }
 
 /// What to do when the database named in the URL does not exist.
@@ -88,7 +104,7 @@ pub async fn run(url: &str, missing: MissingDatabase) -> Result<Vec<String>, Mig
 /// else apply the pending migrations (which needs the owner's rights).
 /// Never creates the database.
 pub async fn ensure_current(url: &str) -> Result<Vec<String>, MigrateError> {
-    let cfg: tokio_postgres::Config = url.parse().map_err(MigrateError::Connect)?;
+    let cfg = Target::parse(url).map_err(MigrateError::Url)?;
     let client = connect_existing(&cfg).await?;
     if schema_is_current(&client).await? {
         return Ok(Vec::new());
@@ -128,7 +144,7 @@ async fn run_until(
     missing: MissingDatabase,
     target: refinery::Target,
 ) -> Result<Vec<String>, MigrateError> {
-    let cfg: tokio_postgres::Config = url.parse().map_err(MigrateError::Connect)?;
+    let cfg = Target::parse(url).map_err(MigrateError::Url)?;
     let mut client = match missing {
         MissingDatabase::Create => connect_or_create(&cfg).await?,
         MissingDatabase::Refuse => connect_existing(&cfg).await?,
@@ -151,10 +167,8 @@ async fn run_until(
         .collect())
 }
 
-async fn connect(
-    cfg: &tokio_postgres::Config,
-) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = cfg.connect(NoTls).await?;
+async fn connect(cfg: &Target) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, conn) = cfg.config.connect(cfg.tls.clone()).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "migration connection closed");
@@ -164,39 +178,35 @@ async fn connect(
 }
 
 /// Connects to the database, or says plainly that it does not exist.
-async fn connect_existing(
-    cfg: &tokio_postgres::Config,
-) -> Result<tokio_postgres::Client, MigrateError> {
+async fn connect_existing(cfg: &Target) -> Result<tokio_postgres::Client, MigrateError> {
     match connect(cfg).await {
         Ok(c) => Ok(c),
         Err(e) if e.code() == Some(&SqlState::INVALID_CATALOG_NAME) => {
             Err(MigrateError::NoDatabase {
-                name: cfg.get_dbname().unwrap_or("postgres").to_owned(),
+                name: cfg.config.get_dbname().unwrap_or("postgres").to_owned(),
             })
         }
-        Err(e) => Err(MigrateError::Connect(e)),
+        Err(e) => Err(MigrateError::connect(e)),
     }
 }
 
-async fn connect_or_create(
-    cfg: &tokio_postgres::Config,
-) -> Result<tokio_postgres::Client, MigrateError> {
+async fn connect_or_create(cfg: &Target) -> Result<tokio_postgres::Client, MigrateError> {
     let cfg = cfg.clone();
     match connect(&cfg).await {
         Ok(c) => Ok(c),
         Err(e) if e.code() == Some(&SqlState::INVALID_CATALOG_NAME) => {
-            let name = cfg.get_dbname().unwrap_or("postgres").to_owned();
+            let name = cfg.config.get_dbname().unwrap_or("postgres").to_owned();
             let mut admin = cfg.clone();
-            admin.dbname("postgres");
-            let client = connect(&admin).await.map_err(MigrateError::Connect)?;
+            admin.config.dbname("postgres");
+            let client = connect(&admin).await.map_err(MigrateError::connect)?;
             let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
             match client.batch_execute(&sql).await {
                 Ok(()) => tracing::info!(database = %name, "created database"),
                 Err(e) if e.code() == Some(&SqlState::DUPLICATE_DATABASE) => {}
                 Err(source) => return Err(MigrateError::CreateDatabase { name, source }),
             }
-            connect(&cfg).await.map_err(MigrateError::Connect)
+            connect(&cfg).await.map_err(MigrateError::connect)
         }
-        Err(e) => Err(MigrateError::Connect(e)),
+        Err(e) => Err(MigrateError::connect(e)),
     }
 }

@@ -165,7 +165,10 @@ fn parse_answers(reader: impl BufRead, shown: &str) -> Result<Answers, AnswersEr
 /// - every transaction answered `accepted` has a `payments` row (any
 ///   status) and a stored event: the service said "stored" only after the
 ///   commit.
-pub async fn check(url: &str, answers: &Answers) -> Result<Vec<Check>, tokio_postgres::Error> {
+pub async fn check(
+    url: &str,
+    answers: &Answers,
+) -> Result<Vec<Check>, fencehook::store::StoreError> {
     let terminal = audit::missing_terminal_rows(url, &answers.durable).await?;
     let accepted = audit::missing_rows_or_events(url, &answers.accepted).await?;
     Ok(vec![

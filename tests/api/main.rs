@@ -19,6 +19,7 @@ mod lifecycle;
 mod load;
 mod money;
 mod operations;
+mod pg_tls;
 mod process;
 mod providers;
 mod rsa_providers;

@@ -113,7 +113,11 @@ impl Drain {
         }
     }
 
-    fn failed(error: &tokio_postgres::Error, waited: Duration, timeout: Duration) -> Drain {
+    fn failed(
+        error: &(dyn std::error::Error + 'static),
+        waited: Duration,
+        timeout: Duration,
+    ) -> Drain {
         let mut d = Drain::new(&RunFigures::default(), DrainEnd::Error, waited, timeout);
         d.error = Some(fencehook::error::chain(error));
         d

@@ -345,8 +345,8 @@ impl Plan {
         // other reasons, and a sync run must not refuse to start over it.
         let database_url = match &args.database_url {
             Some(url) if args.inbox => {
-                url.parse::<tokio_postgres::Config>()
-                    .map_err(|e| bad("database-url", format!("not a PostgreSQL URL: {e}")))?;
+                fencehook::db::tls::Target::parse(url)
+                    .map_err(|e| bad("database-url", fencehook::error::chain(&e)))?;
                 Some(Secret(url.clone()))
             }
             _ => None,
