@@ -4,7 +4,8 @@
 //! instead of ending the process. Meanwhile `serve`'s admin listener already
 //! answers: `/healthz` 200, `/readyz` 503 naming what is missing. Only a
 //! database that is *unreachable* is waited for: a refusal that will not go
-//! away by itself (a wrong password, a missing database, a failed migration)
+//! away by itself (a wrong password, a missing database, a TLS handshake
+//! refused by the settings, a failed migration)
 //! still stops the start, and one-shot commands never come here.
 
 use std::time::{Duration, Instant};
@@ -22,7 +23,11 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 /// refusal that retrying will not cure.
 fn worth_waiting_for(e: &MigrateError) -> bool {
     match e {
-        MigrateError::Connect(e) | MigrateError::Db(e) => classify(e) == DbErrorKind::Connection,
+        // A TLS handshake that fails (a wrong CA, a server without TLS under
+        // `sslmode=require`) is a setting to fix: it never cures itself.
+        MigrateError::Connect(e) | MigrateError::Db(e) => {
+            classify(e) == DbErrorKind::Connection && !crate::db::tls::is_tls_failure(e)
+        }
         _ => false,
     }
 }
