@@ -44,19 +44,20 @@
 //! | an undecodable row fails the whole take | the good event never booked |
 //! | a replay that keeps the age clock | a replayed event dead again with attempts to spare |
 //!
-//! # Behaviour being brought in, and today's code
+//! # Variants that were the code
 //!
-//! The model checks the intended behaviour; where the code does not do it
-//! yet, the broken variant that stands for today's code says so (remove the
-//! variant's note once the code is in):
+//! Three broken variants are what the code did before the inbox's lock was
+//! renewed, its rows read one by one and its replays aged anew; each is kept
+//! so a return to it is caught:
 //!
-//! - the take's lock renewed with the lease's heartbeat, so a dead worker's
-//!   event is taken again within about one TTL; a lock of fixed length that
-//!   a slow attempt outlives is `Variant::NoLockRenewal`;
-//! - a row that cannot be decoded settled `dead` alone; `Store::take`
-//!   failing as a whole on it is `Variant::UndecodableFailsTheTake`;
-//! - a replay that restarts the age clock; an age counted from
-//!   `received_at` whatever the replays is `Variant::ReplayKeepsTheAge`.
+//! - a lock of fixed length that a slow attempt outlives
+//!   (`Variant::NoLockRenewal`); the code renews the take's lock every third
+//!   of a TTL while its attempts live (`Inbox::attempts`, `Store::renew_locks`);
+//! - `Store::take` failing as a whole on a row it cannot decode
+//!   (`Variant::UndecodableFailsTheTake`); the code settles that row `dead`
+//!   alone (`Store::settle_unreadable`);
+//! - an age counted from `received_at` whatever the replays
+//!   (`Variant::ReplayKeepsTheAge`); the code counts it from the last replay.
 //!
 //! # What the model leaves out
 //!

@@ -50,28 +50,24 @@
 //! and another refund may take that cap before the PSP's retry, which is
 //! then refused.
 //!
-//! # Behaviour being brought in, and today's code
+//! # Variants that were the code
 //!
-//! The model checks the intended behaviour; where the code does not do it
-//! yet, the broken variant that stands for today's code says so (remove the
-//! variant's note once the code is in):
+//! Four broken variants are what the code did before this release; each is
+//! kept so a return to it is caught:
 //!
-//! - one `Idempotency-Key` per business step, `<provider>:<transaction_id>:<event_type>`
-//!   (`downstream::Downstream::call`); the key `<provider>:<transaction_id>`
-//!   is `Variant::KeyPerObject`;
-//! - a refund's amount reserved under the cap at the claim and given back
-//!   when the call fails, so the finalize of a step the downstream executed
-//!   never refuses it; checking at the claim (`store::parent_refusal`) and
-//!   moving the money only at the finalize (`store::move_parent_money`) is
-//!   `Variant::CapTakenAtFinalize`;
-//! - disputes booked even past the payment's amount; holding them to the
-//!   cap (`MOVE_PARENT_MONEY`'s `BETWEEN 0 AND amount_minor`) is
-//!   `Variant::DisputesCapped`;
+//! - the key `<provider>:<transaction_id>` for every step of an object
+//!   (`Variant::KeyPerObject`); the code sends one `Idempotency-Key` per
+//!   business step, `<provider>:<transaction_id>:<event_type>`
+//!   (`downstream::Downstream::call`);
+//! - the cap checked at the claim and the money moved only at the finalize
+//!   (`Variant::CapTakenAtFinalize`); the code reserves the money at the
+//!   claim (`payments.reserved`) and gives it back when the call is refused;
+//! - disputes held to the cap (`Variant::DisputesCapped`); the code books
+//!   them past the payment's amount and counts the over-returned payment;
 //! - a payment's success after its failure at another amount booked at the
-//!   success's amount; the body and the entry at the row's first amount
-//!   (what `store::Claimed::Claimed` carries) is `Variant::FirstAmountKept`
-//!   (today the fingerprint holds the amount, so that success is a
-//!   `payload_mismatch` before it gets there).
+//!   row's first amount (`Variant::FirstAmountKept`); the code re-fingerprints
+//!   the row from the success (before, the fingerprint held the amount and
+//!   that success was a `payload_mismatch` before it got that far).
 //!
 //! # What the model leaves out
 //!
