@@ -113,6 +113,8 @@ impl TestContext {
             lease: LeaseConfig {
                 backend: LeaseBackendKind::Redis,
                 redis_url: self.redis_url.clone(),
+                sentinel: None,
+                redis_tls: Default::default(),
                 key_prefix: self.prefix.clone(),
                 ttl: Duration::from_millis(2000),
                 max_hold: Duration::from_secs(30),
