@@ -404,17 +404,28 @@ pub async fn verify_tls(cfg: &LeaseConfig) -> Result<(), crate::config::ConfigEr
 /// How long the start's TLS check waits for one node.
 const START_TLS_CHECK: Duration = Duration::from_secs(3);
 
-/// The TLS error under a Redis error, if that is what it is.
+/// The TLS error under a Redis error, if that is what it is. The client
+/// wraps it in an `io::Error` behind an `Arc<dyn Error>`, and neither the
+/// `Arc` nor `io::Error::source` hands the inner error on, so each layer is
+/// unwrapped by hand.
 fn rustls_error(err: &redis::RedisError) -> Option<&rustls::Error> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    fn unwrap<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(tls);
         }
+        if let Some(shared) = e.downcast_ref::<Shared>() {
+            return unwrap(shared.as_ref());
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                return Some(tls);
-            }
+            return io.get_ref().and_then(|inner| unwrap(inner));
+        }
+        None
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(tls) = unwrap(e) {
+            return Some(tls);
         }
         source = e.source();
     }

@@ -21,6 +21,7 @@ mod money;
 mod operations;
 mod process;
 mod providers;
+mod redis_ha;
 mod rsa_providers;
 mod schema;
 mod shutdown;

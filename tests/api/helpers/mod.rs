@@ -7,6 +7,7 @@ pub mod downstream;
 pub mod metrics;
 pub mod process;
 pub mod proxy;
+pub mod redis_ha;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
