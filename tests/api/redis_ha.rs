@@ -177,3 +177,59 @@ async fn over_rediss_a_ca_that_did_not_sign_the_servers_certificate_stops_the_st
     );
     assert!(!stderr.contains("fencehook serving"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_behind_sentinel_logs_the_sentinels_and_master_books_through_them_and_refuses_a_redis_url_beside_them(
+) {
+    let set = PrivateSentinels::start().await;
+    let ctx = TestContext::new().await;
+    let sentinels = set.sentinels().join(",");
+    let env = vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("FENCEHOOK_REDIS_SENTINELS", sentinels.clone()),
+        ("FENCEHOOK_REDIS_SENTINEL_MASTER", MASTER.to_owned()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+    ];
+    let serve = ServeProcess::start(&env).await;
+    let r = serve.deliver(&payment("tx_sn_log", 700)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(ctx.entries().await, 1);
+    let fence: Option<i64> = redis::cmd("GET")
+        .arg(ctx.fence_key("tx_sn_log"))
+        .query_async(&mut set.redis(set.master_port).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        fence,
+        Some(1),
+        "the lease was taken on the sentinels' master"
+    );
+    let logs = serve.logs.lock().unwrap().join("\n");
+    let starting = logs
+        .lines()
+        .find(|l| l.contains("fencehook starting"))
+        .unwrap_or_else(|| panic!("{logs}"));
+    assert!(
+        starting.contains(&format!("sentinels {sentinels} master {MASTER}")),
+        "{starting}"
+    );
+
+    // REDIS_URL beside the sentinels is refused in one line, which does not
+    // echo the sentinel password.
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.arg("serve")
+        .envs(env)
+        .env("FENCEHOOK_REDIS_SENTINEL_PASSWORD", "hunter2")
+        .env("REDIS_URL", "redis://127.0.0.1:6379")
+        .env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET)
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the start is refused, not served")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("REDIS_URL"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
