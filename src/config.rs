@@ -45,9 +45,13 @@ pub enum LogFormat {
 pub struct ServeArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// Redis URL of the lease store (redis://host:port[/db]).
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    pub redis_url: String,
+    /// Redis URL of the lease store (redis://host:port[/db], rediss:// for
+    /// TLS). Default: redis://127.0.0.1:6379, unless
+    /// FENCEHOOK_REDIS_SENTINELS is set (then it must be unset).
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    #[command(flatten)]
+    pub redis_ha: RedisHaArgs,
     /// Public listener: POST /webhooks/{provider}.
     #[arg(long, env = "FENCEHOOK_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
@@ -333,6 +337,234 @@ pub struct DbArgs {
     pub db_connect_timeout_ms: u64,
 }
 
+/// Where the Redis master comes from when it is not `REDIS_URL` (Sentinel),
+/// and the TLS material of `rediss://`.
+#[derive(Debug, Clone, Args, Default)]
+pub struct RedisHaArgs {
+    /// Redis Sentinel addresses (host:port,host:port,…): the master is asked
+    /// of them, and asked again after an error. REDIS_URL must be unset.
+    #[arg(long, env = "FENCEHOOK_REDIS_SENTINELS")]
+    pub redis_sentinels: Option<String>,
+    /// Name of the master the sentinels monitor (`sentinel monitor <name> …`).
+    #[arg(long, env = "FENCEHOOK_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
+    /// Password of the sentinels themselves (their `requirepass`).
+    #[arg(
+        long,
+        env = "FENCEHOOK_REDIS_SENTINEL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub redis_sentinel_password: Option<String>,
+    /// PEM file of the CA that signed the Redis server's certificate
+    /// (rediss://); without it the system's trust store is used.
+    #[arg(long, env = "FENCEHOOK_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM certificate (chain) presented to Redis (rediss://, with
+    /// FENCEHOOK_REDIS_CLIENT_KEY_FILE).
+    #[arg(long, env = "FENCEHOOK_REDIS_CLIENT_CERT_FILE")]
+    pub redis_client_cert_file: Option<PathBuf>,
+    /// PEM private key of FENCEHOOK_REDIS_CLIENT_CERT_FILE.
+    #[arg(long, env = "FENCEHOOK_REDIS_CLIENT_KEY_FILE")]
+    pub redis_client_key_file: Option<PathBuf>,
+}
+
+/// `REDIS_URL` when none is set (and no sentinel either).
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+/// The master is found through Redis Sentinel.
+#[derive(Clone)]
+pub struct SentinelConfig {
+    /// `host:port` of every sentinel.
+    pub sentinels: Vec<String>,
+    pub master: String,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelConfig")
+            .field("sentinels", &self.sentinels)
+            .field("master", &self.master)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// TLS material for `rediss://`, read and parsed at start (PEM).
+#[derive(Clone, Default)]
+pub struct RedisTls {
+    /// The CA bundle; `None`: the system's trust store.
+    pub ca: Option<Vec<u8>>,
+    /// Client certificate chain and key.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl RedisHaArgs {
+    /// The Sentinel settings, if any, checked against `REDIS_URL`.
+    fn sentinel(&self, redis_url: Option<&str>) -> Result<Option<SentinelConfig>, ConfigError> {
+        let blank = |v: &Option<String>| v.as_deref().is_none_or(|s| s.trim().is_empty());
+        match (
+            blank(&self.redis_sentinels),
+            blank(&self.redis_sentinel_master),
+        ) {
+            (true, true) => {
+                if self.redis_sentinel_password.is_some() {
+                    return Err(bad(
+                        "FENCEHOOK_REDIS_SENTINEL_PASSWORD",
+                        "is set without FENCEHOOK_REDIS_SENTINELS",
+                    ));
+                }
+                return Ok(None);
+            }
+            (false, true) => return Err(bad(
+                "FENCEHOOK_REDIS_SENTINEL_MASTER",
+                "must name the master the sentinels monitor when FENCEHOOK_REDIS_SENTINELS is set",
+            )),
+            (true, false) => return Err(bad(
+                "FENCEHOOK_REDIS_SENTINELS",
+                "must list the sentinels (host:port,…) when FENCEHOOK_REDIS_SENTINEL_MASTER is set",
+            )),
+            (false, false) => {}
+        }
+        if redis_url.is_some() {
+            return Err(bad(
+                "REDIS_URL",
+                "must be unset when FENCEHOOK_REDIS_SENTINELS is set: the sentinels name the master",
+            ));
+        }
+        let mut sentinels = Vec::new();
+        for node in self.redis_sentinels.as_deref().unwrap_or("").split(',') {
+            let node = node.trim();
+            let port = node
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
+            match port {
+                Some((host, Ok(port))) if !host.is_empty() && port > 0 && !host.contains('/') => {
+                    sentinels.push(node.to_owned())
+                }
+                _ => {
+                    return Err(bad(
+                        "FENCEHOOK_REDIS_SENTINELS",
+                        format!("`{node}` is not host:port"),
+                    ))
+                }
+            }
+        }
+        let master = self.redis_sentinel_master.as_deref().unwrap_or("").trim();
+        if master.chars().any(char::is_whitespace) {
+            return Err(bad(
+                "FENCEHOOK_REDIS_SENTINEL_MASTER",
+                "must not contain spaces",
+            ));
+        }
+        if self.redis_ca_file.is_some() || self.redis_client_cert_file.is_some() {
+            return Err(bad(
+                "FENCEHOOK_REDIS_SENTINELS",
+                "TLS to a Sentinel-managed Redis is not supported by this build; use a private network, or rediss:// in REDIS_URL without Sentinel",
+            ));
+        }
+        Ok(Some(SentinelConfig {
+            sentinels,
+            master: master.to_owned(),
+            password: self
+                .redis_sentinel_password
+                .clone()
+                .filter(|p| !p.is_empty()),
+        }))
+    }
+
+    /// The TLS files, read and parsed; only with `rediss://`.
+    fn tls(&self, tls_url: bool) -> Result<RedisTls, ConfigError> {
+        if !tls_url {
+            for (setting, file) in [
+                ("FENCEHOOK_REDIS_CA_FILE", &self.redis_ca_file),
+                (
+                    "FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+                    &self.redis_client_cert_file,
+                ),
+                (
+                    "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+                    &self.redis_client_key_file,
+                ),
+            ] {
+                if file.is_some() {
+                    return Err(bad(setting, "is set but REDIS_URL is not rediss:// (TLS)"));
+                }
+            }
+            return Ok(RedisTls::default());
+        }
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let read = |setting: &'static str, path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| bad(setting, format!("cannot read {}: {e}", path.display())))
+        };
+        let certs = |setting: &'static str, path: &PathBuf, pem: &[u8]| {
+            let n = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    bad(
+                        setting,
+                        format!("{}: not a PEM certificate: {e}", path.display()),
+                    )
+                })?
+                .len();
+            if n == 0 {
+                return Err(bad(
+                    setting,
+                    format!("{}: holds no PEM certificate", path.display()),
+                ));
+            }
+            Ok(())
+        };
+        let ca = match &self.redis_ca_file {
+            Some(path) => {
+                let pem = read("FENCEHOOK_REDIS_CA_FILE", path)?;
+                certs("FENCEHOOK_REDIS_CA_FILE", path, &pem)?;
+                Some(pem)
+            }
+            None => None,
+        };
+        let client = match (&self.redis_client_cert_file, &self.redis_client_key_file) {
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(bad(
+                    "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+                    "must be set with FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(bad(
+                    "FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+                    "must be set with FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+                ))
+            }
+            (Some(cert_path), Some(key_path)) => {
+                let cert = read("FENCEHOOK_REDIS_CLIENT_CERT_FILE", cert_path)?;
+                certs("FENCEHOOK_REDIS_CLIENT_CERT_FILE", cert_path, &cert)?;
+                let key = read("FENCEHOOK_REDIS_CLIENT_KEY_FILE", key_path)?;
+                PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
+                    bad(
+                        "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+                        format!("{}: not a PEM private key: {e}", key_path.display()),
+                    )
+                })?;
+                Some((cert, key))
+            }
+        };
+        Ok(RedisTls { ca, client })
+    }
+}
+
 /// One invalid setting: the variable's name and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 #[error("{setting}: {reason}")]
@@ -362,7 +594,12 @@ pub struct DbConfig {
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
     pub backend: LeaseBackendKind,
+    /// One server or Cluster seeds; unused when `sentinel` is set.
     pub redis_url: String,
+    /// The master is asked of these sentinels instead of `redis_url`.
+    pub sentinel: Option<SentinelConfig>,
+    /// For `rediss://`.
+    pub redis_tls: RedisTls,
     pub key_prefix: String,
     pub ttl: Duration,
     pub max_hold: Duration,
@@ -372,6 +609,15 @@ pub struct LeaseConfig {
 }
 
 impl LeaseConfig {
+    /// Where the leases live, for the start log: the Redis nodes, or the
+    /// sentinels and the master's name; never a password.
+    pub fn redis_target(&self) -> String {
+        match &self.sentinel {
+            Some(s) => format!("sentinels {} master {}", s.sentinels.join(","), s.master),
+            None => redis_target(&self.redis_url),
+        }
+    }
+
     /// The heartbeat renews this often: a third of the TTL, so two renewals
     /// can fail before the lease expires.
     pub fn renew_interval(&self) -> Duration {
@@ -708,18 +954,30 @@ impl ServeArgs {
                 ));
             }
         }
-        // One URL, or a comma-separated list of Redis Cluster seed nodes.
-        for node in self.redis_url.split(',').map(str::trim) {
-            if node.starts_with("rediss://") {
+        let sentinel = self.redis_ha.sentinel(self.redis_url.as_deref())?;
+        let redis_url = self
+            .redis_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned());
+        // One URL, or a comma-separated list of Redis Cluster seed nodes; all
+        // TLS or none.
+        let nodes: Vec<&str> = redis_url.split(',').map(str::trim).collect();
+        for node in &nodes {
+            if !node.starts_with("redis://") && !node.starts_with("rediss://") {
                 return Err(bad(
                     "REDIS_URL",
-                    "rediss:// (TLS) is not supported by this build; reach Redis over a private network or a TLS tunnel (stunnel, a service mesh) and use redis://",
+                    format!("`{node}` is not a redis:// or rediss:// URL"),
                 ));
             }
-            if !node.starts_with("redis://") {
-                return Err(bad("REDIS_URL", format!("`{node}` is not a redis:// URL")));
-            }
         }
+        let tls_url = nodes.iter().any(|n| n.starts_with("rediss://"));
+        if tls_url && !nodes.iter().all(|n| n.starts_with("rediss://")) {
+            return Err(bad(
+                "REDIS_URL",
+                "mixes redis:// and rediss://: every node is TLS or none",
+            ));
+        }
+        let redis_tls = self.redis_ha.tls(tls_url && sentinel.is_none())?;
         if self.lease_ttl_ms < 150 {
             return Err(bad("FENCEHOOK_LEASE_TTL_MS", "must be at least 150 ms"));
         }
@@ -772,7 +1030,9 @@ impl ServeArgs {
         }
         Ok(LeaseConfig {
             backend: self.lease_backend,
-            redis_url: self.redis_url.clone(),
+            redis_url,
+            sentinel,
+            redis_tls,
             key_prefix: prefix.clone(),
             ttl,
             max_hold: Duration::from_millis(self.lease_max_ms),
@@ -1126,7 +1386,10 @@ mod tests {
             (&["--listen", "nope"][..], "FENCEHOOK_LISTEN"),
             (&["--database-url", "mysql:/x y"][..], "DATABASE_URL"),
             (&["--redis-url", "http://x"][..], "REDIS_URL"),
-            (&["--redis-url", "rediss://x:6380"][..], "REDIS_URL"),
+            (
+                &["--redis-url", "rediss://x:6380,redis://y:6380"][..],
+                "REDIS_URL",
+            ),
             (
                 &["--fence-key-ttl-secs", "30"][..],
                 "FENCEHOOK_FENCE_KEY_TTL_SECS",
@@ -1158,5 +1421,169 @@ mod tests {
             let err = parse(args).expect_err(setting);
             assert_eq!(err.setting, setting, "{args:?}: {err}");
         }
+    }
+
+    fn pem_file(dir: &std::path::Path, name: &str, body: &str) -> String {
+        let path = dir.join(name);
+        std::fs::write(&path, body).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn sentinels_and_a_master_name_make_a_sentinel_config_logged_without_the_password() {
+        let cfg = parse(&[
+            "--redis-sentinels",
+            "10.0.0.1:26379, sentinel-b:26380",
+            "--redis-sentinel-master",
+            "payments",
+            "--redis-sentinel-password",
+            "s3cret",
+        ])
+        .unwrap();
+        let s = cfg.lease.sentinel.as_ref().expect("sentinel mode");
+        assert_eq!(s.sentinels, ["10.0.0.1:26379", "sentinel-b:26380"]);
+        assert_eq!(s.master, "payments");
+        assert_eq!(s.password.as_deref(), Some("s3cret"));
+        let target = cfg.lease.redis_target();
+        assert_eq!(
+            target,
+            "sentinels 10.0.0.1:26379,sentinel-b:26380 master payments"
+        );
+        assert!(!format!("{cfg:?}").contains("s3cret"));
+        assert!(parse(&[]).unwrap().lease.sentinel.is_none());
+        assert_eq!(parse(&[]).unwrap().lease.redis_url, DEFAULT_REDIS_URL);
+    }
+
+    #[test]
+    fn sentinel_settings_that_do_not_fit_together_name_their_setting() {
+        for (args, setting) in [
+            (
+                &["--redis-sentinels", "a:26379"][..],
+                "FENCEHOOK_REDIS_SENTINEL_MASTER",
+            ),
+            (
+                &["--redis-sentinel-master", "m"][..],
+                "FENCEHOOK_REDIS_SENTINELS",
+            ),
+            (
+                &[
+                    "--redis-sentinels",
+                    "a:26379",
+                    "--redis-sentinel-master",
+                    "m",
+                    "--redis-url",
+                    "redis://a:6379",
+                ][..],
+                "REDIS_URL",
+            ),
+            (
+                &["--redis-sentinels", "a", "--redis-sentinel-master", "m"][..],
+                "FENCEHOOK_REDIS_SENTINELS",
+            ),
+            (
+                &[
+                    "--redis-sentinels",
+                    "a:26379,redis://b:1",
+                    "--redis-sentinel-master",
+                    "m",
+                ][..],
+                "FENCEHOOK_REDIS_SENTINELS",
+            ),
+            (
+                &["--redis-sentinel-password", "p"][..],
+                "FENCEHOOK_REDIS_SENTINEL_PASSWORD",
+            ),
+            (
+                &[
+                    "--redis-sentinels",
+                    "a:26379",
+                    "--redis-sentinel-master",
+                    "m",
+                    "--redis-ca-file",
+                    "/etc/ca.pem",
+                ][..],
+                "FENCEHOOK_REDIS_SENTINELS",
+            ),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.setting, setting, "{args:?}: {e}");
+            assert!(!e.to_string().contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn rediss_reads_its_ca_and_client_files_and_refuses_bad_ones_naming_the_setting() {
+        let dir = std::env::temp_dir().join(format!("fh-tls-cfg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let ca_file = pem_file(&dir, "ca.pem", &ca.cert.pem());
+        let key_file = pem_file(&dir, "key.pem", &ca.key_pair.serialize_pem());
+        let junk = pem_file(&dir, "junk.pem", "not a certificate\n");
+        let missing = dir.join("missing.pem").display().to_string();
+
+        let cfg = parse(&[
+            "--redis-url",
+            "rediss://cache:6380",
+            "--redis-ca-file",
+            &ca_file,
+            "--redis-client-cert-file",
+            &ca_file,
+            "--redis-client-key-file",
+            &key_file,
+        ])
+        .unwrap();
+        assert!(cfg.lease.redis_tls.ca.is_some());
+        assert!(cfg.lease.redis_tls.client.is_some());
+        assert!(!format!("{cfg:?}").contains("PRIVATE KEY"));
+        let plain = parse(&["--redis-url", "rediss://cache:6380"]).unwrap();
+        assert!(plain.lease.redis_tls.ca.is_none(), "the system's roots");
+
+        for (args, setting) in [
+            (
+                &["--redis-url", "rediss://c:1", "--redis-ca-file", &missing][..],
+                "FENCEHOOK_REDIS_CA_FILE",
+            ),
+            (
+                &["--redis-url", "rediss://c:1", "--redis-ca-file", &junk][..],
+                "FENCEHOOK_REDIS_CA_FILE",
+            ),
+            (
+                &["--redis-url", "redis://c:1", "--redis-ca-file", &ca_file][..],
+                "FENCEHOOK_REDIS_CA_FILE",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "rediss://c:1",
+                    "--redis-client-cert-file",
+                    &ca_file,
+                ][..],
+                "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "rediss://c:1",
+                    "--redis-client-key-file",
+                    &key_file,
+                ][..],
+                "FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "rediss://c:1",
+                    "--redis-client-cert-file",
+                    &ca_file,
+                    "--redis-client-key-file",
+                    &ca_file,
+                ][..],
+                "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+            ),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.setting, setting, "{args:?}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -22,7 +22,8 @@
 //!   [`processor::Outcome`].
 //! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
 //!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
-//!   scripts ([`lease::redis`]) and the PostgreSQL backend.
+//!   scripts ([`lease::redis`]; the master asked of Redis Sentinel in
+//!   [`lease::sentinel`]) and the PostgreSQL backend.
 //! - [`startup`]: the start before the database (waiting for PostgreSQL
 //!   with a backoff before migrating).
 //! - [`store`]: fenced writes returning outcome enums, SQLSTATE

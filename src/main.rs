@@ -145,6 +145,10 @@ async fn run(cli: Cli) -> ExitCode {
                 tracing::warn!("{warning}");
             }
             log_targets(&cfg);
+            if let Err(e) = fencehook::lease::redis::verify_tls(&cfg.lease).await {
+                eprintln!("fencehook: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
             let app = match App::build(cfg).await {
                 Ok(app) => app,
                 Err(e) => {
@@ -172,6 +176,10 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             };
             log_targets(&cfg);
+            if let Err(e) = fencehook::lease::redis::verify_tls(&cfg.lease).await {
+                eprintln!("fencehook: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
             let workers = match fencehook::app::Workers::build(cfg).await {
                 Ok(w) => w,
                 Err(e) => {
@@ -345,7 +353,7 @@ fn warn_unknown_settings() {
 fn log_targets(cfg: &fencehook::config::Config) {
     tracing::info!(
         database = %fencehook::config::database_target(&cfg.db.url),
-        redis = %fencehook::config::redis_target(&cfg.lease.redis_url),
+        redis = %cfg.lease.redis_target(),
         lease_backend = cfg.lease.backend.as_str(),
         mode = ?cfg.inbox.mode,
         providers = ?cfg.providers.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),

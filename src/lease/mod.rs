@@ -23,6 +23,7 @@
 mod heartbeat;
 pub mod postgres;
 pub mod redis;
+pub mod sentinel;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

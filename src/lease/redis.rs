@@ -22,8 +22,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::Script;
 use uuid::Uuid;
 
+use super::sentinel::SentinelConn;
 use super::{LeaseError, LeaseKey, RawAcquire};
-use crate::config::LeaseConfig;
+use crate::config::{LeaseConfig, RedisTls};
 
 // Tokens are handled as decimal strings inside the scripts, never as Lua
 // numbers: Lua formats a number with `%.14g` (10^14 becomes `1e+14`, which no
@@ -124,11 +125,13 @@ pub struct RedisLease {
     inner: Arc<Inner>,
 }
 
-/// One Redis server, or a Redis Cluster (slots routed by the hash tag).
+/// One Redis server, a Redis Cluster (slots routed by the hash tag), or the
+/// master Redis Sentinel names.
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
 }
 
 struct Inner {
@@ -149,7 +152,8 @@ impl RedisLease {
     ///
     /// `REDIS_URL` names one server (`redis://host:port`), or a Redis Cluster
     /// as a comma-separated list of seed nodes
-    /// (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`).
+    /// (`redis://10.0.0.1:7000,redis://10.0.0.2:7000`); `rediss://` for TLS.
+    /// With Sentinel settings the master is asked of the sentinels instead.
     pub fn new(cfg: &LeaseConfig) -> Result<RedisLease, LeaseError> {
         let nodes: Vec<&str> = cfg
             .redis_url
@@ -157,11 +161,18 @@ impl RedisLease {
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .collect();
-        let conn = if nodes.len() > 1 {
+        let tls = nodes.iter().any(|n| n.starts_with("rediss://"));
+        let conn = if let Some(sentinel) = &cfg.sentinel {
+            Conn::Sentinel(SentinelConn::new(sentinel, cfg.lease_timeout)?)
+        } else if nodes.len() > 1 {
             // The cluster client retries a command after an I/O error or a
             // redirection; every script is idempotent for its owner (see
             // above), so a retry of one that went through is harmless.
-            let client = redis::cluster::ClusterClient::builder(nodes)
+            let mut builder = redis::cluster::ClusterClient::builder(nodes);
+            if tls {
+                builder = builder.certs(certificates(&cfg.redis_tls));
+            }
+            let client = builder
                 .connection_timeout(cfg.lease_timeout)
                 .retries(2)
                 .min_retry_wait(10)
@@ -172,7 +183,11 @@ impl RedisLease {
                     .get_pending_async_connection_with_config(redis::cluster::ClusterConfig::new()),
             )
         } else {
-            let client = redis::Client::open(cfg.redis_url.as_str())?;
+            let client = if tls {
+                redis::Client::build_with_tls(cfg.redis_url.as_str(), certificates(&cfg.redis_tls))?
+            } else {
+                redis::Client::open(cfg.redis_url.as_str())?
+            };
             let manager_cfg = redis::aio::ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(cfg.lease_timeout))
                 .set_response_timeout(None)
@@ -219,6 +234,10 @@ impl RedisLease {
         Ok(match self.inner.conn.clone() {
             Conn::Single(mut c) => inv.invoke_async(&mut c).await?,
             Conn::Cluster(mut c) => inv.invoke_async(&mut c).await?,
+            Conn::Sentinel(s) => {
+                s.run(|mut c| async move { inv.invoke_async(&mut c).await })
+                    .await?
+            }
         })
     }
 
@@ -296,7 +315,119 @@ impl RedisLease {
             Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await?,
             // Routed to every primary: ready only when the whole cluster answers.
             Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await?,
+            Conn::Sentinel(s) => {
+                s.run(|mut c| async move { cmd.query_async::<String>(&mut c).await })
+                    .await?
+            }
         };
         Ok(())
     }
+}
+
+/// The CA and client certificate of `rediss://`, as the client takes them.
+fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: tls
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    }
+}
+
+/// With `rediss://`, one connection at start to each node until one answers,
+/// so a certificate that does not verify (a wrong CA, a host name the
+/// certificate does not cover, a client certificate the server refuses)
+/// stops the start naming its setting, instead of every delivery answering
+/// 503 for a reason only the logs say. A node that does not answer at all
+/// is not an error here: the service waits for Redis as for any outage.
+pub async fn verify_tls(cfg: &LeaseConfig) -> Result<(), crate::config::ConfigError> {
+    use crate::config::ConfigError;
+    if cfg.sentinel.is_some() || cfg.backend != crate::config::LeaseBackendKind::Redis {
+        return Ok(());
+    }
+    for node in cfg.redis_url.split(',').map(str::trim) {
+        if !node.starts_with("rediss://") {
+            return Ok(());
+        }
+        let client =
+            redis::Client::build_with_tls(node, certificates(&cfg.redis_tls)).map_err(|e| {
+                ConfigError {
+                    setting: "REDIS_URL",
+                    reason: format!("cannot set up TLS: {e}"),
+                }
+            })?;
+        let conn_cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(START_TLS_CHECK))
+            .set_response_timeout(Some(START_TLS_CHECK));
+        let attempt = client.get_multiplexed_async_connection_with_config(&conn_cfg);
+        let err = match tokio::time::timeout(START_TLS_CHECK, attempt).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => e,
+            Err(_) => continue,
+        };
+        if let Some(tls) = rustls_error(&err) {
+            use rustls::{CertificateError, Error};
+            let target = crate::config::redis_target(node);
+            return Err(match tls {
+                Error::InvalidCertificate(CertificateError::NotValidForName)
+                | Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
+                    ConfigError {
+                        setting: "REDIS_URL",
+                        reason: format!("{target}: the server's certificate does not name this host ({tls})"),
+                    }
+                }
+                Error::InvalidCertificate(_) => ConfigError {
+                    setting: "FENCEHOOK_REDIS_CA_FILE",
+                    reason: format!(
+                        "{target}: the server's certificate does not verify against {} ({tls})",
+                        if cfg.redis_tls.ca.is_some() { "this CA" } else { "the system's trust store; set the CA that signed it" }
+                    ),
+                },
+                Error::AlertReceived(_) => ConfigError {
+                    setting: "FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+                    reason: format!("{target}: the server refused the TLS handshake ({tls}); it may want a client certificate it trusts"),
+                },
+                _ => ConfigError {
+                    setting: "REDIS_URL",
+                    reason: format!("{target}: TLS handshake failed ({tls})"),
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How long the start's TLS check waits for one node.
+const START_TLS_CHECK: Duration = Duration::from_secs(3);
+
+/// The TLS error under a Redis error, if that is what it is. The client
+/// wraps it in an `io::Error` behind an `Arc<dyn Error>`, and neither the
+/// `Arc` nor `io::Error::source` hands the inner error on, so each layer is
+/// unwrapped by hand.
+fn rustls_error(err: &redis::RedisError) -> Option<&rustls::Error> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    fn unwrap<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(shared) = e.downcast_ref::<Shared>() {
+            return unwrap(shared.as_ref());
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return io.get_ref().and_then(|inner| unwrap(inner));
+        }
+        None
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(tls) = unwrap(e) {
+            return Some(tls);
+        }
+        source = e.source();
+    }
+    None
 }

@@ -13,6 +13,8 @@ fn lease(ctx: &TestContext, backend: LeaseBackendKind, ttl: Duration) -> Lease {
     let cfg = LeaseConfig {
         backend,
         redis_url: ctx.redis_url.clone(),
+        sentinel: None,
+        redis_tls: Default::default(),
         key_prefix: ctx.prefix.clone(),
         ttl,
         max_hold: Duration::from_secs(30),

@@ -22,6 +22,7 @@ mod operations;
 mod pg_tls;
 mod process;
 mod providers;
+mod redis_ha;
 mod rsa_providers;
 mod schema;
 mod shutdown;

@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod postgres;
 pub mod process;
 pub mod proxy;
+pub mod redis_ha;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -130,6 +131,8 @@ impl TestContext {
             lease: LeaseConfig {
                 backend: LeaseBackendKind::Redis,
                 redis_url: self.redis_url.clone(),
+                sentinel: None,
+                redis_tls: Default::default(),
                 key_prefix: self.prefix.clone(),
                 ttl: Duration::from_millis(2000),
                 max_hold: Duration::from_secs(30),
