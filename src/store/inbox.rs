@@ -832,6 +832,26 @@ impl Store {
             .await?;
         Ok((events, items))
     }
+
+    /// What [`Store::prune`] would delete now, deleting nothing: (events,
+    /// quarantined items), counted with the same conditions.
+    pub async fn prune_count(
+        &self,
+        before: OffsetDateTime,
+        dead: bool,
+    ) -> Result<(u64, u64), StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM events WHERE received_at < $1
+                           AND (status = 'done' OR ($2 AND status = 'dead'))),
+                        (SELECT count(*) FROM quarantined_items WHERE last_seen_at < $1)",
+                &[&before, &dead],
+            )
+            .await?;
+        let count = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+        Ok((count(0), count(1)))
+    }
 }
 
 /// Filters of `fencehook events`; `None` matches anything.
