@@ -261,21 +261,28 @@ pub fn minor_unit_exponent(currency: &str) -> Option<u32> {
 /// known exponent: it is written as it is stored, marked as minor units,
 /// rather than guessed.
 pub fn major_units(minor: i64, currency: &str) -> String {
-    let Some(exponent) = minor_unit_exponent(currency) else {
-        return format!("{minor} {currency} (minor units)");
-    };
+    match major_amount(minor, currency) {
+        Some(amount) => format!("{amount} {currency}"),
+        None => format!("{minor} {currency} (minor units)"),
+    }
+}
+
+/// The number of [`major_units`] alone (`"100.00"`), `None` for a currency
+/// without a known exponent.
+pub fn major_amount(minor: i64, currency: &str) -> Option<String> {
+    let exponent = minor_unit_exponent(currency)?;
     let sign = if minor < 0 { "-" } else { "" };
     let magnitude = minor.unsigned_abs();
     if exponent == 0 {
-        return format!("{sign}{magnitude} {currency}");
+        return Some(format!("{sign}{magnitude}"));
     }
     let scale = 10u64.pow(exponent);
     let width = exponent as usize;
-    format!(
-        "{sign}{}.{:0width$} {currency}",
+    Some(format!(
+        "{sign}{}.{:0width$}",
         magnitude / scale,
         magnitude % scale
-    )
+    ))
 }
 
 /// 1–255 printable ASCII, no leading or trailing whitespace (rejected, not trimmed).
@@ -408,6 +415,8 @@ mod tests {
         assert_eq!(major_units(-2050, "EUR"), "-20.50 EUR");
         assert_eq!(major_units(i64::MIN, "EUR"), "-92233720368547758.08 EUR");
         assert_eq!(major_units(1234, "XYZ"), "1234 XYZ (minor units)");
+        assert_eq!(major_amount(10000, "EUR").as_deref(), Some("100.00"));
+        assert_eq!(major_amount(1234, "XYZ"), None);
         for (minor, currency) in [(2000, "CNY"), (1234, "JPY"), (1, "BHD")] {
             let written = major_units(minor, currency);
             let (number, _) = written.split_once(' ').unwrap();

@@ -497,6 +497,9 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     let v: serde_json::Value = serde_json::from_str(&out).expect("--json is JSON");
     assert_eq!(v["row"]["status"], "succeeded");
     assert_eq!(v["row"]["amount_minor"], 5000);
+    assert_eq!(v["row"]["amount"], "50.00", "and beside it in major units");
+    assert_eq!(v["row"]["amount_out"], "20.00");
+    assert_eq!(v["entries"][0]["amount"], "50.00");
     assert_eq!(v["children"].as_array().unwrap().len(), 1);
     assert_eq!(v["entries"].as_array().unwrap().len(), 2);
     assert_eq!(v["events"].as_array().unwrap().len(), 2);
