@@ -1,14 +1,15 @@
 # fencehook — the same checks run here and in CI (.ci/run).
 #
 #   make run    build (release), find or start PostgreSQL + Redis, migrate, serve on 127.0.0.1:8080
-#   make test   unit tests, then the integration tests against real PostgreSQL and Redis
+#   make test   unit tests, then the integration tests against real PostgreSQL and Redis, then one
+#               grand total (`N passed, M failed`)
 #   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
 #               (CHAOS_MODE=inbox, or make chaos-inbox: the same in inbox mode)
 #   make model  exhaustive model checks of the protocols: lease + fence, the lease inside the write,
 #               a payment's life (cap, downstream keys), the inbox (stateright; no services)
 #   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) and the nginx
-#               the deploy test runs, if missing
+#               and systemd-analyze the deploy tests run, if missing (those tests fail without them)
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -41,7 +42,12 @@ run: build
 	echo "fencehook: serving http://127.0.0.1:8080/webhooks/generic (admin http://127.0.0.1:9090), database $${DATABASE_URL##*/}"; \
 	exec ./target/release/fencehook serve
 
-test: test-unit test-integration
+# Both runs, then their grand total on its own line (`N passed, M failed`); fails if either did.
+test:
+	@set -o pipefail; log=$$(mktemp); status=0; \
+	$(MAKE) --no-print-directory test-unit 2>&1 | tee "$$log" || status=1; \
+	$(MAKE) --no-print-directory test-integration 2>&1 | tee -a "$$log" || status=1; \
+	echo "== all tests =="; scripts/test-total.sh < "$$log"; rm -f "$$log"; exit $$status
 
 test-unit:
 	@echo "== unit tests (no services) =="
@@ -89,10 +95,12 @@ lint:
 # The lint tools, installed only where missing (shellcheck from Debian's packages, the two
 # cargo subcommands from crates.io at the versions their own lock files pin), and nginx for
 # tests/api/deploy.rs, which runs deploy/nginx.conf in front of fencehook (RUNLEVEL=1 keeps
-# the package from starting a system nginx on port 80: the test runs its own).
+# the package from starting a system nginx on port 80: the test runs its own), and
+# systemd-analyze for the check of the systemd units.
 tools:
 	@command -v shellcheck >/dev/null || apt-get install -y shellcheck
 	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || RUNLEVEL=1 apt-get install -y --no-install-recommends nginx
+	@command -v systemd-analyze >/dev/null || RUNLEVEL=1 apt-get install -y --no-install-recommends systemd
 	@$(CARGO) machete --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-machete
 	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
 

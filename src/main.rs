@@ -108,7 +108,10 @@ fn hide_env_values(cmd: clap::Command) -> clap::Command {
 async fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::CheckConfig(args) => {
-            warn_unknown_settings();
+            // A person's command: plain lines, whatever FENCEHOOK_LOG_FORMAT says.
+            for warning in unknown_settings() {
+                eprintln!("fencehook: warning: {warning}");
+            }
             match args.validate() {
                 Ok(cfg) => {
                     for warning in cfg.warnings() {
@@ -133,7 +136,9 @@ async fn run(cli: Cli) -> ExitCode {
         }
         Command::Serve(args) => {
             init_tracing(args.log_format, &args.log);
-            warn_unknown_settings();
+            for warning in unknown_settings() {
+                tracing::warn!("{warning}");
+            }
             let cfg = match args.validate() {
                 Ok(cfg) => cfg,
                 Err(e) => {
@@ -167,7 +172,9 @@ async fn run(cli: Cli) -> ExitCode {
         }
         Command::Work(args) => {
             init_tracing(args.log_format, &args.log);
-            warn_unknown_settings();
+            for warning in unknown_settings() {
+                tracing::warn!("{warning}");
+            }
             let cfg = match args.validate_for_workers() {
                 Ok(cfg) => cfg,
                 Err(e) => {
@@ -319,10 +326,12 @@ fn bad_arguments(e: clap::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Warns about variables that look like settings but are none: unknown
-/// `FENCEHOOK_*` ones and near misses of any setting (`DATABSE_URL`). A typo
-/// would otherwise leave a default silently in force.
-fn warn_unknown_settings() {
+/// The warnings about variables that look like settings but are none:
+/// unknown `FENCEHOOK_*` ones and near misses of any setting
+/// (`DATABSE_URL`). A typo would otherwise leave a default silently in force.
+/// `serve` and `work` log them (as JSON with `FENCEHOOK_LOG_FORMAT=json`, so
+/// that every start line parses), `check-config` prints them.
+fn unknown_settings() -> Vec<String> {
     let cmd = Cli::command();
     let mut known: Vec<String> = cmd
         .get_subcommands()
@@ -332,20 +341,21 @@ fn warn_unknown_settings() {
         .collect();
     known.sort();
     known.dedup();
-    for (name, near) in fencehook::config::misspelt_settings(&known, std::env::vars()) {
-        let renamed = fencehook::config::RENAMED_SETTINGS
-            .iter()
-            .find(|(old, _)| *old == name);
-        match (renamed, near) {
-            (Some((_, new)), _) => {
-                eprintln!("fencehook: warning: {name} is ignored: it was renamed to {new}")
+    fencehook::config::misspelt_settings(&known, std::env::vars())
+        .into_iter()
+        .map(|(name, near)| {
+            let renamed = fencehook::config::RENAMED_SETTINGS
+                .iter()
+                .find(|(old, _)| *old == name);
+            match (renamed, near) {
+                (Some((_, new)), _) => format!("{name} is ignored: it was renamed to {new}"),
+                (None, Some(near)) => {
+                    format!("{name} is not a setting and is ignored; did you mean {near}?")
+                }
+                (None, None) => format!("unknown setting {name} is ignored"),
             }
-            (None, Some(near)) => {
-                eprintln!("fencehook: warning: {name} is not a setting and is ignored; did you mean {near}?")
-            }
-            (None, None) => eprintln!("fencehook: warning: unknown setting {name} is ignored"),
-        }
-    }
+        })
+        .collect()
 }
 
 /// The start log says where the data goes: which database and which Redis
@@ -378,10 +388,13 @@ async fn warn_unreachable(health: &fencehook::health::Health) {
 }
 
 fn init_tracing(format: LogFormat, levels: &str) {
+    // Logged once the subscriber is up, in its format: a plain line first
+    // would break a reader of JSON lines.
+    let mut bad_filter = None;
     let filter = EnvFilter::try_new(levels).unwrap_or_else(|e| {
-        eprintln!(
-            "fencehook: warning: FENCEHOOK_LOG `{levels}` is not a log filter ({e}); using info"
-        );
+        bad_filter = Some(format!(
+            "FENCEHOOK_LOG `{levels}` is not a log filter ({e}); using info"
+        ));
         EnvFilter::new("info")
     });
     // Colour codes only for a person at a terminal: in a pipe, a file or a
@@ -394,6 +407,9 @@ fn init_tracing(format: LogFormat, levels: &str) {
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
+    }
+    if let Some(warning) = bad_filter {
+        tracing::warn!("{warning}");
     }
 }
 
@@ -449,6 +465,33 @@ mod tests {
             .filter(|n| !doc.contains(&format!("`{n}`")))
             .collect();
         assert!(missing.is_empty(), "docs/reference.md lacks {missing:?}");
+    }
+
+    /// `path --flag` of every argument of `cmd` and its subcommands that
+    /// `--help` would list without a description.
+    fn undescribed(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            if arg.is_hide_set() || arg.get_help().is_some() || arg.get_long_help().is_some() {
+                continue;
+            }
+            let name = arg
+                .get_long()
+                .map_or_else(|| arg.get_id().to_string(), |l| format!("--{l}"));
+            out.push(format!("{path} {name}"));
+        }
+        for sub in cmd.get_subcommands() {
+            undescribed(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_flag_of_every_command_has_a_description_in_its_help() {
+        let mut missing = Vec::new();
+        undescribed(&Cli::command(), "fencehook", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "--help lists these without a word: {missing:#?}"
+        );
     }
 
     /// Every quoted `fencehook_*` name in `from` (a metric, or an alert's

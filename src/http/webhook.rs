@@ -96,7 +96,12 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
             latency_ms,
             "delivery"
         ),
-        Delivery::Refused { kind, answer, why } => {
+        Delivery::Refused {
+            kind,
+            answer,
+            why,
+            cause,
+        } => {
             // Anyone can send these, as fast as they like: sampled (see log_sample).
             let Some(suppressed) = state.log_sample.admit(*kind) else {
                 return response;
@@ -114,6 +119,12 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
                 // PayPal's API does not confirm): worth a warning, still sampled.
                 tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
                     %reason, "delivery refused");
+            } else if let Some(cause) = cause {
+                // What failed (the signature, the timestamp, a header), so
+                // that a wrong secret is told from a clock off: never the
+                // secret or the signature itself, which no cause holds.
+                tracing::info!(provider = %provider.name, result, status, latency_ms, suppressed,
+                    %cause, "delivery");
             } else {
                 tracing::info!(provider = %provider.name, result, status, latency_ms, suppressed,
                     "delivery");
@@ -133,11 +144,13 @@ fn rejected(state: &State, reason: RejectReason) -> Response<Body> {
 enum Delivery {
     /// Refused before processing: its line is sampled per kind. `why` is
     /// logged for a 503, whose body says nothing, and for a delivery
-    /// refused as forged.
+    /// refused as forged; `cause` is what failed the verification of a 401
+    /// (its body says only `unauthorized`).
     Refused {
         kind: Kind,
         answer: Answer,
         why: Option<String>,
+        cause: Option<String>,
     },
     /// Verified and mapped, every item processed: its line is always written.
     Processed(Answer),
@@ -148,6 +161,7 @@ fn refused(kind: Kind, answer: Answer) -> Delivery {
         kind,
         answer,
         why: None,
+        cause: None,
     }
 }
 
@@ -176,7 +190,12 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     if expects_continue && !provider.has_signature_header(req.headers()) {
         let reject = Reject::Unauthorized("no signature header".to_owned());
-        return refused(Kind::Unauthorized, Answer::of_reject(&reject));
+        return Delivery::Refused {
+            kind: Kind::Unauthorized,
+            answer: Answer::of_reject(&reject),
+            why: None,
+            cause: Some("no signature header".to_owned()),
+        };
     }
     let (parts, body) = req.into_parts();
     // The whole body, not each read: a client that trickles a byte at a time
@@ -215,15 +234,18 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         Ok(items) => items,
         Err(reject) => {
             tracing::debug!(provider = %provider.name, reason = %reject, "delivery refused");
-            let (kind, why) = match &reject {
-                Reject::Unauthorized(_) => (Kind::Unauthorized, None),
-                Reject::Invalid(_) => (Kind::InvalidPayload, None),
-                Reject::Unavailable(why) => (Kind::VerificationUnavailable, Some(why.clone())),
+            let (kind, why, cause) = match &reject {
+                Reject::Unauthorized(cause) => (Kind::Unauthorized, None, Some(cause.clone())),
+                Reject::Invalid(_) => (Kind::InvalidPayload, None, None),
+                Reject::Unavailable(why) => {
+                    (Kind::VerificationUnavailable, Some(why.clone()), None)
+                }
             };
             return Delivery::Refused {
                 kind,
                 answer: Answer::of_reject(&reject),
                 why,
+                cause,
             };
         }
     };
@@ -350,6 +372,7 @@ async fn paypal_gate(
             kind: Kind::Unauthorized,
             answer: Answer::new(WebhookResult::Unauthorized),
             why: Some(format!("{why} (transmission id {})", key.id)),
+            cause: None,
         }
     };
     let confirmed = match state
@@ -404,6 +427,7 @@ async fn paypal_gate(
                 kind,
                 answer: Answer::of_reject(&reject),
                 why,
+                cause: None,
             })
         }
     }

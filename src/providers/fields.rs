@@ -254,6 +254,37 @@ pub fn minor_unit_exponent(currency: &str) -> Option<u32> {
     }
 }
 
+/// `minor` minor units of `currency` written in major units with the
+/// currency's code, the inverse of [`decimal_minor`]: `10000 EUR` is
+/// `100.00 EUR`, `1000 JPY` is `1000 JPY`, `1000 KWD` is `1.000 KWD`. Integer
+/// arithmetic only. A code outside [`minor_unit_exponent`]'s table has no
+/// known exponent: it is written as it is stored, marked as minor units,
+/// rather than guessed.
+pub fn major_units(minor: i64, currency: &str) -> String {
+    match major_amount(minor, currency) {
+        Some(amount) => format!("{amount} {currency}"),
+        None => format!("{minor} {currency} (minor units)"),
+    }
+}
+
+/// The number of [`major_units`] alone (`"100.00"`), `None` for a currency
+/// without a known exponent.
+pub fn major_amount(minor: i64, currency: &str) -> Option<String> {
+    let exponent = minor_unit_exponent(currency)?;
+    let sign = if minor < 0 { "-" } else { "" };
+    let magnitude = minor.unsigned_abs();
+    if exponent == 0 {
+        return Some(format!("{sign}{magnitude}"));
+    }
+    let scale = 10u64.pow(exponent);
+    let width = exponent as usize;
+    Some(format!(
+        "{sign}{}.{:0width$}",
+        magnitude / scale,
+        magnitude % scale
+    ))
+}
+
 /// 1–255 printable ASCII, no leading or trailing whitespace (rejected, not trimmed).
 pub fn check_transaction_id(id: &str) -> Result<(), Reject> {
     if id.is_empty() || id.len() > 255 {
@@ -371,6 +402,26 @@ mod tests {
                 matches!(decimal_minor(text, exponent, "v"), Err(Reject::Invalid(_))),
                 "{text}"
             );
+        }
+    }
+
+    #[test]
+    fn minor_units_are_written_in_major_units_with_the_currency_exponent() {
+        assert_eq!(major_units(10000, "EUR"), "100.00 EUR");
+        assert_eq!(major_units(5, "EUR"), "0.05 EUR");
+        assert_eq!(major_units(0, "USD"), "0.00 USD");
+        assert_eq!(major_units(1000, "JPY"), "1000 JPY");
+        assert_eq!(major_units(1000, "KWD"), "1.000 KWD");
+        assert_eq!(major_units(-2050, "EUR"), "-20.50 EUR");
+        assert_eq!(major_units(i64::MIN, "EUR"), "-92233720368547758.08 EUR");
+        assert_eq!(major_units(1234, "XYZ"), "1234 XYZ (minor units)");
+        assert_eq!(major_amount(10000, "EUR").as_deref(), Some("100.00"));
+        assert_eq!(major_amount(1234, "XYZ"), None);
+        for (minor, currency) in [(2000, "CNY"), (1234, "JPY"), (1, "BHD")] {
+            let written = major_units(minor, currency);
+            let (number, _) = written.split_once(' ').unwrap();
+            let exponent = minor_unit_exponent(currency).unwrap();
+            assert_eq!(decimal_minor(number, exponent, "v"), Ok(minor), "{written}");
         }
     }
 

@@ -55,7 +55,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-pub use self::fields::{check_currency, check_transaction_id, minor_unit_exponent};
+pub use self::fields::{
+    check_currency, check_transaction_id, major_amount, major_units, minor_unit_exponent,
+};
 pub use self::file::load_file;
 use crate::domain::CanonicalEvent;
 

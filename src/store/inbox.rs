@@ -37,6 +37,7 @@ use tokio_postgres::types::{Json, Type};
 
 use super::{payment_at, PaymentRow, Store, StoreError};
 use crate::domain::CanonicalEvent;
+use crate::providers::major_amount;
 
 /// The channel accepts notify and workers listen on.
 pub const CHANNEL: &str = "fencehook_inbox";
@@ -832,6 +833,26 @@ impl Store {
             .await?;
         Ok((events, items))
     }
+
+    /// What [`Store::prune`] would delete now, deleting nothing: (events,
+    /// quarantined items), counted with the same conditions.
+    pub async fn prune_count(
+        &self,
+        before: OffsetDateTime,
+        dead: bool,
+    ) -> Result<(u64, u64), StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM events WHERE received_at < $1
+                           AND (status = 'done' OR ($2 AND status = 'dead'))),
+                        (SELECT count(*) FROM quarantined_items WHERE last_seen_at < $1)",
+                &[&before, &dead],
+            )
+            .await?;
+        let count = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+        Ok((count(0), count(1)))
+    }
 }
 
 /// Filters of `fencehook events`; `None` matches anything.
@@ -904,8 +925,12 @@ pub struct RowView {
     pub status: String,
     pub event_type: String,
     pub amount_minor: i64,
+    /// `amount_minor` in major units (`"100.00"`); `None` for a currency
+    /// without a known exponent.
+    pub amount: Option<String>,
     pub currency: String,
     pub amount_out_minor: i64,
+    pub amount_out: Option<String>,
     pub fence: i64,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
@@ -919,6 +944,8 @@ pub struct EntryView {
     pub transaction_id: String,
     pub effect: String,
     pub amount_minor: i64,
+    /// `amount_minor` in major units, as in [`RowView`].
+    pub amount: Option<String>,
     pub currency: String,
     pub fence: i64,
     #[serde(with = "time::serde::rfc3339")]
@@ -974,13 +1001,17 @@ impl Store {
             )
             .await?
             .iter()
-            .map(|r| EntryView {
-                transaction_id: r.get(0),
-                effect: r.get(1),
-                amount_minor: r.get(2),
-                currency: r.get(3),
-                fence: r.get(4),
-                created_at: r.get(5),
+            .map(|r| {
+                let (amount_minor, currency): (i64, String) = (r.get(2), r.get(3));
+                EntryView {
+                    transaction_id: r.get(0),
+                    effect: r.get(1),
+                    amount: major_amount(amount_minor, &currency),
+                    amount_minor,
+                    currency,
+                    fence: r.get(4),
+                    created_at: r.get(5),
+                }
             })
             .collect();
         let events = self
@@ -1001,7 +1032,14 @@ impl Store {
 }
 
 fn row_view(r: &tokio_postgres::Row) -> RowView {
+    let (amount_minor, amount_out_minor, currency): (i64, i64, String) = (
+        r.get("amount_minor"),
+        r.get("amount_out_minor"),
+        r.get("currency"),
+    );
     RowView {
+        amount: major_amount(amount_minor, &currency),
+        amount_out: major_amount(amount_out_minor, &currency),
         id: r.get("id"),
         provider: r.get("provider"),
         transaction_id: r.get("transaction_id"),
@@ -1009,9 +1047,9 @@ fn row_view(r: &tokio_postgres::Row) -> RowView {
         parent_transaction_id: r.get("parent_transaction_id"),
         status: r.get("status"),
         event_type: r.get("event_type"),
-        amount_minor: r.get("amount_minor"),
-        currency: r.get("currency"),
-        amount_out_minor: r.get("amount_out_minor"),
+        amount_minor,
+        currency,
+        amount_out_minor,
         fence: r.get("fence"),
         created_at: r.get("created_at"),
         updated_at: r.get("updated_at"),

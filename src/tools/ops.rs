@@ -3,7 +3,8 @@
 
 use clap::Args;
 use fencehook::config::DbArgs;
-use fencehook::store::inbox::{EventFilter, EventRow, Replay};
+use fencehook::providers::major_units;
+use fencehook::store::inbox::{EventFilter, EventRow, Inspection, Replay};
 use fencehook::store::Store;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -13,8 +14,10 @@ use time::OffsetDateTime;
 pub struct InspectArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// The provider's name (its path, /webhooks/<name>).
     #[arg(long)]
     pub provider: String,
+    /// The transaction (a payment's, or a refund's or dispute's own id).
     #[arg(long)]
     pub transaction_id: String,
     /// Print one JSON object instead of text.
@@ -46,6 +49,7 @@ pub struct ReplayArgs {
 pub struct EventsArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// Only this provider's events.
     #[arg(long)]
     pub provider: Option<String>,
     /// The transaction, or the payment whose refunds and disputes to list.
@@ -60,8 +64,10 @@ pub struct EventsArgs {
     /// queued | processing | done | dead
     #[arg(long)]
     pub status: Option<String>,
+    /// At most this many events, newest first (1 to 100000).
     #[arg(long, default_value_t = 100)]
     pub limit: i64,
+    /// Print one JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -77,6 +83,9 @@ pub struct PruneArgs {
     /// Delete dead events past retention too (kept by default: they wait for a replay).
     #[arg(long)]
     pub dead: bool,
+    /// Print what would be deleted (counts) and delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// An RFC 3339 time, or an age (`2h`, `30m`) counted back from now.
@@ -113,51 +122,67 @@ pub async fn inspect(args: &InspectArgs) -> Result<bool, String> {
         );
         return Ok(found.row.is_some() || !found.events.is_empty());
     }
+    print!(
+        "{}",
+        inspection_text(&found, &args.provider, &args.transaction_id)
+    );
+    Ok(found.row.is_some() || !found.events.is_empty())
+}
+
+/// `inspect`'s text: amounts in major units with their currency (the JSON
+/// keeps the stored minor units).
+fn inspection_text(found: &Inspection, provider: &str, transaction_id: &str) -> String {
+    let mut out = String::new();
     match &found.row {
-        None => println!("{}:{}: no payments row", args.provider, args.transaction_id),
+        None => out.push_str(&format!("{provider}:{transaction_id}: no payments row\n")),
         Some(r) => {
-            println!(
-                "{}:{}  {} {}  {} {}  (by {}, fence {})",
+            out.push_str(&format!(
+                "{}:{}  {} {}  {}  (by {}, fence {})\n",
                 r.provider,
                 r.transaction_id,
                 r.kind,
                 r.status,
-                r.amount_minor,
-                r.currency,
+                major_units(r.amount_minor, &r.currency),
                 r.event_type,
                 r.fence
-            );
+            ));
             if let Some(parent) = &r.parent_transaction_id {
-                println!("  payment: {parent}");
+                out.push_str(&format!("  payment: {parent}\n"));
             }
             if r.kind == "payment" {
-                println!(
-                    "  refunded or disputed (net): {} {}",
-                    r.amount_out_minor, r.currency
-                );
+                out.push_str(&format!(
+                    "  refunded or disputed (net): {}\n",
+                    major_units(r.amount_out_minor, &r.currency)
+                ));
             }
         }
     }
     for c in &found.children {
-        println!(
-            "  child {}  {} {}  {} {}",
-            c.transaction_id, c.kind, c.status, c.amount_minor, c.currency
-        );
+        out.push_str(&format!(
+            "  child {}  {} {}  {}\n",
+            c.transaction_id,
+            c.kind,
+            c.status,
+            major_units(c.amount_minor, &c.currency)
+        ));
     }
     if !found.entries.is_empty() {
-        println!("  ledger:");
+        out.push_str("  ledger:\n");
         for e in &found.entries {
-            println!(
-                "    {:<24} {:<17} {:>12} {}  fence {}",
-                e.transaction_id, e.effect, e.amount_minor, e.currency, e.fence
-            );
+            out.push_str(&format!(
+                "    {:<24} {:<17} {:>16}  fence {}\n",
+                e.transaction_id,
+                e.effect,
+                major_units(e.amount_minor, &e.currency),
+                e.fence
+            ));
         }
     }
     if !found.events.is_empty() {
-        println!("  events:");
-        print_events(&found.events, "    ");
+        out.push_str("  events:\n");
+        out.push_str(&events_text(&found.events, "    "));
     }
-    Ok(found.row.is_some() || !found.events.is_empty())
+    out
 }
 
 pub async fn replay(args: &ReplayArgs) -> Result<bool, String> {
@@ -209,40 +234,204 @@ pub async fn prune(args: &PruneArgs) -> Result<bool, String> {
     let before = fencehook::config::time_before(OffsetDateTime::now_utc(), retention).ok_or(
         "invalid configuration: FENCEHOOK_EVENT_RETENTION_DAYS: reaches back before any date",
     )?;
-    let (events, items) = store(&args.db)?
-        .prune(before, args.dead)
-        .await
-        .map_err(db_error)?;
+    let store = store(&args.db)?;
+    let before_text = before.format(&Rfc3339).unwrap_or_default();
+    if args.dry_run {
+        let (events, items) = store
+            .prune_count(before, args.dead)
+            .await
+            .map_err(db_error)?;
+        println!(
+            "prune: would delete {events} event(s) and {items} quarantined item(s) from before {before_text} (dry run: nothing deleted)"
+        );
+        return Ok(true);
+    }
+    let (events, items) = store.prune(before, args.dead).await.map_err(db_error)?;
     println!(
-        "prune: deleted {events} event(s) and {items} quarantined item(s) from before {}",
-        before.format(&Rfc3339).unwrap_or_default()
+        "prune: deleted {events} event(s) and {items} quarantined item(s) from before {before_text}"
     );
     Ok(true)
 }
 
 fn print_events(rows: &[EventRow], indent: &str) {
+    print!("{}", events_text(rows, indent));
+}
+
+fn events_text(rows: &[EventRow], indent: &str) -> String {
+    let mut out = String::new();
     for r in rows {
         let when = r.received_at.format(&Rfc3339).unwrap_or_default();
-        // Its age counts from the last replay: show it.
-        let replayed = r
-            .replayed_at
-            .map(|at| {
-                let at = at.format(&Rfc3339).unwrap_or_default();
-                format!("  replayed {at} ({}x)", r.replays)
-            })
-            .unwrap_or_default();
-        println!(
-            "{indent}#{:<6} {:<10} {}:{} {:<25} received {when}{replayed}  attempts {}{}",
-            r.id,
-            r.status,
-            r.provider,
-            r.transaction_id,
-            r.event_type,
-            r.attempts,
-            r.last_error
-                .as_deref()
-                .map(|e| format!("  last error: {e}"))
-                .unwrap_or_default()
+        // A replay starts the attempts (and the age) again: say so, and say
+        // whether the error shown is from before it, or an operator takes
+        // the old failure for a new one.
+        let attempts = match r.replayed_at {
+            Some(at) => format!(
+                "  replayed {} ({}x), {} attempt(s) since",
+                at.format(&Rfc3339).unwrap_or_default(),
+                r.replays,
+                r.attempts
+            ),
+            None => format!("  attempts {}", r.attempts),
+        };
+        let error = match r.last_error.as_deref() {
+            None => String::new(),
+            Some(e) if error_predates_replay(r) => format!("  last error (before the replay): {e}"),
+            Some(e) => format!("  last error: {e}"),
+        };
+        out.push_str(&format!(
+            "{indent}#{:<6} {:<10} {}:{} {:<25} received {when}{attempts}{error}\n",
+            r.id, r.status, r.provider, r.transaction_id, r.event_type,
+        ));
+    }
+    out
+}
+
+/// Whether the event's `last_error` was set before its last replay: no
+/// failure is in its history since the replay and the error is the last one
+/// from before it. (A requeue records no history, only `last_error`: an
+/// error that differs from the one before the replay is a newer one.)
+fn error_predates_replay(r: &EventRow) -> bool {
+    let Some(history) = r.errors.as_array() else {
+        return false;
+    };
+    let Some(replay) = history.iter().rposition(|e| e.get("replay").is_some()) else {
+        return false;
+    };
+    if history[replay..].iter().any(|e| e.get("error").is_some()) {
+        return false;
+    }
+    let before = history[..replay]
+        .iter()
+        .rev()
+        .find_map(|e| e.get("error").and_then(|e| e.as_str()));
+    before.is_some() && before == r.last_error.as_deref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencehook::store::inbox::RowView;
+    use serde_json::json;
+
+    fn at(text: &str) -> OffsetDateTime {
+        OffsetDateTime::parse(text, &Rfc3339).unwrap()
+    }
+
+    fn row(kind: &str, tx: &str, amount_minor: i64, currency: &str) -> RowView {
+        RowView {
+            id: 1,
+            provider: "generic".to_owned(),
+            transaction_id: tx.to_owned(),
+            kind: kind.to_owned(),
+            parent_transaction_id: None,
+            status: "succeeded".to_owned(),
+            event_type: format!("{kind}.succeeded"),
+            amount_minor,
+            amount: None,
+            currency: currency.to_owned(),
+            amount_out_minor: 0,
+            amount_out: None,
+            fence: 3,
+            created_at: at("2026-01-01T00:00:00Z"),
+            updated_at: at("2026-01-01T00:00:00Z"),
+        }
+    }
+
+    fn event(attempts: i32, last_error: Option<&str>, errors: serde_json::Value) -> EventRow {
+        let replays = errors.as_array().map_or(0, |h| {
+            h.iter().filter(|e| e.get("replay").is_some()).count()
+        });
+        EventRow {
+            id: 7,
+            status: "queued".to_owned(),
+            provider: "generic".to_owned(),
+            transaction_id: "tx".to_owned(),
+            event_type: "payment.succeeded".to_owned(),
+            psp_event_id: None,
+            received_at: at("2026-01-01T00:00:00Z"),
+            replayed_at: (replays > 0).then(|| at("2026-01-01T02:00:00Z")),
+            replays: i32::try_from(replays).unwrap(),
+            attempts,
+            next_attempt_at: None,
+            last_error: last_error.map(str::to_owned),
+            errors,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn inspect_text_shows_amounts_in_major_units_with_their_currency() {
+        let mut payment = row("payment", "pay", 10000, "EUR");
+        payment.amount_out_minor = 2050;
+        let found = Inspection {
+            row: Some(payment),
+            children: vec![row("refund", "re", 2050, "EUR")],
+            entries: vec![],
+            events: vec![],
+        };
+        let text = inspection_text(&found, "generic", "pay");
+        assert!(
+            text.contains("payment succeeded  100.00 EUR  (by"),
+            "{text}"
         );
+        assert!(
+            text.contains("refunded or disputed (net): 20.50 EUR"),
+            "{text}"
+        );
+        assert!(
+            text.contains("child re  refund succeeded  20.50 EUR"),
+            "{text}"
+        );
+        for (minor, currency, shown) in [(1000, "JPY", "1000 JPY"), (1000, "KWD", "1.000 KWD")] {
+            let found = Inspection {
+                row: Some(row("payment", "pay", minor, currency)),
+                children: vec![],
+                entries: vec![],
+                events: vec![],
+            };
+            let text = inspection_text(&found, "generic", "pay");
+            assert!(text.contains(&format!("succeeded  {shown}  (by")), "{text}");
+        }
+    }
+
+    #[test]
+    fn after_a_replay_the_events_text_shows_the_replay_and_the_attempts_since_it() {
+        let failed = json!([
+            {"at": "2026-01-01T00:01:00Z", "attempt": 1, "error": "downstream 500"},
+            {"at": "2026-01-01T00:02:00Z", "attempt": 2, "error": "downstream 500"},
+        ]);
+        let mut replayed = failed.clone();
+        replayed
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"at": "2026-01-01T02:00:00Z", "replay": 1}));
+        let text = events_text(&[event(0, Some("downstream 500"), replayed.clone())], "");
+        assert!(
+            text.contains("replayed 2026-01-01T02:00:00Z (1x), 0 attempt(s) since"),
+            "{text}"
+        );
+        assert!(
+            text.contains("last error (before the replay): downstream 500"),
+            "{text}"
+        );
+
+        // A failure since the replay is the last error, plainly.
+        let mut failed_again = replayed;
+        failed_again
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"at": "2026-01-01T02:01:00Z", "attempt": 1, "error": "downstream 503"}));
+        let text = events_text(&[event(1, Some("downstream 503"), failed_again)], "");
+        assert!(text.contains("(1x), 1 attempt(s) since"), "{text}");
+        assert!(text.contains("  last error: downstream 503"), "{text}");
+        assert!(!text.contains("before the replay"), "{text}");
+
+        // Never replayed: the attempts and the error as they are.
+        let text = events_text(&[event(2, Some("downstream 500"), failed)], "");
+        assert!(
+            text.contains("  attempts 2  last error: downstream 500"),
+            "{text}"
+        );
+        assert!(!text.contains("replayed"), "{text}");
     }
 }

@@ -687,6 +687,67 @@ async fn an_unsigned_flood_is_counted_in_full_but_logged_in_a_few_plain_lines() 
     );
 }
 
+/// A 401's body says only `unauthorized`: its log line says what failed,
+/// so that a wrong secret is told from a clock that is off, and never
+/// carries the secret or the signature.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unauthorized_line_says_whether_the_timestamp_or_the_signature_failed() {
+    let ctx = TestContext::new().await;
+    let server = ServeProcess::start(&[
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+    ])
+    .await;
+    let post = |tx: &str, ts: i64, secret: &str| {
+        let body = payment(tx, 100).to_string();
+        let id = format!("msg_{tx}");
+        let sig = fencehook::providers::standard::sign(secret, &id, ts, body.as_bytes()).unwrap();
+        let req = hyper::Request::post(format!("{}/webhooks/generic", server.base))
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", sig)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        async move { client().request(req).await.unwrap().status().as_u16() }
+    };
+    let other_secret = "whsec_b3RoZXItc2VjcmV0LW5vdC10aGUtcHJvdmlkZXJzLW93bg==";
+    assert_eq!(post("tx_stale", now() - 3600, SECRET).await, 401);
+    assert_eq!(post("tx_forged", now(), other_secret).await, 401);
+    // In the order sent: the stale one's line, then the forged one's.
+    let causes = || -> Vec<String> {
+        server
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("\"result\":\"unauthorized\""))
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| v["cause"].as_str().unwrap_or("(no cause)").to_owned())
+            .collect()
+    };
+    wait_for("both refusals logged", Duration::from_secs(10), || async {
+        causes().len() >= 2
+    })
+    .await;
+    assert_eq!(
+        causes(),
+        [
+            "webhook-timestamp outside tolerance",
+            "signature does not match"
+        ]
+    );
+    let lines = server.logs.lock().unwrap().clone();
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains(SECRET) && !l.contains(other_secret)),
+        "{lines:#?}"
+    );
+    ctx.assert_nothing_written().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn scans_keep_their_404_and_405_and_are_counted_by_a_bounded_reason() {
     let ctx = TestContext::new().await;

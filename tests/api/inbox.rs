@@ -430,8 +430,10 @@ async fn fencehook_binary(args: &[&str], database_url: &str) -> (i32, String, St
 }
 
 /// What an operator sees and does: `inspect` (text and JSON) shows the row,
-/// its refund, their entries and events; `events` searches them; `replay`
-/// prints what it re-queued; `prune` drops finished events past retention.
+/// its refund, their entries and events (the text in major units, the JSON
+/// in the stored minor units); `events` searches them; `replay`
+/// prints what it re-queued; `prune` drops finished events past retention
+/// (and with `--dry-run` only counts them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     let ctx = TestContext::new().await;
@@ -463,15 +465,15 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     .await;
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("generic:pay_ops  payment succeeded  5000 EUR"),
+        out.contains("generic:pay_ops  payment succeeded  50.00 EUR"),
         "{out}"
     );
     assert!(
-        out.contains("refunded or disputed (net): 2000 EUR"),
+        out.contains("refunded or disputed (net): 20.00 EUR"),
         "{out}"
     );
     assert!(
-        out.contains("child re_ops  refund succeeded  2000 EUR"),
+        out.contains("child re_ops  refund succeeded  20.00 EUR"),
         "{out}"
     );
     assert!(out.contains("credit") && out.contains("debit"), "{out}");
@@ -494,6 +496,10 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).expect("--json is JSON");
     assert_eq!(v["row"]["status"], "succeeded");
+    assert_eq!(v["row"]["amount_minor"], 5000);
+    assert_eq!(v["row"]["amount"], "50.00", "and beside it in major units");
+    assert_eq!(v["row"]["amount_out"], "20.00");
+    assert_eq!(v["entries"][0]["amount"], "50.00");
     assert_eq!(v["children"].as_array().unwrap().len(), 1);
     assert_eq!(v["entries"].as_array().unwrap().len(), 2);
     assert_eq!(v["events"].as_array().unwrap().len(), 2);
@@ -558,6 +564,17 @@ async fn inspect_events_replay_and_prune_show_and_do_what_they_say() {
         .batch_execute("UPDATE events SET received_at = now() - interval '40 days'")
         .await
         .unwrap();
+    let (code, out, _) = fencehook_binary(&["prune", "--dry-run"], &url).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("would delete 2 event(s)") && out.contains("nothing deleted"),
+        "{out}"
+    );
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events").await,
+        2,
+        "a dry run deletes nothing"
+    );
     let (_, out, _) = fencehook_binary(&["prune"], &url).await;
     assert!(out.contains("deleted 2 event(s)"), "{out}");
     assert_eq!(ctx.count("SELECT count(*) FROM events").await, 0);

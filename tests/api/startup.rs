@@ -45,6 +45,48 @@ async fn the_start_log_names_the_database_and_redis_and_warns_when_redis_does_no
     );
 }
 
+/// With `FENCEHOOK_LOG_FORMAT=json` a reader of the log (`jq`) gets JSON
+/// from the first line: the warnings found before the log was set up (a
+/// near miss of a setting's name, an unknown `FENCEHOOK_*`, a bad
+/// `FENCEHOOK_LOG`) are log lines too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_json_logs_every_start_line_is_json_the_early_warnings_too() {
+    let ctx = TestContext::new().await;
+    let mut e = env(&ctx);
+    e.push(("DATABSE_URL", "postgres://elsewhere/db".to_owned()));
+    e.push(("FENCEHOOK_NOT_A_SETTING", "1".to_owned()));
+    e.push(("FENCEHOOK_LOG", "fencehook=loudest".to_owned()));
+    let p = ServeProcess::start(&e).await;
+    wait_for("the serving line kept", Duration::from_secs(10), || async {
+        !p.log_lines("fencehook serving").is_empty()
+    })
+    .await;
+    let lines = p.logs.lock().unwrap().clone();
+    let not_json: Vec<&String> = lines
+        .iter()
+        .filter(|l| serde_json::from_str::<serde_json::Value>(l).is_err())
+        .collect();
+    assert!(not_json.is_empty(), "not JSON: {not_json:#?}");
+    let warned = |text: &str| {
+        lines.iter().any(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["level"] == "WARN" && v["message"].as_str().is_some_and(|m| m.contains(text))
+        })
+    };
+    assert!(
+        warned("DATABSE_URL is not a setting and is ignored; did you mean DATABASE_URL?"),
+        "{lines:#?}"
+    );
+    assert!(
+        warned("unknown setting FENCEHOOK_NOT_A_SETTING is ignored"),
+        "{lines:#?}"
+    );
+    assert!(
+        warned("FENCEHOOK_LOG `fencehook=loudest` is not a log filter"),
+        "{lines:#?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_that_does_not_exist_stops_the_start_and_is_not_created() {
     let ctx = TestContext::new().await;
