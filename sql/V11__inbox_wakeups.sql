@@ -1,7 +1,8 @@
 -- Inbox mode: what waits for a payment is woken when the payment is booked,
 -- whoever books it.
 --
--- Additive: a function and a trigger on `payments`, no column. Binaries from
+-- Additive: a function and a trigger on `payments`, an index on `events`, no
+-- column. Binaries from
 -- before it run beside it unchanged (their bookings fire the trigger too),
 -- and this release runs on the schema before it (its waiting events then
 -- fall back to their pause).
@@ -30,15 +31,16 @@ BEGIN
     IF TG_OP = 'UPDATE' AND OLD.status = 'succeeded' THEN
         RETURN NULL;
     END IF;
-    -- Queued children, by their index (V5's events_parent_idx).
-    UPDATE events SET next_attempt_at = now()
+    -- Its children, queued or being attempted, by their own index (below): a
+    -- queued one made due now, one being attempted stamped with the wall
+    -- clock. (An index on `processing` rows cannot serve this: every drained
+    -- event passes through `processing`, and its dead index entries made the
+    -- lookup read thousands of them per booking.)
+    UPDATE events
+       SET next_attempt_at = CASE WHEN status = 'queued' THEN now() ELSE clock_timestamp() END
      WHERE provider = NEW.provider AND parent_transaction_id = NEW.transaction_id
-       AND status = 'queued' AND next_attempt_at > now();
+       AND (status = 'processing' OR (status = 'queued' AND next_attempt_at > now()));
     GET DIAGNOSTICS queued = ROW_COUNT;
-    -- Children being attempted: a handful of rows at most (V5's events_locked_idx).
-    UPDATE events SET next_attempt_at = clock_timestamp()
-     WHERE status = 'processing' AND provider = NEW.provider
-       AND parent_transaction_id = NEW.transaction_id;
     -- The reinstatement of this dispute, by the unique key (V7).
     UPDATE events
        SET next_attempt_at = CASE WHEN status = 'queued' THEN now() ELSE clock_timestamp() END
@@ -52,6 +54,11 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+-- The refunds and disputes of a payment, whatever their status: only events
+-- that name a parent are in it (payments are not).
+CREATE INDEX events_children_idx ON events (provider, parent_transaction_id)
+    WHERE parent_transaction_id IS NOT NULL;
 
 CREATE TRIGGER payments_wake_waiting
     AFTER INSERT OR UPDATE OF status ON payments
