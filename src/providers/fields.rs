@@ -255,7 +255,7 @@ pub fn minor_unit_exponent(currency: &str) -> Option<u32> {
 }
 
 /// `minor` minor units of `currency` written in major units with the
-/// currency's code, the inverse of [`decimal_minor`]: `10000 EUR` is
+/// currency's code, the inverse of `decimal_minor`: `10000 EUR` is
 /// `100.00 EUR`, `1000 JPY` is `1000 JPY`, `1000 KWD` is `1.000 KWD`. Integer
 /// arithmetic only. A code outside [`minor_unit_exponent`]'s table has no
 /// known exponent: it is written as it is stored, marked as minor units,
