@@ -199,7 +199,7 @@ drive inbox-lag 1 --inbox --rate "$LAG_RATE" --database-url "$(db_url inbox-lag)
 stop_serve
 
 say "== (d) memory per idle keep-alive connection =="
-start_serve idle "$BIN" redis FENCEHOOK_MAX_CONNECTIONS=2000
+start_serve idle "$BIN" redis FENCEHOOK_MAX_CONNECTIONS=2000 FENCEHOOK_MAX_CONNECTIONS_PER_PEER=2000
 python3 - "$PORT" "$SERVER_PID" >"$OUT/idle-connections.json" <<'EOF'
 import json, socket, sys, time
 port, pid = int(sys.argv[1]), sys.argv[2]
