@@ -97,6 +97,9 @@ use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, opt_str, req_object,
     req_str, Object,
 };
+use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
+use super::scheme::{AckBody, Scheme, Setup};
+use super::settings::Settings;
 use super::{hmac, Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
@@ -106,6 +109,10 @@ pub(crate) const ACCEPTED: &str = "[accepted]";
 
 /// Shortest HMAC key accepted (Adyen's are 32 bytes, 64 hex digits).
 const MIN_KEY_BYTES: usize = 16;
+
+/// Shorter than this, a key is not one Adyen issued (32 bytes, 64 hex
+/// digits): it starts, but is refused as exposed outside development.
+const ISSUED_KEY_BYTES: usize = 32;
 
 #[derive(Clone)]
 pub struct Adyen {
@@ -123,7 +130,7 @@ impl Adyen {
 
     /// Parses the batch, verifies every item, then maps every item (an item
     /// that cannot be mapped is [`Item::Unmappable`], not a refusal).
-    pub fn accept(&self, provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
+    pub fn accept_batch(&self, provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
         let value = fields::parse_json(body)?;
         let items = notification_items(&value)?;
         for (i, item) in items.iter().enumerate() {
@@ -157,6 +164,78 @@ impl Adyen {
                 "item {i}: signature does not match"
             )))
         }
+    }
+}
+
+impl Scheme for Adyen {
+    const NAME: &'static str = "adyen";
+    const SETTINGS: &'static [&'static str] = &["secrets"];
+    const HMAC: bool = true;
+    const SIGNATURE_HEADER: Option<&'static str> = None;
+    const BATCH: bool = true;
+    const PAYMENT_ID: Option<&'static str> = Some("the payment's pspReference");
+
+    fn not_taken(setting: &str) -> Option<&'static str> {
+        (setting == "tolerance_secs")
+            .then_some("adyen notifications carry no signed timestamp; remove the setting")
+    }
+
+    fn build(settings: Settings, setup: &mut Setup) -> Result<Adyen, String> {
+        Adyen::new(settings.secrets()).map_err(|e| setup.error("secrets", e))
+    }
+
+    fn short_secret(secret: &str) -> Option<String> {
+        let bytes = secret.len() / 2;
+        (bytes < ISSUED_KEY_BYTES).then(|| {
+            format!(
+                "{bytes} bytes, shorter than the {ISSUED_KEY_BYTES} (64 hex digits) Adyen issues"
+            )
+        })
+    }
+
+    fn ack_body(success: bool, result: &str, reason: Option<&str>) -> AckBody {
+        if success {
+            AckBody::Text(ACCEPTED)
+        } else {
+            AckBody::fencehook(result, reason)
+        }
+    }
+
+    async fn accept(
+        &self,
+        provider: &str,
+        _headers: &http::HeaderMap,
+        body: &[u8],
+        _now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        self.accept_batch(provider, body)
+    }
+
+    fn check(psp: &dyn Credentials) -> Result<(), PspError> {
+        signature(psp.secret()?, "")
+            .map(drop)
+            .map_err(|e| PspError::new("secret", e))
+    }
+
+    /// A one-item batch built from `notice`, or a batch of your own (every
+    /// item's `hmacSignature` computed and set).
+    fn deliver(
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        _delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String> {
+        let mut batch = match body {
+            Some(b) => serde_json::from_str(b).map_err(|e| format!("--body is not JSON: {e}"))?,
+            None => batch_of(notice, ts)?,
+        };
+        sign_batch(psp.secret()?, &mut batch)?;
+        Ok(Delivery {
+            body: batch.to_string(),
+            content_type: JSON,
+            headers: Vec::new(),
+        })
     }
 }
 
@@ -405,6 +484,53 @@ fn prefixed(field: &str, e: Reject) -> Reject {
     }
 }
 
+/// A one-item notification batch of `notice`, unsigned ([`sign_batch`]
+/// signs it): the inverse of the mapping of an item. Each canonical kind is sent as the
+/// `eventCode` and `success` the mapping reads back as it; any other
+/// `event_type` is sent verbatim as the `eventCode`, `success` `true`.
+pub fn batch_of(notice: &Notice, ts: i64) -> Result<Value, String> {
+    use serde_json::json;
+    let (event_code, success) = match notice.event_type.as_str() {
+        "payment.succeeded" => ("AUTHORISATION", "true"),
+        "payment.failed" => ("AUTHORISATION", "false"),
+        "refund.succeeded" => ("REFUND", "true"),
+        // `true`: the failure happened.
+        "refund.failed" => ("REFUND_FAILED", "true"),
+        "dispute.funds_withdrawn" => ("CHARGEBACK", "true"),
+        "dispute.funds_reinstated" => ("CHARGEBACK_REVERSED", "true"),
+        other => (other, "true"),
+    };
+    let event_date = psp::rfc3339(ts, 0)?;
+    let mut item = json!({
+        "additionalData": {},
+        "amount": {"currency": notice.currency.as_str(), "value": notice.amount},
+        "eventCode": event_code,
+        "eventDate": event_date,
+        "merchantAccountCode": "FencehookDemoECOM",
+        "merchantReference": format!("order-{}", notice.transaction_id),
+        "paymentMethod": "visa",
+        "pspReference": notice.transaction_id,
+        "reason": "",
+        "success": success
+    });
+    if event_code == "AUTHORISATION" {
+        item["operations"] = json!(["CANCEL", "CAPTURE", "REFUND"]);
+    }
+    // A modification or dispute names the payment it is about.
+    let original = if psp::names_a_payment(&notice.event_type) {
+        Some(psp::parent(notice)?)
+    } else {
+        notice.payment_transaction_id.as_deref()
+    };
+    if let Some(original) = original {
+        item["originalReference"] = json!(original);
+    }
+    Ok(json!({
+        "live": "false",
+        "notificationItems": [{"NotificationRequestItem": item}]
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,17 +609,23 @@ mod tests {
         with_sig["additionalData"] =
             json!({"hmacSignature": "coqCmt/IZ4E3CzPvMY8zTjQVL5hYJUiBRg8UU+iCWo0="});
         let body = batch(vec![with_sig]).to_string();
-        let items = adyen(&[RUBY_KEY]).accept("adyen", body.as_bytes()).unwrap();
+        let items = adyen(&[RUBY_KEY])
+            .accept_batch("adyen", body.as_bytes())
+            .unwrap();
         assert_eq!(items.len(), 1);
     }
 
     #[test]
     fn any_configured_key_verifies_and_a_wrong_one_does_not() {
         let body = signed(PHP_KEY, vec![library_item()]);
-        assert!(adyen(&[RUBY_KEY, PHP_KEY]).accept("adyen", &body).is_ok());
-        assert!(adyen(&[PHP_KEY, RUBY_KEY]).accept("adyen", &body).is_ok());
+        assert!(adyen(&[RUBY_KEY, PHP_KEY])
+            .accept_batch("adyen", &body)
+            .is_ok());
+        assert!(adyen(&[PHP_KEY, RUBY_KEY])
+            .accept_batch("adyen", &body)
+            .is_ok());
         assert!(matches!(
-            adyen(&[RUBY_KEY]).accept("adyen", &body),
+            adyen(&[RUBY_KEY]).accept_batch("adyen", &body),
             Err(Reject::Unauthorized(_))
         ));
     }
@@ -504,29 +636,29 @@ mod tests {
         second["pspReference"] = "7914073381342285".into();
         let good = signed(RUBY_KEY, vec![library_item(), second]);
         let a = adyen(&[RUBY_KEY]);
-        assert_eq!(a.accept("adyen", &good).unwrap().len(), 2);
+        assert_eq!(a.accept_batch("adyen", &good).unwrap().len(), 2);
         let text = String::from_utf8(good).unwrap();
         // Change the second item's amount after signing.
         let tampered = text.replacen("1130", "9130", 2).replacen("9130", "1130", 1);
         assert!(matches!(
-            a.accept("adyen", tampered.as_bytes()),
+            a.accept_batch("adyen", tampered.as_bytes()),
             Err(Reject::Unauthorized(_))
         ));
         let unsigned = batch(vec![library_item()]).to_string();
         assert!(matches!(
-            a.accept("adyen", unsigned.as_bytes()),
+            a.accept_batch("adyen", unsigned.as_bytes()),
             Err(Reject::Unauthorized(_))
         ));
         let mut garbled = library_item();
         garbled["additionalData"] = json!({"hmacSignature": "not base64!"});
         assert!(matches!(
-            a.accept("adyen", batch(vec![garbled]).to_string().as_bytes()),
+            a.accept_batch("adyen", batch(vec![garbled]).to_string().as_bytes()),
             Err(Reject::Unauthorized(_))
         ));
     }
 
     fn accept_one(item: Value) -> Result<Item, Reject> {
-        let mut items = adyen(&[RUBY_KEY]).accept("adyen", &signed(RUBY_KEY, vec![item]))?;
+        let mut items = adyen(&[RUBY_KEY]).accept_batch("adyen", &signed(RUBY_KEY, vec![item]))?;
         assert_eq!(items.len(), 1);
         Ok(items.remove(0))
     }
@@ -894,7 +1026,7 @@ mod tests {
                 fixture_item("scenario-2-REFUND.json"),
             ],
         );
-        let items = adyen(&[RUBY_KEY]).accept("adyen", &body).unwrap();
+        let items = adyen(&[RUBY_KEY]).accept_batch("adyen", &body).unwrap();
         let [Item::Event(payment), Item::Unmappable {
             reason,
             transaction_id,
@@ -983,7 +1115,10 @@ mod tests {
             r#"{"notificationItems":[{"NotificationRequestItem":{"pspReference":7}}]}"#,
         ] {
             assert!(
-                matches!(a.accept("adyen", body.as_bytes()), Err(Reject::Invalid(_))),
+                matches!(
+                    a.accept_batch("adyen", body.as_bytes()),
+                    Err(Reject::Invalid(_))
+                ),
                 "{body}"
             );
         }
@@ -1004,7 +1139,7 @@ mod tests {
             "]".repeat(100_000)
         );
         assert!(matches!(
-            adyen(&[RUBY_KEY]).accept("adyen", deep.as_bytes()),
+            adyen(&[RUBY_KEY]).accept_batch("adyen", deep.as_bytes()),
             Err(Reject::Invalid(_))
         ));
     }
@@ -1012,7 +1147,7 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = adyen(&[RUBY_KEY]).accept("adyen", &body);
+            let _ = adyen(&[RUBY_KEY]).accept_batch("adyen", &body);
         }
 
         #[test]
@@ -1024,7 +1159,7 @@ mod tests {
             if sign {
                 let _ = sign_batch(RUBY_KEY, &mut b);
             }
-            let _ = adyen(&[RUBY_KEY]).accept("adyen", b.to_string().as_bytes());
+            let _ = adyen(&[RUBY_KEY]).accept_batch("adyen", b.to_string().as_bytes());
         }
     }
 }

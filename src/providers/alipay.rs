@@ -61,6 +61,9 @@ use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 
 use super::fields::{check_transaction_id, decimal_minor, invalid};
 use super::keys::{RsaPublicKey, RsaSigner};
+use super::psp::{self, Credentials, Delivery, Notice, PspError};
+use super::scheme::{AckBody, Scheme, SettingError, Setup};
+use super::settings::Settings;
 use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
@@ -82,10 +85,7 @@ pub struct Alipay {
 
 impl Alipay {
     /// `public_keys` as (where it came from, contents).
-    pub fn new(
-        app_id: &str,
-        public_keys: &[(String, Vec<u8>)],
-    ) -> Result<Alipay, super::wechatpay::SettingError> {
+    pub fn new(app_id: &str, public_keys: &[(String, Vec<u8>)]) -> Result<Alipay, SettingError> {
         if app_id.is_empty() || !app_id.bytes().all(|b| b.is_ascii_digit()) {
             return Err(("app_id", "an Alipay app_id is digits".into()));
         }
@@ -108,7 +108,7 @@ impl Alipay {
     }
 
     /// Decodes, verifies, checks `app_id`, maps.
-    pub fn accept(&self, provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
+    pub fn accept_form(&self, provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
         let params = parse_form(body)?;
         self.verify(&params)?;
         Ok(vec![map(provider, &params)?])
@@ -142,6 +142,81 @@ impl Alipay {
             return Err(unauthorized("app_id is not this provider's"));
         }
         Ok(())
+    }
+}
+
+impl Scheme for Alipay {
+    const NAME: &'static str = "alipay";
+    const SETTINGS: &'static [&'static str] = &["app_id", "public_keys"];
+    const SIGNATURE_HEADER: Option<&'static str> = None;
+    const CURRENCY: &'static str = CURRENCY;
+    const SENDS: &'static [EventKind] = &[
+        EventKind::PaymentSucceeded,
+        EventKind::PaymentFailed,
+        EventKind::RefundSucceeded,
+    ];
+    const PAYMENT_ID: Option<&'static str> = Some("trade_no");
+
+    fn build(settings: Settings, setup: &mut Setup) -> Result<Alipay, String> {
+        Alipay::new(
+            &setup.required(settings.app_id, "app_id", "the application's app_id")?,
+            &setup.required(
+                settings.public_keys,
+                "public_keys",
+                "a list of Alipay public key files",
+            )?,
+        )
+        .map_err(|e| setup.setting(e))
+    }
+
+    fn accepts_content_type(essence: &str) -> bool {
+        essence == CONTENT_TYPE
+    }
+
+    fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
+        notification_id(body)
+    }
+
+    /// Exactly `success`, else `fail` (Alipay retries anything but `success`).
+    fn ack_body(success: bool, _result: &str, _reason: Option<&str>) -> AckBody {
+        AckBody::Text(if success { SUCCESS } else { FAIL })
+    }
+
+    async fn accept(
+        &self,
+        provider: &str,
+        _headers: &http::HeaderMap,
+        body: &[u8],
+        _now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        self.accept_form(provider, body)
+    }
+
+    fn check(psp: &dyn Credentials) -> Result<(), PspError> {
+        psp.signer().and(psp.app_id()).map(drop)
+    }
+
+    /// A notification built from `notice`, or a form body of your own
+    /// (decoded, re-signed).
+    fn deliver(
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        _delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String> {
+        let signer = psp.signer()?;
+        let params = match body {
+            Some(b) => {
+                parse_form(b.as_bytes()).map_err(|e| format!("--body is not a form: {e}"))?
+            }
+            None => params_of(notice, psp.app_id()?, ts)?,
+        };
+        Ok(Delivery {
+            body: sign_form(signer, &params),
+            content_type: CONTENT_TYPE,
+            headers: Vec::new(),
+        })
     }
 }
 
@@ -366,6 +441,84 @@ fn beijing_time(text: &str) -> Option<OffsetDateTime> {
     Some(PrimitiveDateTime::new(date, time).assume_offset(beijing))
 }
 
+/// An Alipay notification's parameters for `notice`, unsigned ([`sign_form`]
+/// signs them): the inverse of the mapping. `amount` is in fen; a refund is a full
+/// refund of a trade of that amount (`refund_fee` is the trade's refunded
+/// total), so it maps back as `{trade_no}:refund`. Any other `event_type`
+/// without a `.` is sent verbatim as the `trade_status`.
+pub fn params_of(notice: &Notice, app_id: &str, ts: i64) -> Result<Vec<(String, String)>, String> {
+    if notice.currency != CURRENCY {
+        return Err("alipay notifications are in CNY: --currency CNY".into());
+    }
+    let beijing = OffsetDateTime::from_unix_timestamp(ts)
+        .map_err(|e| e.to_string())?
+        .to_offset(UtcOffset::from_hms(8, 0, 0).map_err(|e| e.to_string())?);
+    let when = format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        beijing.year(),
+        u8::from(beijing.month()),
+        beijing.day(),
+        beijing.hour(),
+        beijing.minute(),
+        beijing.second()
+    );
+    let yuan = format!("{}.{:02}", notice.amount / 100, notice.amount % 100);
+    let (trade_no, status, refund) = match notice.event_type.as_str() {
+        "payment.succeeded" => (notice.transaction_id.clone(), "TRADE_SUCCESS", false),
+        "payment.failed" => (notice.transaction_id.clone(), "TRADE_CLOSED", false),
+        "refund.succeeded" => (psp::parent(notice)?.to_owned(), "TRADE_CLOSED", true),
+        other if other.contains('.') => return Err(psp::not_sent::<Alipay>(notice)),
+        other => (notice.transaction_id.clone(), other, false),
+    };
+    let mut params: Vec<(String, String)> = [
+        ("gmt_create", when.as_str()),
+        ("charset", "utf-8"),
+        ("seller_email", "merchant@example.com"),
+        ("subject", "fencehook demo"),
+        ("buyer_id", "2088102170344093"),
+        (
+            "notify_id",
+            uuid::Uuid::new_v4().simple().to_string().as_str(),
+        ),
+        ("notify_type", "trade_status_sync"),
+        ("trade_status", status),
+        ("app_id", app_id),
+        ("seller_id", "2088102169708990"),
+        ("notify_time", when.as_str()),
+        ("version", "1.0"),
+        ("out_trade_no", format!("order-{trade_no}").as_str()),
+        ("total_amount", yuan.as_str()),
+        ("trade_no", trade_no.as_str()),
+        ("auth_app_id", app_id),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let mut add = |k: &str, v: &str| params.push((k.to_owned(), v.to_owned()));
+    match (status, refund) {
+        ("TRADE_SUCCESS" | "TRADE_FINISHED", _) => {
+            add("gmt_payment", &when);
+            add("receipt_amount", &yuan);
+            add("buyer_pay_amount", &yuan);
+            add("invoice_amount", &yuan);
+            add("point_amount", "0.00");
+            add(
+                "fund_bill_list",
+                &format!(r#"[{{"amount":"{yuan}","fundChannel":"ALIPAYACCOUNT"}}]"#),
+            );
+        }
+        (_, true) => {
+            add("gmt_payment", &when);
+            add("gmt_refund", &format!("{when}.000"));
+            add("gmt_close", &when);
+            add("refund_fee", &yuan);
+            add("out_biz_no", &notice.transaction_id);
+        }
+        _ => add("gmt_close", &when),
+    }
+    Ok(params)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkeys;
@@ -432,7 +585,7 @@ mod tests {
             "2016080300154586",
             &[read("payment_trade_success.sandbox.alipay_public_key.txt")],
         );
-        let e = event(a.accept("alipay", body.trim_ascii_end()));
+        let e = event(a.accept_form("alipay", body.trim_ascii_end()));
         assert_eq!(
             (
                 e.transaction_id.as_str(),
@@ -460,12 +613,12 @@ mod tests {
             &[read("payment_trade_success.sandbox.alipay_public_key.txt")],
         );
         assert!(matches!(
-            other.accept("alipay", body.trim_ascii_end()),
+            other.accept_form("alipay", body.trim_ascii_end()),
             Err(Reject::Unauthorized(_))
         ));
         // Another key: 401.
         assert!(matches!(
-            ours().accept("alipay", body.trim_ascii_end()),
+            ours().accept_form("alipay", body.trim_ascii_end()),
             Err(Reject::Unauthorized(_))
         ));
     }
@@ -477,7 +630,7 @@ mod tests {
             APP_ID,
             &[read("refund_full_trade_closed.alipay_public_key.txt")],
         );
-        let e = event(a.accept("alipay", body.trim_ascii_end()));
+        let e = event(a.accept_form("alipay", body.trim_ascii_end()));
         assert_eq!(
             (
                 e.transaction_id.as_str(),
@@ -499,7 +652,7 @@ mod tests {
         let reencoded = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .finish();
-        assert!(a.accept("alipay", reencoded.as_bytes()).is_ok());
+        assert!(a.accept_form("alipay", reencoded.as_bytes()).is_ok());
     }
 
     #[test]
@@ -522,7 +675,7 @@ mod tests {
             "refund_fee",
         );
         let accept = |params: Vec<(String, String)>, key: usize| {
-            a.accept(
+            a.accept_form(
                 "alipay",
                 sign_form(&testkeys::signer(key), &params).as_bytes(),
             )
@@ -624,7 +777,10 @@ mod tests {
                 &with(payment.clone(), "total_amount", bad),
             );
             assert!(
-                matches!(a.accept("alipay", body.as_bytes()), Err(Reject::Invalid(_))),
+                matches!(
+                    a.accept_form("alipay", body.as_bytes()),
+                    Err(Reject::Invalid(_))
+                ),
                 "{bad:?}"
             );
         }
@@ -635,7 +791,10 @@ mod tests {
                 &with(refund.clone(), "refund_fee", bad),
             );
             assert!(
-                matches!(a.accept("alipay", body.as_bytes()), Err(Reject::Invalid(_))),
+                matches!(
+                    a.accept_form("alipay", body.as_bytes()),
+                    Err(Reject::Invalid(_))
+                ),
                 "{bad:?}"
             );
         }
@@ -644,7 +803,7 @@ mod tests {
             &with(payment.clone(), "trans_currency", "USD"),
         );
         assert!(matches!(
-            a.accept("alipay", body.as_bytes()),
+            a.accept_form("alipay", body.as_bytes()),
             Err(Reject::Invalid(_))
         ));
         let body = sign_form(
@@ -652,7 +811,7 @@ mod tests {
             &with(payment, "gmt_payment", "2021/07/14 09:49:30"),
         );
         assert!(matches!(
-            a.accept("alipay", body.as_bytes()),
+            a.accept_form("alipay", body.as_bytes()),
             Err(Reject::Invalid(_))
         ));
     }
@@ -662,7 +821,7 @@ mod tests {
         let a = ours();
         let params = kv("refund_full_trade_closed.kv.json");
         let good = sign_form(&testkeys::signer(0), &params);
-        assert!(a.accept("alipay", good.as_bytes()).is_ok());
+        assert!(a.accept_form("alipay", good.as_bytes()).is_ok());
         let unauthorized = [
             ("unknown key", sign_form(&testkeys::signer(2), &params)),
             (
@@ -683,7 +842,7 @@ mod tests {
         for (name, body) in unauthorized {
             assert!(
                 matches!(
-                    a.accept("alipay", body.as_bytes()),
+                    a.accept_form("alipay", body.as_bytes()),
                     Err(Reject::Unauthorized(_))
                 ),
                 "{name}"
@@ -700,7 +859,10 @@ mod tests {
             ("empty key", format!("{good}&=1")),
         ] {
             assert!(
-                matches!(a.accept("alipay", body.as_bytes()), Err(Reject::Invalid(_))),
+                matches!(
+                    a.accept_form("alipay", body.as_bytes()),
+                    Err(Reject::Invalid(_))
+                ),
                 "{name}"
             );
         }
@@ -710,7 +872,7 @@ mod tests {
             &with(with(params, "passback_params", ""), "subject", "a b+c"),
         );
         assert!(extra.contains("passback_params=&") || extra.ends_with("passback_params="));
-        assert!(a.accept("alipay", extra.as_bytes()).is_ok());
+        assert!(a.accept_form("alipay", extra.as_bytes()).is_ok());
     }
 
     #[test]
@@ -749,13 +911,13 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = ours().accept("alipay", &body);
+            let _ = ours().accept_form("alipay", &body);
             let _ = parse_form(&body);
         }
 
         #[test]
         fn form_shaped_bodies_never_panic(body in "([a-z_]{0,12}=[%0-9A-Fa-f+.a-z ]{0,12}&?){0,8}") {
-            let _ = ours().accept("alipay", body.as_bytes());
+            let _ = ours().accept_form("alipay", body.as_bytes());
         }
 
         #[test]
@@ -775,7 +937,7 @@ mod tests {
                 params = with(params, k, &v);
             }
             let body = sign_form(&testkeys::signer(0), &params);
-            let _ = ours().accept("alipay", body.as_bytes());
+            let _ = ours().accept_form("alipay", body.as_bytes());
         }
     }
 }

@@ -55,8 +55,6 @@ struct Entry {
     unknown: BTreeMap<String, toml::Value>,
 }
 
-const ENTRY_FIELDS: &str = "scheme, secrets, tolerance_secs, platform_keys, app_id, public_keys, webhook_id, cert_url_prefixes, max_age_secs, future_skew_secs, confirm, api_url, client_id, client_secret";
-
 /// Providers of a file's text; key files relative to the working directory.
 pub(super) fn parse(text: &str) -> Result<Vec<Provider>, String> {
     parse_in(text, Path::new("."))
@@ -84,9 +82,11 @@ pub(super) fn parse_in(text: &str, dir: &Path) -> Result<Vec<Provider>, String> 
 fn provider(name: &str, entry: Entry, dir: &Path) -> Result<Provider, String> {
     let field = |field: &str, e: &str| format!("provider `{name}`: {field}: {e}");
     if let Some(key) = entry.unknown.keys().next() {
+        // Every setting of some scheme, as the registry lists them.
+        let expected = SchemeKind::every_setting().join(", ");
         return Err(field(
             key,
-            &format!("unknown setting (expected {ENTRY_FIELDS})"),
+            &format!("unknown setting (expected scheme, {expected})"),
         ));
     }
     let scheme: SchemeKind = entry

@@ -1,8 +1,17 @@
 //! Provider adapters: verify a delivery's signature, then map its payload to
-//! [`CanonicalEvent`]s (the domain's one event shape). Nothing here touches the lease or the database; a
-//! delivery that fails here writes nothing.
+//! [`CanonicalEvent`](crate::domain::CanonicalEvent)s (the domain's one event
+//! shape). Nothing here touches the lease or the database; a delivery that
+//! fails here writes nothing.
 //!
-//! One file per scheme:
+//! # One scheme, one file, one registry line
+//!
+//! Every PSP's scheme implements [`Scheme`] in its own file: the settings it
+//! takes, how a provider of it is built, verification and mapping, the
+//! answer body its PSP reads and, for the tools that play the PSP, the PSP's
+//! side (its body built from a canonical event, signed as the PSP signs).
+//! The registry below lists the schemes once; it makes [`SchemeKind`] and the
+//! one place a configured scheme is dispatched. [`Provider`] is the same for
+//! every scheme: what differs, it asks the scheme.
 //!
 //! - [`standard`]: Standard Webhooks headers, the generic payload;
 //! - [`stripe`]: `Stripe-Signature`, Stripe events: payments keyed by the
@@ -14,9 +23,12 @@
 //! - [`paypal`]: SHA256withRSA with a certificate fetched from PayPal (the
 //!   one scheme whose verification awaits: [`Provider::accept`] is async).
 //!
-//! Shared: `fields.rs` (strict JSON readers, exact decimal amounts),
-//! `hmac.rs` (the HMAC schemes' check), [`keys`] (RSA public keys and
-//! certificates, the SHA256withRSA check).
+//! Shared: [`scheme`] (the trait, [`Item`], [`Reject`], [`AckBody`]),
+//! [`settings`] (the providers file's settings), [`psp`] (what the PSP side
+//! of every scheme builds with), `file.rs` (the providers file),
+//! `published.rs` (secrets that must never serve), `fields.rs` (strict JSON
+//! readers, exact decimal amounts), `hmac.rs` (the HMAC schemes' check),
+//! [`keys`] (RSA public keys and certificates, the SHA256withRSA check).
 //!
 //! # What must stay true
 //!
@@ -30,6 +42,9 @@
 //!   does not hold up the other items (Adyen would re-send the whole batch).
 //! - One delivery may map to several items: every item of an Adyen batch, and
 //!   every succeeded refund of a Stripe `charge.refunded`.
+//! - What a scheme's PSP side builds, its own verification and mapping read
+//!   back as the canonical event it was built from (each scheme's round-trip
+//!   property test).
 //! - Secrets never leave this module but through [`Provider::first_secret`],
 //!   which only the tools that play the PSP read (`fencehook send`, `load`):
 //!   [`Provider`]'s `Debug` hides them and no [`Reject`] message contains one.
@@ -42,113 +57,139 @@ mod hmac;
 pub mod keys;
 pub mod paypal;
 pub mod paypal_api;
+pub mod psp;
 mod published;
+pub mod scheme;
+pub mod settings;
 pub mod standard;
 pub mod stripe;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkeys;
 pub mod wechatpay;
 
-use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use serde_json::json;
 
 pub use self::fields::{
     check_currency, check_transaction_id, major_amount, major_units, minor_unit_exponent,
 };
 pub use self::file::load_file;
-use crate::domain::CanonicalEvent;
+pub use self::scheme::{AckBody, Item, Reject, Scheme, Spec};
+use self::scheme::{Setup, TransmissionKey};
+pub use self::settings::{
+    Settings, DEFAULT_TOLERANCE_SECS, MAX_TOLERANCE_SECS, TOLERANCE_WARN_SECS,
+};
 
-/// A verified item of a delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Item {
-    Event(CanonicalEvent),
-    /// A well-signed item of a batch that cannot be mapped (a lower-case
-    /// currency, a missing field): never booked, recorded with its reason,
-    /// and it does not hold up the other items of its delivery. Only batch
-    /// schemes produce it; a single-item delivery that cannot be mapped is
-    /// refused whole ([`Reject::Invalid`]).
-    Unmappable {
-        reason: String,
-        /// What identifies the item whatever is changed around it: the
-        /// fields its signature covers. Quarantined once per key, so a
-        /// captured item re-sent with altered unsigned fields is one row.
-        key: String,
-        /// The item's id, when it could be read.
-        transaction_id: Option<String>,
-        /// The item as received (JSON), for the operator.
-        raw: String,
-    },
-    /// Adyen's `CANCEL_OR_REFUND`: the refund (`refund.succeeded`, the signed
-    /// amount) when its payment is booked here as `succeeded`, a cancel that
-    /// moves nothing when the payment is recorded `failed`, and, when neither
-    /// is known yet, a refund waiting for its payment. Which it was is only
-    /// said by an unsigned field, so the ledger decides (`adyen`'s docs).
-    CancelOrRefund(CanonicalEvent),
-    /// A well-signed event fencehook does not act on: a type it does not
-    /// book, or a state that moves no money (a pending refund, an uncaptured
-    /// charge, a zero-value authorisation). Answered 200, nothing written.
-    Ignored {
-        event_type: String,
-    },
+/// Makes the registry's types from its list: [`SchemeKind`] (a scheme before
+/// any provider of it is configured) and `Configured` (a configured
+/// provider's scheme), and dispatches both, once, to each scheme's
+/// [`Scheme`] impl.
+macro_rules! registry {
+    ($($(#[$doc:meta])* $kind:ident => $scheme:ty,)+) => {
+        /// How a provider signs and shapes its deliveries (`scheme` in the
+        /// providers file): one per scheme of the registry.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum SchemeKind {
+            $($(#[$doc])* $kind,)+
+        }
+
+        impl SchemeKind {
+            /// Every scheme, in the registry's order.
+            pub const ALL: &'static [SchemeKind] = &[$(SchemeKind::$kind,)+];
+
+            /// What the scheme is, before any provider of it is configured.
+            pub fn spec(self) -> &'static Spec {
+                match self {
+                    $(SchemeKind::$kind => &const { Spec::of::<$scheme>() },)+
+                }
+            }
+
+            /// A provider's scheme from its settings (see [`Scheme::build`]).
+            fn build(self, settings: Settings, setup: &mut Setup) -> Result<Configured, String> {
+                match self {
+                    $(SchemeKind::$kind => {
+                        <$scheme as Scheme>::build(settings, setup).map(Configured::$kind)
+                    })+
+                }
+            }
+        }
+
+        /// A configured provider's scheme.
+        #[derive(Clone)]
+        enum Configured {
+            $($kind($scheme),)+
+        }
+
+        impl Configured {
+            fn kind(&self) -> SchemeKind {
+                match self {
+                    $(Configured::$kind(_) => SchemeKind::$kind,)+
+                }
+            }
+
+            async fn accept(
+                &self,
+                provider: &str,
+                headers: &http::HeaderMap,
+                body: &[u8],
+                now: i64,
+            ) -> Result<Vec<Item>, Reject> {
+                match self {
+                    $(Configured::$kind(s) => s.accept(provider, headers, body, now).await,)+
+                }
+            }
+
+            fn transmission(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<TransmissionKey> {
+                match self {
+                    $(Configured::$kind(s) => s.transmission(headers, body),)+
+                }
+            }
+
+            fn confirms(&self) -> bool {
+                match self {
+                    $(Configured::$kind(s) => s.confirms(),)+
+                }
+            }
+
+            async fn confirm(&self, provider: &str, body: &[u8], item: &Item) -> Result<(), Reject> {
+                match self {
+                    $(Configured::$kind(s) => s.confirm(provider, body, item).await,)+
+                }
+            }
+
+            #[cfg(any(test, feature = "test-support"))]
+            fn preload_certificate(&self, url: &str, pem: &[u8]) -> Option<Result<(), String>> {
+                match self {
+                    $(Configured::$kind(s) => s.preload_certificate(url, pem),)+
+                }
+            }
+        }
+    };
 }
 
-/// Why a delivery was refused before anything was written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Reject {
-    /// 401: signature missing or wrong, timestamp outside tolerance.
-    #[error("unauthorized: {0}")]
-    Unauthorized(String),
-    /// 400: the payload is not what the scheme promises.
-    #[error("invalid payload: {0}")]
-    Invalid(String),
-    /// 503: what verification needs could not be had now (PayPal's
-    /// certificate did not download); the PSP should retry.
-    #[error("unavailable: {0}")]
-    Unavailable(String),
-}
-
-/// How a provider signs and shapes its deliveries (`scheme` in the providers file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchemeKind {
-    Standard,
-    Stripe,
-    Adyen,
-    WechatPay,
-    Alipay,
-    Paypal,
+// The registry: every scheme, once. A scheme of its own is a file (or a
+// folder) implementing `Scheme`, its `mod` line above, and one line here.
+// The order is the order of `SchemeKind::ALL`, of the choices in messages
+// and of the settings listed for an unknown one.
+registry! {
+    Standard => standard::Standard,
+    Stripe => stripe::Stripe,
+    Adyen => adyen::Adyen,
+    WechatPay => wechatpay::WechatPay,
+    Alipay => alipay::Alipay,
+    Paypal => paypal::Paypal,
 }
 
 impl SchemeKind {
-    pub const ALL: &'static [SchemeKind] = &[
-        SchemeKind::Standard,
-        SchemeKind::Stripe,
-        SchemeKind::Adyen,
-        SchemeKind::WechatPay,
-        SchemeKind::Alipay,
-        SchemeKind::Paypal,
-    ];
-
+    /// `scheme = "…"` in the providers file.
     pub fn as_str(self) -> &'static str {
-        match self {
-            SchemeKind::Standard => "standard",
-            SchemeKind::Stripe => "stripe",
-            SchemeKind::Adyen => "adyen",
-            SchemeKind::WechatPay => "wechatpay",
-            SchemeKind::Alipay => "alipay",
-            SchemeKind::Paypal => "paypal",
-        }
+        self.spec().name
     }
 
     /// Whether the scheme signs with HMAC secrets (all it needs is
     /// `secrets`), rather than with RSA keys of its own settings.
     pub fn is_hmac(self) -> bool {
-        matches!(
-            self,
-            SchemeKind::Standard | SchemeKind::Stripe | SchemeKind::Adyen
-        )
+        self.spec().hmac
     }
 
     /// `standard | stripe | adyen | …`, for messages.
@@ -158,6 +199,18 @@ impl SchemeKind {
             .map(|s| s.as_str())
             .collect::<Vec<_>>()
             .join(" | ")
+    }
+
+    /// Every setting some scheme takes, in the registry's order: what a
+    /// `[providers.<name>]` table may hold besides `scheme`.
+    pub fn every_setting() -> Vec<&'static str> {
+        let mut all: Vec<&'static str> = Vec::new();
+        for setting in SchemeKind::ALL.iter().flat_map(|k| k.spec().settings) {
+            if !all.contains(setting) {
+                all.push(setting);
+            }
+        }
+        all
     }
 }
 
@@ -173,22 +226,11 @@ impl FromStr for SchemeKind {
     }
 }
 
-/// The body of an answer, in the shape the provider's PSP expects.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AckBody {
-    /// fencehook's own `{"result": …, "reason": …}`.
-    Json(serde_json::Value),
-    /// A fixed text some PSPs require (Adyen's `[accepted]`, Alipay's `success`).
-    Text(&'static str),
-    /// No body at all (WeChat Pay's success).
-    Empty,
-}
-
 /// A configured provider: `POST /webhooks/{name}`.
 #[derive(Clone)]
 pub struct Provider {
     pub name: String,
-    scheme: Scheme,
+    scheme: Configured,
     /// Settings that are allowed but probably a mistake, said at start.
     warnings: Vec<String>,
     /// Secrets and keys anyone could sign with (published, or too short):
@@ -218,148 +260,12 @@ impl std::fmt::Debug for Provider {
     }
 }
 
-#[derive(Clone)]
-enum Scheme {
-    Standard(standard::Standard),
-    Stripe(stripe::Stripe),
-    Adyen(adyen::Adyen),
-    WechatPay(wechatpay::WechatPay),
-    Alipay(alipay::Alipay),
-    Paypal(paypal::Paypal),
-}
-
-/// Everything a `[providers.<name>]` table may set, key files already read
-/// (as `(where it came from, contents)`). Which settings a scheme takes:
-///
-/// | scheme | required | optional |
-/// | --- | --- | --- |
-/// | standard, stripe, adyen | `secrets` | `tolerance_secs` (not adyen) |
-/// | wechatpay | `secrets` (APIv3 keys), `platform_keys` | `tolerance_secs` |
-/// | alipay | `app_id`, `public_keys` | – |
-/// | paypal | `webhook_id` | `cert_url_prefixes`, `max_age_secs`, `future_skew_secs` |
-#[derive(Debug, Clone, Default)]
-pub struct Settings {
-    pub secrets: Option<Vec<String>>,
-    pub tolerance_secs: Option<u64>,
-    /// WeChat Pay: serial (`Wechatpay-Serial`) → certificate or public key.
-    pub platform_keys: Option<BTreeMap<String, Vec<u8>>>,
-    pub app_id: Option<String>,
-    pub public_keys: Option<Vec<(String, Vec<u8>)>>,
-    pub webhook_id: Option<String>,
-    pub cert_url_prefixes: Option<Vec<String>>,
-    /// PayPal: how old a transmission time may be (default 3 days).
-    pub max_age_secs: Option<u64>,
-    /// PayPal: how far ahead of the clock a transmission time may be.
-    pub future_skew_secs: Option<u64>,
-    /// PayPal: `offline` (the default) or `api` (fetch-to-confirm).
-    pub confirm: Option<String>,
-    /// PayPal, `confirm = "api"`: the REST API's base URL and the app's credentials.
-    pub api_url: Option<String>,
-    pub client_id: Option<String>,
-    pub client_secret: Option<String>,
-}
-
-impl Settings {
-    /// The names of the settings given.
-    fn given(&self) -> Vec<&'static str> {
-        let mut given = Vec::new();
-        let mut note = |set: bool, name| {
-            if set {
-                given.push(name)
-            }
-        };
-        note(self.secrets.is_some(), "secrets");
-        note(self.tolerance_secs.is_some(), "tolerance_secs");
-        note(self.platform_keys.is_some(), "platform_keys");
-        note(self.app_id.is_some(), "app_id");
-        note(self.public_keys.is_some(), "public_keys");
-        note(self.webhook_id.is_some(), "webhook_id");
-        note(self.cert_url_prefixes.is_some(), "cert_url_prefixes");
-        note(self.max_age_secs.is_some(), "max_age_secs");
-        note(self.future_skew_secs.is_some(), "future_skew_secs");
-        note(self.confirm.is_some(), "confirm");
-        note(self.api_url.is_some(), "api_url");
-        note(self.client_id.is_some(), "client_id");
-        note(self.client_secret.is_some(), "client_secret");
-        given
-    }
-}
-
-/// What [`Provider::exposures`] lists for these settings.
-fn exposures_of(name: &str, scheme: SchemeKind, settings: &Settings) -> Vec<String> {
-    let secrets = settings.secrets.iter().flatten().enumerate();
-    let mut out: Vec<String> = secrets
-        .filter_map(|(i, s)| {
-            let what = published::secret_exposure(scheme, s)?;
-            Some(format!(
-                "provider `{name}`: secrets: secret {} is {what}: anyone can sign deliveries",
-                i + 1
-            ))
-        })
-        .collect();
-    let keys = settings
-        .platform_keys
-        .iter()
-        .flat_map(|k| k.iter().map(|(serial, key)| ("platform_keys", serial, key)))
-        .chain(
-            settings
-                .public_keys
-                .iter()
-                .flat_map(|k| k.iter().map(|(path, key)| ("public_keys", path, key))),
-        );
-    for (field, which, key) in keys {
-        if published::is_placeholder_key(key) {
-            out.push(format!(
-                "provider `{name}`: {field}: {which} is the example's placeholder key (deploy/keys), not the PSP's"
-            ));
-        }
-    }
-    out
-}
-
-/// The settings each scheme takes (the first ones are required).
-fn scheme_settings(scheme: SchemeKind) -> &'static [&'static str] {
-    match scheme {
-        SchemeKind::Standard | SchemeKind::Stripe => &["secrets", "tolerance_secs"],
-        SchemeKind::Adyen => &["secrets"],
-        SchemeKind::WechatPay => &["secrets", "platform_keys", "tolerance_secs"],
-        SchemeKind::Alipay => &["app_id", "public_keys"],
-        SchemeKind::Paypal => &[
-            "webhook_id",
-            "cert_url_prefixes",
-            "max_age_secs",
-            "future_skew_secs",
-            "confirm",
-            "api_url",
-            "client_id",
-            "client_secret",
-        ],
-    }
-}
-
 fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default()
 }
-
-/// PayPal's `confirm` settings: signature, time window and transmission id
-/// binding only (the default), or each new event fetched from PayPal's API too.
-pub const PAYPAL_CONFIRM_OFFLINE: &str = "offline";
-pub const PAYPAL_CONFIRM_API: &str = "api";
-
-/// Timestamp window of the schemes that sign one (Standard Webhooks, Stripe).
-pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
-
-/// Above this, a timestamp window no longer protects against replays in any
-/// useful sense. Allowed (verifying a PSP's test vectors from years ago needs
-/// it), but warned about at start.
-pub const TOLERANCE_WARN_SECS: u64 = 3600;
-
-/// Largest `tolerance_secs`: past it a timestamp check is no check, and the
-/// window would no longer fit the arithmetic on Unix times.
-pub const MAX_TOLERANCE_SECS: u64 = 100 * 365 * 86_400;
 
 /// The development secret the README and `make run` use for the built-in
 /// `generic` provider. Anyone can sign with it: serving it is refused
@@ -406,10 +312,13 @@ impl Provider {
     }
 
     /// One provider, as a `[providers.<name>]` table describes it. Errors name
-    /// the provider and the field: `provider `shop`: secrets: ...`.
+    /// the provider and the field: `provider `shop`: secrets: ...`. What
+    /// every scheme shares is checked here (the name, settings the scheme
+    /// does not take, `secrets` and `tolerance_secs`); the rest is the
+    /// scheme's [`Scheme::build`].
     pub fn with_settings(
         name: &str,
-        scheme: SchemeKind,
+        kind: SchemeKind,
         settings: Settings,
     ) -> Result<Provider, String> {
         let field = |field: &str, e: String| format!("provider `{name}`: {field}: {e}");
@@ -420,28 +329,26 @@ impl Provider {
         {
             return Err(format!("provider `{name}`: name must be [a-z0-9_-]+"));
         }
-        let takes = scheme_settings(scheme);
+        let spec = kind.spec();
+        let takes = spec.settings;
         if let Some(other) = settings.given().into_iter().find(|s| !takes.contains(s)) {
-            let why = match (scheme, other) {
-                (SchemeKind::Adyen, "tolerance_secs") => {
-                    "adyen notifications carry no signed timestamp; remove the setting".to_owned()
-                }
-                _ => format!(
+            let why = match spec.not_taken(other) {
+                Some(why) => why.to_owned(),
+                None => format!(
                     "not a setting of scheme {} (it takes {})",
-                    scheme.as_str(),
+                    spec.name,
                     takes.join(", ")
                 ),
             };
             return Err(field(other, why));
         }
         let psp_side = PspSide {
-            first_secret: settings.secrets.as_ref().and_then(|s| s.first().cloned()),
+            first_secret: settings.secrets().first().cloned(),
             app_id: settings.app_id.clone(),
             webhook_id: settings.webhook_id.clone(),
         };
-        let exposures = exposures_of(name, scheme, &settings);
-        let secrets = settings.secrets.unwrap_or_default();
-        if takes.contains(&"secrets") && secrets.is_empty() {
+        let exposures = published::exposures(name, kind, &settings);
+        if takes.contains(&"secrets") && settings.secrets().is_empty() {
             return Err(field("secrets", "at least one secret is required".into()));
         }
         if settings.tolerance_secs == Some(0) {
@@ -453,117 +360,14 @@ impl Provider {
                 format!("{t} is above {MAX_TOLERANCE_SECS} (100 years)"),
             ));
         }
-        let tolerance = settings.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS);
-        let mut warnings = Vec::new();
-        fn required<T>(
-            value: Option<T>,
-            provider: &str,
-            name: &str,
-            what: &str,
-        ) -> Result<T, String> {
-            value.ok_or_else(|| format!("provider `{provider}`: {name}: required ({what})"))
-        }
-        let setting = |(f, e): wechatpay::SettingError| field(f, e);
-        let scheme = match scheme {
-            SchemeKind::Standard => Scheme::Standard(
-                standard::Standard::new(&secrets, tolerance).map_err(|e| field("secrets", e))?,
-            ),
-            SchemeKind::Stripe => Scheme::Stripe(
-                stripe::Stripe::new(&secrets, tolerance).map_err(|e| field("secrets", e))?,
-            ),
-            SchemeKind::Adyen => {
-                Scheme::Adyen(adyen::Adyen::new(&secrets).map_err(|e| field("secrets", e))?)
-            }
-            SchemeKind::WechatPay => {
-                let keys: Vec<(String, Vec<u8>)> = required(
-                    settings.platform_keys,
-                    name,
-                    "platform_keys",
-                    "a table of serial = \"key or certificate file\"",
-                )?
-                .into_iter()
-                .collect();
-                let (w, warned) = wechatpay::WechatPay::new(&secrets, &keys, tolerance, unix_now())
-                    .map_err(setting)?;
-                warnings.extend(
-                    warned
-                        .into_iter()
-                        .map(|w| format!("provider `{name}`: {w}")),
-                );
-                Scheme::WechatPay(w)
-            }
-            SchemeKind::Alipay => Scheme::Alipay(
-                alipay::Alipay::new(
-                    &required(settings.app_id, name, "app_id", "the application's app_id")?,
-                    &required(
-                        settings.public_keys,
-                        name,
-                        "public_keys",
-                        "a list of Alipay public key files",
-                    )?,
-                )
-                .map_err(setting)?,
-            ),
-            SchemeKind::Paypal => Scheme::Paypal({
-                let api = (settings.api_url, settings.client_id, settings.client_secret);
-                let p = paypal::Paypal::new(
-                    &required(
-                        settings.webhook_id,
-                        name,
-                        "webhook_id",
-                        "the webhook's id at PayPal",
-                    )?,
-                    settings.cert_url_prefixes.as_deref(),
-                    paypal::Window {
-                        max_age_secs: settings
-                            .max_age_secs
-                            .unwrap_or(paypal::DEFAULT_MAX_AGE_SECS),
-                        future_skew_secs: settings
-                            .future_skew_secs
-                            .unwrap_or(paypal::DEFAULT_FUTURE_SKEW_SECS),
-                    },
-                )
-                .map_err(setting)?;
-                match settings.confirm.as_deref().unwrap_or(PAYPAL_CONFIRM_OFFLINE) {
-                    PAYPAL_CONFIRM_OFFLINE => {
-                        let given = [(&api.0, "api_url"), (&api.1, "client_id"), (&api.2, "client_secret")];
-                        if let Some((_, name)) = given.iter().find(|(v, _)| v.is_some()) {
-                            return Err(field(name, "only with confirm = \"api\"".into()));
-                        }
-                        p
-                    }
-                    PAYPAL_CONFIRM_API => p
-                        .with_api_confirm(paypal_api::ApiSettings {
-                            api_url: api.0.unwrap_or_else(|| paypal_api::DEFAULT_API_URL.to_owned()),
-                            client_id: required(api.1, name, "client_id", "the REST app's client id, with confirm = \"api\"")?,
-                            client_secret: required(api.2, name, "client_secret", "the REST app's secret, with confirm = \"api\"")?,
-                        })
-                        .map_err(setting)?,
-                    other => {
-                        return Err(field(
-                            "confirm",
-                            format!("`{other}` is not one of {PAYPAL_CONFIRM_OFFLINE} | {PAYPAL_CONFIRM_API}"),
-                        ))
-                    }
-                }
-            }),
-        };
-        if tolerance > TOLERANCE_WARN_SECS
-            && matches!(
-                scheme,
-                Scheme::Standard(_) | Scheme::Stripe(_) | Scheme::WechatPay(_)
-            )
-        {
+        let tolerance = settings.tolerance();
+        let mut setup = Setup::new(name, unix_now());
+        let scheme = kind.build(settings, &mut setup)?;
+        let mut warnings = setup.into_warnings();
+        if tolerance > TOLERANCE_WARN_SECS && takes.contains(&"tolerance_secs") {
             warnings.push(format!(
                 "provider `{name}`: tolerance_secs = {tolerance}: signed deliveries stay replayable for that long (keep it at most {TOLERANCE_WARN_SECS} in production)"
             ));
-        }
-        if let Scheme::Paypal(p) = &scheme {
-            if p.allows_plain_http() {
-                warnings.push(format!(
-                    "provider `{name}`: cert_url_prefixes or api_url is http://: PayPal reached without TLS (for a local test server only)"
-                ));
-            }
         }
         Ok(Provider {
             name: name.to_owned(),
@@ -580,14 +384,11 @@ impl Provider {
     }
 
     pub fn scheme(&self) -> SchemeKind {
-        match &self.scheme {
-            Scheme::Standard(_) => SchemeKind::Standard,
-            Scheme::Stripe(_) => SchemeKind::Stripe,
-            Scheme::Adyen(_) => SchemeKind::Adyen,
-            Scheme::WechatPay(_) => SchemeKind::WechatPay,
-            Scheme::Alipay(_) => SchemeKind::Alipay,
-            Scheme::Paypal(_) => SchemeKind::Paypal,
-        }
+        self.scheme.kind()
+    }
+
+    fn spec(&self) -> &'static Spec {
+        self.scheme().spec()
     }
 
     /// The first of `secrets`, as written: the key a PSP signs new deliveries
@@ -616,14 +417,10 @@ impl Provider {
     /// (`Expect: 100-continue`): a delivery that cannot be signed is
     /// answered 401 without asking for its body.
     pub fn has_signature_header(&self, headers: &http::HeaderMap) -> bool {
-        let name = match self.scheme() {
-            SchemeKind::Standard => "webhook-signature",
-            SchemeKind::Stripe => stripe::SIGNATURE_HEADER,
-            SchemeKind::WechatPay => wechatpay::SIGNATURE_HEADER,
-            SchemeKind::Paypal => paypal::TRANSMISSION_SIG_HEADER,
-            SchemeKind::Adyen | SchemeKind::Alipay => return true,
-        };
-        headers.contains_key(name)
+        match self.spec().signature_header {
+            Some(name) => headers.contains_key(name),
+            None => true,
+        }
     }
 
     /// Whether a delivery's `Content-Type` is what this scheme's PSP posts:
@@ -643,13 +440,7 @@ impl Provider {
             .unwrap_or("")
             .trim()
             .to_ascii_lowercase();
-        match self.scheme {
-            Scheme::Alipay(_) => essence == alipay::CONTENT_TYPE,
-            _ => {
-                essence == "application/json"
-                    || (essence.starts_with("application/") && essence.ends_with("+json"))
-            }
-        }
+        self.spec().accepts_content_type(&essence)
     }
 
     /// The PSP's own id of a delivery, where it has one: `webhook-id`
@@ -658,30 +449,14 @@ impl Provider {
     /// carry none.
     /// Kept beside inbox events for searching; never used to deduplicate.
     pub fn psp_event_id(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
-        match &self.scheme {
-            Scheme::Standard(_) => headers
-                .get("webhook-id")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            Scheme::Stripe(_) => {
-                #[derive(serde::Deserialize)]
-                struct Envelope {
-                    id: String,
-                }
-                serde_json::from_slice::<Envelope>(body).ok().map(|e| e.id)
-            }
-            Scheme::Adyen(_) => None,
-            Scheme::WechatPay(_) => wechatpay::notification_id(body),
-            Scheme::Alipay(_) => alipay::notification_id(body),
-            Scheme::Paypal(_) => paypal::event_id(body),
-        }
+        self.spec().psp_event_id(headers, body)
     }
 
     /// Whether one delivery carries several independent items (Adyen's
     /// notification batches): an item that cannot be booked is then recorded
     /// and the batch acknowledged, rather than the whole delivery refused.
     pub fn is_batch(&self) -> bool {
-        matches!(self.scheme, Scheme::Adyen(_))
+        self.spec().batch
     }
 
     /// The body of an answer with this `result` (and `reason`, for a 400):
@@ -691,23 +466,7 @@ impl Provider {
     /// `{"code":"FAIL","message":…}` with any failure status. Standard,
     /// Stripe and PayPal read only the status: fencehook's own JSON.
     pub fn ack_body(&self, success: bool, result: &str, reason: Option<&str>) -> AckBody {
-        match (&self.scheme, success) {
-            (Scheme::Adyen(_), true) => AckBody::Text(adyen::ACCEPTED),
-            (Scheme::Alipay(_), true) => AckBody::Text(alipay::SUCCESS),
-            (Scheme::Alipay(_), false) => AckBody::Text(alipay::FAIL),
-            (Scheme::WechatPay(_), true) => AckBody::Empty,
-            (Scheme::WechatPay(_), false) => AckBody::Json(json!({
-                "code": "FAIL",
-                "message": match reason {
-                    Some(reason) => format!("{result}: {reason}"),
-                    None => result.to_owned(),
-                },
-            })),
-            _ => AckBody::Json(match reason {
-                Some(reason) => json!({ "result": result, "reason": reason }),
-                None => json!({ "result": result }),
-            }),
-        }
+        self.spec().ack_body(success, result, reason)
     }
 
     /// Verifies the delivery and maps every item of it. `now` is unix seconds.
@@ -726,20 +485,7 @@ impl Provider {
         body: &[u8],
         now: i64,
     ) -> Result<Vec<Item>, Reject> {
-        match &self.scheme {
-            Scheme::Standard(s) => {
-                s.verify(headers, body, now)?;
-                Ok(vec![standard::parse_generic(&self.name, body)?])
-            }
-            Scheme::Stripe(s) => {
-                s.verify(headers, body, now)?;
-                stripe::parse_event(&self.name, body)
-            }
-            Scheme::Adyen(a) => a.accept(&self.name, body),
-            Scheme::WechatPay(w) => w.accept(&self.name, headers, body, now),
-            Scheme::Alipay(a) => a.accept(&self.name, body),
-            Scheme::Paypal(p) => p.accept(&self.name, headers, body, now).await,
-        }
+        self.scheme.accept(&self.name, headers, body, now).await
     }
 
     /// PayPal: the transmission id of a delivery whose signature verified,
@@ -749,39 +495,31 @@ impl Provider {
         &self,
         headers: &http::HeaderMap,
         body: &[u8],
-    ) -> Option<paypal::TransmissionKey> {
-        match &self.scheme {
-            Scheme::Paypal(p) => p.transmission(headers, body),
-            _ => None,
-        }
+    ) -> Option<TransmissionKey> {
+        self.scheme.transmission(headers, body)
     }
 
     /// PayPal with `confirm = "api"`: checks what the delivery mapped to
     /// against PayPal's API. Ok for every other provider.
     pub async fn paypal_confirm(&self, body: &[u8], item: &Item) -> Result<(), Reject> {
-        match &self.scheme {
-            Scheme::Paypal(p) => p.confirm(&self.name, body, item).await,
-            _ => Ok(()),
-        }
+        self.scheme.confirm(&self.name, body, item).await
     }
 
     /// Whether deliveries are confirmed with PayPal's API before booking.
     pub fn paypal_confirms(&self) -> bool {
-        matches!(&self.scheme, Scheme::Paypal(p) if p.confirms_with_api())
+        self.scheme.confirms()
     }
 
     /// PayPal: puts a certificate in the provider's cache as if fetched from
     /// `url` (for tests whose deliveries name a PayPal URL).
     #[cfg(any(test, feature = "test-support"))]
     pub fn preload_paypal_certificate(&self, url: &str, pem: &[u8]) -> Result<(), String> {
-        match &self.scheme {
-            Scheme::Paypal(p) => p.preload_certificate(url, pem),
-            _ => Err(format!("provider `{}` is not a paypal provider", self.name)),
-        }
+        self.scheme
+            .preload_certificate(url, pem)
+            .unwrap_or_else(|| Err(format!("provider `{}` is not a paypal provider", self.name)))
     }
 }
 
-/// Generators shared by the schemes' property tests.
 #[cfg(test)]
 pub(crate) mod testing {
     use proptest::prelude::*;
@@ -846,6 +584,10 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
     use super::*;
 
     #[test]

@@ -92,7 +92,11 @@ use super::fields::{
     opt_str, req_object, req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaSigner};
-use super::paypal_api::{ApiConfirm, ApiSettings};
+use super::paypal_api::{ApiConfirm, ApiSettings, DEFAULT_API_URL};
+use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
+pub use super::scheme::TransmissionKey;
+use super::scheme::{Scheme, SettingError, Setup};
+use super::settings::Settings;
 use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
@@ -149,14 +153,10 @@ impl Default for Window {
     }
 }
 
-/// A verified delivery's transmission id and the SHA-256 (hex) of its body,
-/// to be bound for as long as its transmission time is inside the window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TransmissionKey {
-    pub id: String,
-    pub body_sha256: String,
-    pub expires_at: OffsetDateTime,
-}
+/// `confirm`: signature, time window and transmission id binding only (the
+/// default), or each new event fetched from PayPal's API too.
+pub const CONFIRM_OFFLINE: &str = "offline";
+pub const CONFIRM_API: &str = "api";
 
 pub(super) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
@@ -309,7 +309,7 @@ impl Paypal {
         webhook_id: &str,
         cert_url_prefixes: Option<&[String]>,
         window: Window,
-    ) -> Result<Paypal, super::wechatpay::SettingError> {
+    ) -> Result<Paypal, SettingError> {
         if !(1..=MAX_MAX_AGE_SECS).contains(&window.max_age_secs) {
             return Err((
                 "max_age_secs",
@@ -359,10 +359,7 @@ impl Paypal {
     }
 
     /// Turns on the fetch-to-confirm mode (`confirm = "api"`, see `paypal_api`).
-    pub fn with_api_confirm(
-        mut self,
-        settings: ApiSettings,
-    ) -> Result<Paypal, super::wechatpay::SettingError> {
+    pub fn with_api_confirm(mut self, settings: ApiSettings) -> Result<Paypal, SettingError> {
         self.confirm = Some(Arc::new(ApiConfirm::new(settings)?));
         Ok(self)
     }
@@ -377,27 +374,6 @@ impl Paypal {
     /// Whether events are confirmed with PayPal's API before booking.
     pub fn confirms_with_api(&self) -> bool {
         self.confirm.is_some()
-    }
-
-    /// In the fetch-to-confirm mode, checks `item` (what `body` mapped to)
-    /// against PayPal's API; nothing to do otherwise.
-    pub async fn confirm(&self, provider: &str, body: &[u8], item: &Item) -> Result<(), Reject> {
-        match &self.confirm {
-            Some(c) => c.confirm(provider, body, item).await,
-            None => Ok(()),
-        }
-    }
-
-    /// Verifies (fetching the certificate when it is not cached), then maps.
-    pub async fn accept(
-        &self,
-        provider: &str,
-        headers: &http::HeaderMap,
-        body: &[u8],
-        now: i64,
-    ) -> Result<Vec<Item>, Reject> {
-        self.verify(headers, body, now).await?;
-        Ok(vec![parse_event(provider, body)?])
     }
 
     pub async fn verify(
@@ -454,26 +430,6 @@ impl Paypal {
         }
     }
 
-    /// The transmission id of a delivery [`Paypal::verify`] accepted, with
-    /// the SHA-256 of its body and how long the binding must be kept: until
-    /// its time leaves the window (after that it is refused on its time
-    /// alone), plus the skew allowed between clocks. `None` when the headers
-    /// are not those of a verified delivery.
-    pub fn transmission(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<TransmissionKey> {
-        use sha2::{Digest, Sha256};
-        let id = signed_header(headers, TRANSMISSION_ID_HEADER).ok()?;
-        let sent =
-            transmission_time(signed_header(headers, TRANSMISSION_TIME_HEADER).ok()?).ok()?;
-        let keep = self.window.max_age_secs + self.window.future_skew_secs;
-        let expires_at =
-            OffsetDateTime::from_unix_timestamp(sent.checked_add(keep as i64)?).ok()?;
-        Some(TransmissionKey {
-            id: id.to_owned(),
-            body_sha256: hex::encode(Sha256::digest(body)),
-            expires_at,
-        })
-    }
-
     /// The certificate at `url`: from the cache, or fetched once (within the
     /// bounds of [`CertCache`]).
     async fn certificate(&self, url: &str) -> Result<(Arc<CertificateInfo>, Cell), Reject> {
@@ -514,13 +470,186 @@ impl Paypal {
     /// Puts a certificate in the cache as if fetched from `url` (tests and
     /// unit vectors whose URL is PayPal's, which no test may reach).
     #[cfg(any(test, feature = "test-support"))]
-    pub fn preload_certificate(&self, url: &str, pem: &[u8]) -> Result<(), String> {
+    pub fn preload(&self, url: &str, pem: &[u8]) -> Result<(), String> {
         let cert = Arc::new(CertificateInfo::parse(pem)?);
         self.cache
             .cell(url, Instant::now())
             .map_err(|e| e.to_string())?
             .set(cert)
             .map_err(|_| "already cached".to_owned())
+    }
+}
+
+impl Scheme for Paypal {
+    const NAME: &'static str = "paypal";
+    const SETTINGS: &'static [&'static str] = &[
+        "webhook_id",
+        "cert_url_prefixes",
+        "max_age_secs",
+        "future_skew_secs",
+        "confirm",
+        "api_url",
+        "client_id",
+        "client_secret",
+    ];
+    const SIGNATURE_HEADER: Option<&'static str> = Some(TRANSMISSION_SIG_HEADER);
+    const SENDS: &'static [EventKind] = &[
+        EventKind::PaymentSucceeded,
+        EventKind::PaymentFailed,
+        EventKind::RefundSucceeded,
+        EventKind::DisputeFundsWithdrawn,
+    ];
+    const DELIVERY_ID_PREFIX: &'static str = "WH-";
+    const PAYMENT_ID: Option<&'static str> = Some("the capture id");
+
+    fn build(settings: Settings, setup: &mut Setup) -> Result<Paypal, String> {
+        let api = (settings.api_url, settings.client_id, settings.client_secret);
+        let p = Paypal::new(
+            &setup.required(
+                settings.webhook_id,
+                "webhook_id",
+                "the webhook's id at PayPal",
+            )?,
+            settings.cert_url_prefixes.as_deref(),
+            Window {
+                max_age_secs: settings.max_age_secs.unwrap_or(DEFAULT_MAX_AGE_SECS),
+                future_skew_secs: settings
+                    .future_skew_secs
+                    .unwrap_or(DEFAULT_FUTURE_SKEW_SECS),
+            },
+        )
+        .map_err(|e| setup.setting(e))?;
+        let p = match settings.confirm.as_deref().unwrap_or(CONFIRM_OFFLINE) {
+            CONFIRM_OFFLINE => {
+                let given = [
+                    (&api.0, "api_url"),
+                    (&api.1, "client_id"),
+                    (&api.2, "client_secret"),
+                ];
+                if let Some((_, name)) = given.iter().find(|(v, _)| v.is_some()) {
+                    return Err(setup.error(name, "only with confirm = \"api\""));
+                }
+                p
+            }
+            CONFIRM_API => p
+                .with_api_confirm(ApiSettings {
+                    api_url: api.0.unwrap_or_else(|| DEFAULT_API_URL.to_owned()),
+                    client_id: setup.required(
+                        api.1,
+                        "client_id",
+                        "the REST app's client id, with confirm = \"api\"",
+                    )?,
+                    client_secret: setup.required(
+                        api.2,
+                        "client_secret",
+                        "the REST app's secret, with confirm = \"api\"",
+                    )?,
+                })
+                .map_err(|e| setup.setting(e))?,
+            other => {
+                return Err(setup.error(
+                    "confirm",
+                    format!("`{other}` is not one of {CONFIRM_OFFLINE} | {CONFIRM_API}"),
+                ))
+            }
+        };
+        if p.allows_plain_http() {
+            setup.warn("cert_url_prefixes or api_url is http://: PayPal reached without TLS (for a local test server only)");
+        }
+        Ok(p)
+    }
+
+    fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
+        event_id(body)
+    }
+
+    /// Verifies (fetching the certificate when it is not cached), then maps.
+    async fn accept(
+        &self,
+        provider: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        self.verify(headers, body, now).await?;
+        Ok(vec![parse_event(provider, body)?])
+    }
+
+    /// The transmission id of a delivery [`Paypal::verify`] accepted, with
+    /// the SHA-256 of its body and how long the binding must be kept: until
+    /// its time leaves the window (after that it is refused on its time
+    /// alone), plus the skew allowed between clocks. `None` when the headers
+    /// are not those of a verified delivery.
+    fn transmission(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<TransmissionKey> {
+        use sha2::{Digest, Sha256};
+        let id = signed_header(headers, TRANSMISSION_ID_HEADER).ok()?;
+        let sent =
+            transmission_time(signed_header(headers, TRANSMISSION_TIME_HEADER).ok()?).ok()?;
+        let keep = self.window.max_age_secs + self.window.future_skew_secs;
+        let expires_at =
+            OffsetDateTime::from_unix_timestamp(sent.checked_add(keep as i64)?).ok()?;
+        Some(TransmissionKey {
+            id: id.to_owned(),
+            body_sha256: hex::encode(Sha256::digest(body)),
+            expires_at,
+        })
+    }
+
+    fn confirms(&self) -> bool {
+        self.confirms_with_api()
+    }
+
+    /// In the fetch-to-confirm mode, checks `item` (what `body` mapped to)
+    /// against PayPal's API; nothing to do otherwise.
+    async fn confirm(&self, provider: &str, body: &[u8], item: &Item) -> Result<(), Reject> {
+        match &self.confirm {
+            Some(c) => c.confirm(provider, body, item).await,
+            None => Ok(()),
+        }
+    }
+
+    #[cfg(any(test, feature = "test-support"))]
+    fn preload_certificate(&self, url: &str, pem: &[u8]) -> Option<Result<(), String>> {
+        Some(self.preload(url, pem))
+    }
+
+    fn check(psp: &dyn Credentials) -> Result<(), PspError> {
+        psp.signer()
+            .and(psp.webhook_id())
+            .and(psp.cert_url())
+            .map(drop)
+    }
+
+    /// An event built from `notice`, or a body of your own, signed for the
+    /// provider's webhook id with the certificate at `--cert-url`.
+    fn deliver(
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String> {
+        let webhook_id = psp.webhook_id()?;
+        let cert_url = psp.cert_url()?;
+        let signer = psp.signer()?;
+        let body = match body {
+            Some(b) => b.to_owned(),
+            None => event_of(notice, delivery_id, ts)?.to_string(),
+        };
+        let transmission_id = uuid::Uuid::new_v4().to_string();
+        let time = psp::rfc3339(ts, 0)?;
+        let signature = sign(signer, &transmission_id, &time, webhook_id, body.as_bytes());
+        Ok(Delivery {
+            body,
+            content_type: JSON,
+            headers: vec![
+                (TRANSMISSION_ID_HEADER, transmission_id),
+                (TRANSMISSION_TIME_HEADER, time),
+                (TRANSMISSION_SIG_HEADER, signature),
+                (CERT_URL_HEADER, cert_url.to_owned()),
+                (AUTH_ALGO_HEADER, AUTH_ALGO.to_owned()),
+            ],
+        })
     }
 }
 
@@ -720,6 +849,84 @@ fn up_capture(resource: &Object) -> Result<String, Reject> {
     Ok(id.to_owned())
 }
 
+/// A PayPal event of `notice` (v2 payments shapes, as the webhooks simulator
+/// sends them): [`parse_event`]'s inverse. Amounts are written with the
+/// currency's exponent; a refund and a reversal name their capture in an
+/// `up` link. A canonical kind PayPal has no event for is refused; any other
+/// `event_type` is sent verbatim, with a pending capture.
+pub fn event_of(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, String> {
+    use serde_json::json;
+    let currency = notice.currency.as_str();
+    let exponent = minor_unit_exponent(currency)
+        .ok_or_else(|| format!("no minor unit known for currency {currency}"))?;
+    let scale = 10i64.pow(exponent);
+    let value = if exponent == 0 {
+        notice.amount.to_string()
+    } else {
+        format!(
+            "{}.{:0width$}",
+            notice.amount / scale,
+            notice.amount % scale,
+            width = exponent as usize
+        )
+    };
+    let when = psp::rfc3339(ts, 0)?;
+    let api = "https://api.paypal.com/v2";
+    let tx = &notice.transaction_id;
+    let amount = json!({"currency_code": currency, "value": value});
+    let capture = |status: &str| {
+        json!({
+            "id": tx, "amount": amount, "final_capture": true, "status": status,
+            "create_time": when, "update_time": when,
+            "supplementary_data": {"related_ids": {"order_id": format!("ORDER-{tx}")}},
+            "links": [
+                {"href": format!("{api}/payments/captures/{tx}"), "rel": "self", "method": "GET"},
+                {"href": format!("{api}/payments/captures/{tx}/refund"), "rel": "refund", "method": "POST"},
+                {"href": format!("{api}/checkout/orders/ORDER-{tx}"), "rel": "up", "method": "GET"}
+            ]
+        })
+    };
+    let refund = |note: Option<&str>| -> Result<Value, String> {
+        let capture_id = psp::parent(notice)?;
+        let mut r = json!({
+            "id": tx, "amount": amount, "status": "COMPLETED",
+            "create_time": when, "update_time": when,
+            "links": [
+                {"href": format!("{api}/payments/refunds/{tx}"), "rel": "self", "method": "GET"},
+                {"href": format!("{api}/payments/captures/{capture_id}"), "rel": "up", "method": "GET"}
+            ]
+        });
+        if let Some(note) = note {
+            r["note_to_payer"] = json!(note);
+        }
+        Ok(r)
+    };
+    let (event_type, resource_type, resource) = match notice.event_type.as_str() {
+        "payment.succeeded" => ("PAYMENT.CAPTURE.COMPLETED", "capture", capture("COMPLETED")),
+        "payment.failed" => ("PAYMENT.CAPTURE.DENIED", "capture", capture("DECLINED")),
+        "refund.succeeded" => ("PAYMENT.CAPTURE.REFUNDED", "refund", refund(None)?),
+        "dispute.funds_withdrawn" => (
+            "PAYMENT.CAPTURE.REVERSED",
+            "refund",
+            refund(Some("Payment reversed"))?,
+        ),
+        other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
+            return Err(psp::not_sent::<Paypal>(notice))
+        }
+        other => (other, "capture", capture("PENDING")),
+    };
+    Ok(json!({
+        "id": event_id, "event_version": "1.0", "create_time": when,
+        "resource_type": resource_type, "resource_version": "2.0",
+        "event_type": event_type, "summary": format!("{event_type} (fencehook send)"),
+        "resource": resource,
+        "links": [
+            {"href": format!("https://api.paypal.com/v1/notifications/webhooks-events/{event_id}"),
+             "rel": "self", "method": "GET"}
+        ]
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkeys;
@@ -765,8 +972,7 @@ mod tests {
             0,
             4_000_000_000,
         );
-        p.preload_certificate(TEST_CERT_URL, cert.as_bytes())
-            .unwrap();
+        p.preload(TEST_CERT_URL, cert.as_bytes()).unwrap();
         p
     }
 
@@ -804,7 +1010,7 @@ mod tests {
         // Traktormaster/paypal2 paypal2_tests/const.py: simulator deliveries
         // (webhook id WEBHOOK_ID) signed with PayPal's 2024 certificate.
         let p = Paypal::new("WEBHOOK_ID", None, Window::default()).unwrap();
-        p.preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
+        p.preload(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
             .unwrap();
         type Expected<'a> = Option<(&'a str, EventKind, Option<&'a str>, i64, &'a str)>;
         let cases: [(&str, Expected); 5] = [
@@ -868,7 +1074,7 @@ mod tests {
             // Another webhook id, another body, or after the certificate expired: refused.
             let other = Paypal::new("WH-OTHER", None, Window::default()).unwrap();
             other
-                .preload_certificate(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
+                .preload(PROD_CERT_URL, &read("CERT-360caa42-fca2a594-1a5f47cb.pem"))
                 .unwrap();
             assert!(block_on(other.verify(&h, &body, at)).is_err(), "{name}");
             let mut tampered = body.clone();
@@ -891,7 +1097,7 @@ mod tests {
         let h = headers_of(&map);
         let url = h[CERT_URL_HEADER].to_str().unwrap().to_owned();
         let p = Paypal::new("96605875FF6516633", None, Window::default()).unwrap();
-        p.preload_certificate(&url, &read(&format!("{dir}/testClientCert.crt")))
+        p.preload(&url, &read(&format!("{dir}/testClientCert.crt")))
             .unwrap();
         // 2017-03-30, within the certificate's validity.
         let at = 1_490_904_245;

@@ -17,7 +17,7 @@
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
-use super::SchemeKind;
+use super::{SchemeKind, Settings};
 
 /// The example providers file, as shipped.
 const EXAMPLE_PROVIDERS: &str = include_str!("../../deploy/providers.example.toml");
@@ -35,15 +35,6 @@ const DOCUMENTS: &[&str] = &[
     include_str!("../../deploy/fencehook.env.example"),
     include_str!("../../Makefile"),
 ];
-
-/// Shortest secret each PSP issues, as (what is measured, its minimum).
-/// Standard Webhooks senders issue 24 to 64 random bytes (Svix: 24); a
-/// Stripe endpoint secret is `whsec_` and 32 characters or more; an Adyen
-/// HMAC key is 32 bytes (64 hex digits). WeChat Pay's APIv3 key is exactly
-/// 32 characters, checked by its scheme.
-const STANDARD_MIN_KEY_BYTES: usize = 24;
-const STRIPE_MIN_CHARS_AFTER_PREFIX: usize = 32;
-const ADYEN_MIN_KEY_BYTES: usize = 32;
 
 /// Every published secret, read once.
 fn published() -> &'static HashSet<String> {
@@ -106,30 +97,41 @@ pub(super) fn secret_exposure(scheme: SchemeKind, secret: &str) -> Option<String
                 .to_owned()
         });
     }
-    let short = match scheme {
-        SchemeKind::Standard => {
-            use base64::Engine as _;
-            let key = secret
-                .strip_prefix("whsec_")
-                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
-            key.filter(|k| k.len() < STANDARD_MIN_KEY_BYTES)
-                .map(|k| format!("{} bytes, shorter than the {STANDARD_MIN_KEY_BYTES} a Standard Webhooks sender issues", k.len()))
-        }
-        SchemeKind::Stripe => {
-            let rest = secret.strip_prefix("whsec_").unwrap_or(secret);
-            (rest.len() < STRIPE_MIN_CHARS_AFTER_PREFIX).then(|| {
-                format!("whsec_ and {} characters, shorter than the {STRIPE_MIN_CHARS_AFTER_PREFIX} Stripe issues", rest.len())
-            })
-        }
-        SchemeKind::Adyen => {
-            let bytes = secret.len() / 2;
-            (bytes < ADYEN_MIN_KEY_BYTES).then(|| {
-                format!("{bytes} bytes, shorter than the {ADYEN_MIN_KEY_BYTES} (64 hex digits) Adyen issues")
-            })
-        }
-        SchemeKind::WechatPay | SchemeKind::Alipay | SchemeKind::Paypal => None,
-    };
+    let short = scheme.spec().short_secret(secret);
     short.map(|s| format!("a secret of {s}"))
+}
+
+/// What [`Provider::exposures`](super::Provider::exposures) lists for a
+/// provider of `scheme` with these settings.
+pub(super) fn exposures(name: &str, scheme: SchemeKind, settings: &Settings) -> Vec<String> {
+    let secrets = settings.secrets().iter().enumerate();
+    let mut out: Vec<String> = secrets
+        .filter_map(|(i, s)| {
+            let what = secret_exposure(scheme, s)?;
+            Some(format!(
+                "provider `{name}`: secrets: secret {} is {what}: anyone can sign deliveries",
+                i + 1
+            ))
+        })
+        .collect();
+    let keys = settings
+        .platform_keys
+        .iter()
+        .flat_map(|k| k.iter().map(|(serial, key)| ("platform_keys", serial, key)))
+        .chain(
+            settings
+                .public_keys
+                .iter()
+                .flat_map(|k| k.iter().map(|(path, key)| ("public_keys", path, key))),
+        );
+    for (field, which, key) in keys {
+        if is_placeholder_key(key) {
+            out.push(format!(
+                "provider `{name}`: {field}: {which} is the example's placeholder key (deploy/keys), not the PSP's"
+            ));
+        }
+    }
+    out
 }
 
 /// Whether a key file's contents are the example's placeholder key (its

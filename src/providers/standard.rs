@@ -4,6 +4,14 @@
 //! each an HMAC-SHA256 over `{webhook-id}.{webhook-timestamp}.{raw body}` keyed
 //! with the base64 part of a `whsec_` secret. Any configured secret may verify
 //! (rotation). Comparison is constant-time (`Mac::verify_slice`).
+//!
+//! # Payload
+//!
+//! The generic payload is fencehook's own: `{"transaction_id", "amount"
+//! (minor units), "currency", "event_type" (a canonical kind),
+//! "payment_transaction_id" (refunds and disputes), "occurred_at"
+//! (optional, RFC 3339)}`, read strictly ([`parse_generic`]) and built by
+//! the PSP side ([`generic_body`]) beside it.
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -12,8 +20,19 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use super::fields::{self, amount_minor, check_currency, check_transaction_id, signed_header};
+use super::psp::{Credentials, Delivery, Notice, PspError, JSON};
+use super::scheme::{Scheme, Setup};
+use super::settings::Settings;
 use super::{hmac, Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
+
+/// The headers a delivery is signed in.
+pub const ID_HEADER: &str = "webhook-id";
+pub const TIMESTAMP_HEADER: &str = "webhook-timestamp";
+pub const SIGNATURE_HEADER: &str = "webhook-signature";
+
+/// Standard Webhooks senders issue keys of 24 to 64 random bytes (Svix: 24).
+const MIN_KEY_BYTES: usize = 24;
 
 #[derive(Clone)]
 pub struct Standard {
@@ -37,9 +56,9 @@ impl Standard {
 
     pub fn verify(&self, headers: &http::HeaderMap, body: &[u8], now: i64) -> Result<(), Reject> {
         let header = |name: &str| signed_header(headers, name);
-        let id = header("webhook-id")?;
-        let ts_text = header("webhook-timestamp")?;
-        let signatures = header("webhook-signature")?;
+        let id = header(ID_HEADER)?;
+        let ts_text = header(TIMESTAMP_HEADER)?;
+        let signatures = header(SIGNATURE_HEADER)?;
         let ts: i64 = ts_text.parse().map_err(|_| {
             Reject::Unauthorized("webhook-timestamp is not a unix timestamp".to_owned())
         })?;
@@ -64,6 +83,77 @@ impl Standard {
         } else {
             Err(Reject::Unauthorized("signature does not match".to_owned()))
         }
+    }
+}
+
+impl Scheme for Standard {
+    const NAME: &'static str = "standard";
+    const SETTINGS: &'static [&'static str] = &["secrets", "tolerance_secs"];
+    const HMAC: bool = true;
+    const SIGNATURE_HEADER: Option<&'static str> = Some(SIGNATURE_HEADER);
+    const DELIVERY_ID_PREFIX: &'static str = "msg_";
+
+    fn build(settings: Settings, setup: &mut Setup) -> Result<Standard, String> {
+        Standard::new(settings.secrets(), settings.tolerance())
+            .map_err(|e| setup.error("secrets", e))
+    }
+
+    fn short_secret(secret: &str) -> Option<String> {
+        let key = secret
+            .strip_prefix("whsec_")
+            .and_then(|b| B64.decode(b).ok());
+        key.filter(|k| k.len() < MIN_KEY_BYTES).map(|k| {
+            format!(
+                "{} bytes, shorter than the {MIN_KEY_BYTES} a Standard Webhooks sender issues",
+                k.len()
+            )
+        })
+    }
+
+    fn psp_event_id(headers: &http::HeaderMap, _body: &[u8]) -> Option<String> {
+        headers
+            .get(ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+
+    async fn accept(
+        &self,
+        provider: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        self.verify(headers, body, now)?;
+        Ok(vec![parse_generic(provider, body)?])
+    }
+
+    fn check(psp: &dyn Credentials) -> Result<(), PspError> {
+        sign(psp.secret()?, "msg_check", 0, b"")
+            .map(drop)
+            .map_err(|e| PspError::new("secret", format!("not a whsec_ secret: {e}")))
+    }
+
+    fn deliver(
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String> {
+        let body = body
+            .map(str::to_owned)
+            .unwrap_or_else(|| generic_body(notice).to_string());
+        let signature = sign(psp.secret()?, delivery_id, ts, body.as_bytes())?;
+        Ok(Delivery {
+            body,
+            content_type: JSON,
+            headers: vec![
+                (ID_HEADER, delivery_id.to_owned()),
+                (TIMESTAMP_HEADER, ts.to_string()),
+                (SIGNATURE_HEADER, signature),
+            ],
+        })
     }
 }
 
@@ -151,6 +241,22 @@ pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         parent_transaction_id,
         occurred_at,
     }))
+}
+
+/// The generic payload of `notice`: [`parse_generic`]'s inverse. Sent
+/// without `occurred_at`; a refund or dispute names its payment only when
+/// given one (the standard scheme sends what it is given).
+pub fn generic_body(notice: &Notice) -> Value {
+    let mut body = serde_json::json!({
+        "transaction_id": notice.transaction_id,
+        "amount": notice.amount,
+        "currency": notice.currency,
+        "event_type": notice.event_type,
+    });
+    if let Some(parent) = &notice.payment_transaction_id {
+        body["payment_transaction_id"] = serde_json::json!(parent);
+    }
+    body
 }
 
 #[cfg(test)]

@@ -69,11 +69,17 @@ use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, req_object, req_str,
     Object,
 };
+use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
+use super::scheme::{Scheme, Setup};
+use super::settings::Settings;
 use super::{hmac, Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// The header Stripe signs with (HTTP header names are case-insensitive).
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
+
+/// A Stripe endpoint secret is `whsec_` and at least this many characters.
+const MIN_CHARS_AFTER_PREFIX: usize = 32;
 
 #[derive(Clone)]
 pub struct Stripe {
@@ -114,6 +120,73 @@ impl Stripe {
         } else {
             Err(Reject::Unauthorized("signature does not match".to_owned()))
         }
+    }
+}
+
+impl Scheme for Stripe {
+    const NAME: &'static str = "stripe";
+    const SETTINGS: &'static [&'static str] = &["secrets", "tolerance_secs"];
+    const HMAC: bool = true;
+    const SIGNATURE_HEADER: Option<&'static str> = Some(SIGNATURE_HEADER);
+    const DELIVERY_ID_PREFIX: &'static str = "evt_";
+    const PAYMENT_ID: Option<&'static str> = Some("a PaymentIntent or Charge id");
+
+    fn build(settings: Settings, setup: &mut Setup) -> Result<Stripe, String> {
+        Stripe::new(settings.secrets(), settings.tolerance()).map_err(|e| setup.error("secrets", e))
+    }
+
+    fn short_secret(secret: &str) -> Option<String> {
+        let rest = secret.strip_prefix("whsec_").unwrap_or(secret);
+        (rest.len() < MIN_CHARS_AFTER_PREFIX).then(|| {
+            format!(
+                "whsec_ and {} characters, shorter than the {MIN_CHARS_AFTER_PREFIX} Stripe issues",
+                rest.len()
+            )
+        })
+    }
+
+    fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            id: String,
+        }
+        serde_json::from_slice::<Envelope>(body).ok().map(|e| e.id)
+    }
+
+    async fn accept(
+        &self,
+        provider: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        self.verify(headers, body, now)?;
+        parse_event(provider, body)
+    }
+
+    fn check(psp: &dyn Credentials) -> Result<(), PspError> {
+        sign(psp.secret()?, 0, b"")
+            .map(drop)
+            .map_err(|e| PspError::new("secret", e))
+    }
+
+    fn deliver(
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String> {
+        let body = match body {
+            Some(b) => b.to_owned(),
+            None => event_of(notice, delivery_id, ts)?.to_string(),
+        };
+        let signature = sign(psp.secret()?, ts, body.as_bytes())?;
+        Ok(Delivery {
+            body,
+            content_type: JSON,
+            headers: vec![(SIGNATURE_HEADER, signature)],
+        })
     }
 }
 
@@ -471,6 +544,97 @@ fn succeeded_refunds(charge: &Object) -> Result<Vec<Mapped<'_>>, Reject> {
         });
     }
     Ok(mapped)
+}
+
+/// The Charge id the PSP side gives a PaymentIntent's (or a refund's) charge.
+fn charge_of(payment: &str) -> String {
+    match payment.strip_prefix("pi_") {
+        Some(rest) => format!("ch_{rest}"),
+        None => format!("ch_{payment}"),
+    }
+}
+
+/// The Stripe event of `notice`, as Stripe sends it (API 2024-06-20 shapes;
+/// `refund.failed` exists from 2024-10-28): [`parse_event`]'s inverse. Each
+/// canonical kind is the native event the mapping reads back as it
+/// (`refund.succeeded` as a `refund.updated` to `succeeded`); any other
+/// `event_type` is sent verbatim as the type of a succeeded PaymentIntent.
+pub fn event_of(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, String> {
+    use serde_json::json;
+    let tx = &notice.transaction_id;
+    let currency = notice.currency.to_ascii_lowercase();
+    let payment_intent = |status: &str, received: i64| {
+        json!({
+            "id": tx, "object": "payment_intent", "amount": notice.amount,
+            "amount_capturable": 0, "amount_received": received, "capture_method": "automatic",
+            "created": ts, "currency": currency, "latest_charge": charge_of(tx), "livemode": false,
+            "metadata": {}, "payment_method": "pm_card_visa", "payment_method_types": ["card"],
+            "status": status
+        })
+    };
+    // A Refund or Dispute names its payment by PaymentIntent, or by Charge
+    // when the payment has none (then that Charge is the payment's key).
+    let links = |parent: &str| {
+        if parent.starts_with("ch_") || parent.starts_with("py_") {
+            (Value::Null, json!(parent))
+        } else {
+            (json!(parent), json!(charge_of(parent)))
+        }
+    };
+    let refund = |status: &str| -> Result<Value, String> {
+        let (pi, charge) = links(psp::parent(notice)?);
+        let mut r = json!({
+            "id": tx, "object": "refund", "amount": notice.amount, "charge": charge,
+            "created": ts, "currency": currency, "metadata": {}, "payment_intent": pi,
+            "reason": "requested_by_customer", "status": status
+        });
+        if status == "failed" {
+            r["failure_reason"] = json!("expired_or_canceled_card");
+        }
+        Ok(r)
+    };
+    let dispute = |status: &str| -> Result<Value, String> {
+        let (pi, charge) = links(psp::parent(notice)?);
+        Ok(json!({
+            "id": tx, "object": "dispute", "amount": notice.amount, "balance_transactions": [],
+            "charge": charge, "created": ts, "currency": currency, "is_charge_refundable": false,
+            "livemode": false, "metadata": {}, "payment_intent": pi, "reason": "fraudulent",
+            "status": status
+        }))
+    };
+    let mut previous_attributes = None;
+    let (event_type, object) = match notice.event_type.as_str() {
+        "payment.succeeded" => (
+            "payment_intent.succeeded",
+            payment_intent("succeeded", notice.amount),
+        ),
+        "payment.failed" => {
+            let mut pi = payment_intent("requires_payment_method", 0);
+            pi["last_payment_error"] = json!({
+                "charge": charge_of(tx), "code": "card_declined",
+                "decline_code": "generic_decline", "message": "Your card was declined.",
+                "type": "card_error"
+            });
+            ("payment_intent.payment_failed", pi)
+        }
+        "refund.succeeded" => {
+            previous_attributes = Some(json!({"status": "pending"}));
+            ("refund.updated", refund("succeeded")?)
+        }
+        "refund.failed" => ("refund.failed", refund("failed")?),
+        "dispute.funds_withdrawn" => ("charge.dispute.funds_withdrawn", dispute("needs_response")?),
+        "dispute.funds_reinstated" => ("charge.dispute.funds_reinstated", dispute("won")?),
+        other => (other, payment_intent("succeeded", notice.amount)),
+    };
+    let mut data = json!({"object": object});
+    if let Some(previous) = previous_attributes {
+        data["previous_attributes"] = previous;
+    }
+    Ok(json!({
+        "id": event_id, "object": "event", "api_version": "2024-06-20", "created": ts,
+        "data": data, "livemode": false, "pending_webhooks": 1,
+        "request": {"id": null, "idempotency_key": null}, "type": event_type
+    }))
 }
 
 #[cfg(test)]

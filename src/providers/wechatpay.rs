@@ -65,6 +65,10 @@ use super::fields::{
     req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaPublicKey, RsaSigner};
+use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
+pub use super::scheme::SettingError;
+use super::scheme::{AckBody, Scheme, Setup};
+use super::settings::Settings;
 use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
@@ -89,9 +93,6 @@ pub struct WechatPay {
     platform_keys: HashMap<String, RsaPublicKey>,
     tolerance_secs: u64,
 }
-
-/// An error of one setting: its name and what is wrong.
-pub type SettingError = (&'static str, String);
 
 impl WechatPay {
     /// `apiv3_keys` from `secrets`; `platform_keys` as (serial, file
@@ -195,7 +196,7 @@ impl WechatPay {
     }
 
     /// Verifies, then decrypts and maps the notification.
-    pub fn accept(
+    pub fn accept_notification(
         &self,
         provider: &str,
         headers: &http::HeaderMap,
@@ -204,6 +205,118 @@ impl WechatPay {
     ) -> Result<Vec<Item>, Reject> {
         self.verify(headers, body, now)?;
         Ok(vec![parse_event(provider, body, &self.apiv3_keys)?])
+    }
+}
+
+impl Scheme for WechatPay {
+    const NAME: &'static str = "wechatpay";
+    const SETTINGS: &'static [&'static str] = &["secrets", "platform_keys", "tolerance_secs"];
+    const SIGNATURE_HEADER: Option<&'static str> = Some(SIGNATURE_HEADER);
+    const CURRENCY: &'static str = DEFAULT_CURRENCY;
+    const SENDS: &'static [EventKind] = &[
+        EventKind::PaymentSucceeded,
+        EventKind::RefundSucceeded,
+        EventKind::RefundFailed,
+    ];
+    const PAYMENT_ID: Option<&'static str> = Some("transaction_id");
+
+    fn build(settings: Settings, setup: &mut Setup) -> Result<WechatPay, String> {
+        let tolerance = settings.tolerance();
+        let secrets = settings.secrets.unwrap_or_default();
+        let keys: Vec<(String, Vec<u8>)> = setup
+            .required(
+                settings.platform_keys,
+                "platform_keys",
+                "a table of serial = \"key or certificate file\"",
+            )?
+            .into_iter()
+            .collect();
+        let (w, warned) = WechatPay::new(&secrets, &keys, tolerance, setup.now())
+            .map_err(|e| setup.setting(e))?;
+        for warning in warned {
+            setup.warn(warning);
+        }
+        Ok(w)
+    }
+
+    fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
+        notification_id(body)
+    }
+
+    /// An empty success; `{"code":"FAIL","message":…}` with any failure status.
+    fn ack_body(success: bool, result: &str, reason: Option<&str>) -> AckBody {
+        if success {
+            return AckBody::Empty;
+        }
+        AckBody::Json(serde_json::json!({
+            "code": "FAIL",
+            "message": match reason {
+                Some(reason) => format!("{result}: {reason}"),
+                None => result.to_owned(),
+            },
+        }))
+    }
+
+    async fn accept(
+        &self,
+        provider: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        self.accept_notification(provider, headers, body, now)
+    }
+
+    fn check(psp: &dyn Credentials) -> Result<(), PspError> {
+        psp.signer()?;
+        psp.serial()?;
+        encrypt_resource(psp.apiv3_key()?, "000000000000", "", b"")
+            .map(drop)
+            .map_err(|e| PspError::new("apiv3-key", e))
+    }
+
+    /// A notification built from `notice` (its resource encrypted with the
+    /// APIv3 key), or a body of your own, signed with the private key.
+    fn deliver(
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String> {
+        let serial = psp.serial()?;
+        let signer = psp.signer()?;
+        let body = match body {
+            Some(b) => b.to_owned(),
+            None => {
+                let key = psp.apiv3_key()?;
+                let (event_type, resource, original_type) = resource_of(notice, ts)?;
+                let nonce = &uuid::Uuid::new_v4().simple().to_string()[..12];
+                let ciphertext =
+                    encrypt_resource(key, nonce, original_type, resource.to_string().as_bytes())?;
+                serde_json::json!({
+                    "id": delivery_id, "create_time": resource["success_time"],
+                    "resource_type": "encrypt-resource", "event_type": event_type,
+                    "summary": "fencehook send",
+                    "resource": {"original_type": original_type, "algorithm": ALGORITHM,
+                        "ciphertext": ciphertext, "associated_data": original_type, "nonce": nonce}
+                })
+                .to_string()
+            }
+        };
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        let signature = sign(signer, ts, &nonce, body.as_bytes());
+        Ok(Delivery {
+            body,
+            content_type: JSON,
+            headers: vec![
+                (TIMESTAMP_HEADER, ts.to_string()),
+                (NONCE_HEADER, nonce),
+                (SERIAL_HEADER, serial.to_owned()),
+                (SIGNATURE_HEADER, signature),
+                (SIGNATURE_TYPE_HEADER, SIGNATURE_TYPE.to_owned()),
+            ],
+        })
     }
 }
 
@@ -397,6 +510,58 @@ pub fn notification_id(body: &[u8]) -> Option<String> {
     value.get("id")?.as_str().map(str::to_owned)
 }
 
+/// A notification of `notice`: its `event_type` and the plaintext
+/// `resource` (JSON) to encrypt, with its `original_type` (also the AAD):
+/// [`parse_event`]'s inverse. A canonical kind WeChat Pay has no
+/// notification for is refused; `REFUND.<status>` is sent as a refund in
+/// that status, anything else as a transaction.
+pub fn resource_of(notice: &Notice, ts: i64) -> Result<(String, Value, &'static str), String> {
+    use serde_json::json;
+    let when = psp::rfc3339(ts, 8)?;
+    let tx = &notice.transaction_id;
+    let currency = notice.currency.as_str();
+    let transaction = || {
+        json!({
+            "appid": "wxd678efh567hg6787", "mchid": "1230000109",
+            "out_trade_no": format!("order-{tx}"), "transaction_id": tx,
+            "trade_type": "JSAPI", "trade_state": "SUCCESS", "trade_state_desc": "支付成功",
+            "bank_type": "OTHERS", "attach": "", "success_time": when,
+            "payer": {"openid": "oUpF8uMuAJO_M2pxb1Q9zNjWeS6o"},
+            "amount": {"total": notice.amount, "payer_total": notice.amount,
+                "currency": currency, "payer_currency": currency}
+        })
+    };
+    let refund = |status: &str| -> Result<Value, String> {
+        let payment = psp::parent(notice)?;
+        let mut r = json!({
+            "mchid": "1230000109", "transaction_id": payment,
+            "out_trade_no": format!("order-{payment}"), "refund_id": tx,
+            "out_refund_no": format!("refund-{tx}"), "refund_status": status,
+            "user_received_account": "支付用户零钱",
+            "amount": {"total": notice.amount, "refund": notice.amount,
+                "payer_total": notice.amount, "payer_refund": notice.amount}
+        });
+        if status == "SUCCESS" {
+            r["success_time"] = json!(when);
+        }
+        Ok(r)
+    };
+    Ok(match notice.event_type.as_str() {
+        "payment.succeeded" => ("TRANSACTION.SUCCESS".into(), transaction(), "transaction"),
+        "refund.succeeded" => ("REFUND.SUCCESS".into(), refund("SUCCESS")?, "refund"),
+        "refund.failed" => ("REFUND.CLOSED".into(), refund("CLOSED")?, "refund"),
+        other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
+            return Err(psp::not_sent::<WechatPay>(notice))
+        }
+        other if other.starts_with("REFUND.") => (
+            other.into(),
+            refund(other.trim_start_matches("REFUND."))?,
+            "refund",
+        ),
+        other => (other.into(), transaction(), "transaction"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testkeys;
@@ -468,10 +633,11 @@ mod tests {
     }
 
     fn accept(w: &WechatPay, h: &http::HeaderMap, body: &[u8]) -> Result<Item, Reject> {
-        w.accept("wechat", h, body, NOW).map(|mut items| {
-            assert_eq!(items.len(), 1);
-            items.remove(0)
-        })
+        w.accept_notification("wechat", h, body, NOW)
+            .map(|mut items| {
+                assert_eq!(items.len(), 1);
+                items.remove(0)
+            })
     }
 
     fn event(item: Result<Item, Reject>) -> CanonicalEvent {
@@ -518,7 +684,7 @@ mod tests {
         // A PAYSCORE event: verified, then ignored without decrypting (the
         // vector's APIv3 key is a 16-byte test key).
         assert_eq!(
-            w.accept("wechat", &headers, &body, 1_624_523_846),
+            w.accept_notification("wechat", &headers, &body, 1_624_523_846),
             Ok(vec![Item::Ignored {
                 event_type: "PAYSCORE.USER_OPEN_SERVICE".into()
             }])
@@ -757,7 +923,7 @@ mod tests {
                     h.insert(name, v);
                 }
             }
-            let _ = w.accept("wechat", &h, &body, now);
+            let _ = w.accept_notification("wechat", &h, &body, now);
             let _ = parse_event("wechat", &body, &[*b"fencehook-TEST-apiv3-key-32bytes"]);
         }
 
@@ -771,7 +937,7 @@ mod tests {
             let body = envelope(event_type, &resource, FIXTURE_KEY);
             let h = signed(0, SERIAL, &body);
             prop_assert!(w.verify(&h, &body, NOW).is_ok());
-            let _ = w.accept("wechat", &h, &body, NOW);
+            let _ = w.accept_notification("wechat", &h, &body, NOW);
         }
     }
 }

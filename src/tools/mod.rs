@@ -7,7 +7,6 @@
 
 pub mod answers;
 pub mod audit;
-pub mod deliveries;
 pub mod load;
 pub mod ops;
 pub mod send;

@@ -22,16 +22,9 @@ use bytes::Bytes;
 use clap::Args;
 use fencehook::http::client;
 use fencehook::providers::keys::RsaSigner;
-use fencehook::providers::{
-    adyen, alipay, paypal, standard, stripe, wechatpay, Provider, SchemeKind,
-};
+pub use fencehook::providers::psp::{Credentials, Delivery, Notice, PspError};
+use fencehook::providers::{Provider, SchemeKind};
 use http_body_util::{BodyExt, Full};
-use serde_json::json;
-
-use super::deliveries::{
-    adyen_batch, alipay_params, default_currency, paypal_event, stripe_event, wechatpay_resource,
-    Notice,
-};
 
 /// The environment variable of `--secret`: the built-in `generic`
 /// provider's secret, which the service ignores once a providers file is
@@ -89,27 +82,8 @@ fn parse_scheme(s: &str) -> Result<SchemeKind, String> {
     s.parse()
 }
 
-/// A flag that cannot be used, or one a scheme needs and did not get: one
-/// line naming it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("--{flag}: {reason}")]
-pub struct PspError {
-    /// The flag's long name, without `--`.
-    pub flag: &'static str,
-    pub reason: String,
-}
-
-impl From<PspError> for String {
-    fn from(e: PspError) -> String {
-        e.to_string()
-    }
-}
-
 fn psp_error(flag: &'static str, reason: impl Into<String>) -> PspError {
-    PspError {
-        flag,
-        reason: reason.into(),
-    }
+    PspError::new(flag, reason)
 }
 
 /// A flag's value unless it is merely its environment variable's. After
@@ -257,18 +231,6 @@ impl std::fmt::Debug for Psp {
 }
 
 impl Psp {
-    fn secret(&self) -> Result<&str, PspError> {
-        self.secret.as_deref().ok_or_else(|| {
-            psp_error(
-                "secret",
-                format!(
-                    "scheme {} signs with a secret (or {SECRET_ENV}, or a providers file)",
-                    self.scheme.as_str()
-                ),
-            )
-        })
-    }
-
     fn required<'a>(
         &self,
         value: &'a Option<String>,
@@ -283,9 +245,32 @@ impl Psp {
         })
     }
 
+    /// Checks that everything the scheme signs a built delivery with is
+    /// there and usable, so a run can refuse to start rather than fail every
+    /// delivery.
+    pub fn check(&self) -> Result<(), PspError> {
+        self.scheme.spec().check(self)
+    }
+}
+
+/// What each scheme asks for, answered from the flags and the providers
+/// file, or the error naming the flag that gives it.
+impl Credentials for Psp {
+    fn secret(&self) -> Result<&str, PspError> {
+        self.secret.as_deref().ok_or_else(|| {
+            psp_error(
+                "secret",
+                format!(
+                    "scheme {} signs with a secret (or {SECRET_ENV}, or a providers file)",
+                    self.scheme.as_str()
+                ),
+            )
+        })
+    }
+
     /// The private key; its absence is explained as the file's when the
     /// provider came from one, since a user may expect the file to hold it.
-    pub fn signer(&self) -> Result<&RsaSigner, PspError> {
+    fn signer(&self) -> Result<&RsaSigner, PspError> {
         self.signer.as_deref().ok_or_else(|| {
             let reason = match &self.from_file {
                 Some(file) => format!(
@@ -334,43 +319,12 @@ impl Psp {
         )
     }
 
-    /// paypal: `PAYPAL-CERT-URL`.
-    pub fn cert_url(&self) -> Result<&str, PspError> {
+    fn cert_url(&self) -> Result<&str, PspError> {
         self.required(
             &self.cert_url,
             "cert-url",
             "PAYPAL-CERT-URL, where the service fetches the certificate of --private-key",
         )
-    }
-
-    /// Checks that everything the scheme signs a built delivery with is
-    /// there and usable, so a run can refuse to start rather than fail every
-    /// delivery.
-    pub fn check(&self) -> Result<(), PspError> {
-        match self.scheme {
-            SchemeKind::Standard => standard::sign(self.secret()?, "msg_check", 0, b"")
-                .map(drop)
-                .map_err(|e| psp_error("secret", format!("not a whsec_ secret: {e}"))),
-            SchemeKind::Stripe => stripe::sign(self.secret()?, 0, b"")
-                .map(drop)
-                .map_err(|e| psp_error("secret", e)),
-            SchemeKind::Adyen => adyen::signature(self.secret()?, "")
-                .map(drop)
-                .map_err(|e| psp_error("secret", e)),
-            SchemeKind::WechatPay => {
-                self.signer()?;
-                self.serial()?;
-                wechatpay::encrypt_resource(self.apiv3_key()?, "000000000000", "", b"")
-                    .map(drop)
-                    .map_err(|e| psp_error("apiv3-key", e))
-            }
-            SchemeKind::Alipay => self.signer().and(self.app_id()).map(drop),
-            SchemeKind::Paypal => self
-                .signer()
-                .and(self.webhook_id())
-                .and(self.cert_url())
-                .map(drop),
-        }
     }
 }
 
@@ -427,7 +381,7 @@ impl SendArgs {
             currency: self
                 .currency
                 .clone()
-                .unwrap_or_else(|| default_currency(scheme).to_owned()),
+                .unwrap_or_else(|| scheme.spec().currency.to_owned()),
             event_type: self.event_type.clone(),
             payment_transaction_id: self.payment_transaction_id.clone(),
         }
@@ -441,10 +395,12 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
         .map_err(|e| e.to_string())?
         .as_secs() as i64;
     let psp = args.psp.resolve(args.webhook_id.as_deref())?;
-    // paypal's --webhook-id is the provider's, not the delivery's.
-    let delivery_id = match psp.scheme {
-        SchemeKind::Paypal => None,
-        _ => args.webhook_id.as_deref(),
+    // A scheme with a `webhook_id` setting (paypal) reads --webhook-id as
+    // the provider's, not the delivery's.
+    let delivery_id = if psp.scheme.spec().settings.contains(&"webhook_id") {
+        None
+    } else {
+        args.webhook_id.as_deref()
     };
     let Delivery {
         body,
@@ -501,21 +457,12 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
     Ok((status, out))
 }
 
-/// One signed delivery: the body, its content type and the other headers.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    pub body: String,
-    pub headers: Vec<(&'static str, String)>,
-    pub content_type: &'static str,
-}
-
-const JSON: &str = "application/json";
-
 /// The delivery of `notice`, shaped and signed as `psp.scheme` does at unix
-/// time `ts`. `body` replaces the built body (signed as is; adyen's items
-/// signed, alipay's form re-signed); `delivery_id` is the delivery's own id
-/// where the scheme has one (standard's webhook-id, the event id of stripe
-/// and paypal, wechatpay's notification id), a new one when `None`.
+/// time `ts` (the scheme's PSP side). `body` replaces the built body (signed
+/// as is; adyen's items signed, alipay's form re-signed); `delivery_id` is
+/// the delivery's own id where the scheme has one (standard's webhook-id,
+/// the event id of stripe and paypal, wechatpay's notification id), a new
+/// one when `None`.
 pub fn build_delivery(
     psp: &Psp,
     notice: &Notice,
@@ -523,153 +470,23 @@ pub fn build_delivery(
     delivery_id: Option<&str>,
     ts: i64,
 ) -> Result<Delivery, String> {
-    let delivery_id = |prefix: &str| match delivery_id {
+    let spec = psp.scheme.spec();
+    let delivery_id = match delivery_id {
         Some(id) => id.to_owned(),
-        None => format!("{prefix}{}", uuid::Uuid::new_v4().simple()),
+        None => format!(
+            "{}{}",
+            spec.delivery_id_prefix,
+            uuid::Uuid::new_v4().simple()
+        ),
     };
-    match psp.scheme {
-        SchemeKind::Standard => {
-            let body = body.map(str::to_owned).unwrap_or_else(|| {
-                let mut body = json!({
-                    "transaction_id": notice.transaction_id,
-                    "amount": notice.amount,
-                    "currency": notice.currency,
-                    "event_type": notice.event_type,
-                });
-                if let Some(parent) = &notice.payment_transaction_id {
-                    body["payment_transaction_id"] = json!(parent);
-                }
-                body.to_string()
-            });
-            let id = delivery_id("msg_");
-            let signature = standard::sign(psp.secret()?, &id, ts, body.as_bytes())?;
-            Ok(Delivery {
-                body,
-                content_type: JSON,
-                headers: vec![
-                    ("webhook-id", id),
-                    ("webhook-timestamp", ts.to_string()),
-                    ("webhook-signature", signature),
-                ],
-            })
-        }
-        SchemeKind::Stripe => {
-            let body = match body {
-                Some(b) => b.to_owned(),
-                None => stripe_event(notice, &delivery_id("evt_"), ts)?.to_string(),
-            };
-            let signature = stripe::sign(psp.secret()?, ts, body.as_bytes())?;
-            Ok(Delivery {
-                body,
-                content_type: JSON,
-                headers: vec![(stripe::SIGNATURE_HEADER, signature)],
-            })
-        }
-        SchemeKind::Adyen => {
-            let mut batch = match body {
-                Some(b) => {
-                    serde_json::from_str(b).map_err(|e| format!("--body is not JSON: {e}"))?
-                }
-                None => adyen_batch(notice, ts)?,
-            };
-            adyen::sign_batch(psp.secret()?, &mut batch)?;
-            Ok(Delivery {
-                body: batch.to_string(),
-                content_type: JSON,
-                headers: Vec::new(),
-            })
-        }
-        SchemeKind::WechatPay => {
-            let serial = psp.serial()?;
-            let signer = psp.signer()?;
-            let body = match body {
-                Some(b) => b.to_owned(),
-                None => {
-                    let key = psp.apiv3_key()?;
-                    let (event_type, resource, original_type) = wechatpay_resource(notice, ts)?;
-                    let nonce = &uuid::Uuid::new_v4().simple().to_string()[..12];
-                    let ciphertext = wechatpay::encrypt_resource(
-                        key,
-                        nonce,
-                        original_type,
-                        resource.to_string().as_bytes(),
-                    )?;
-                    json!({
-                        "id": delivery_id(""), "create_time": resource["success_time"],
-                        "resource_type": "encrypt-resource", "event_type": event_type,
-                        "summary": "fencehook send",
-                        "resource": {"original_type": original_type, "algorithm": wechatpay::ALGORITHM,
-                            "ciphertext": ciphertext, "associated_data": original_type, "nonce": nonce}
-                    })
-                    .to_string()
-                }
-            };
-            let nonce = uuid::Uuid::new_v4().simple().to_string();
-            let signature = wechatpay::sign(signer, ts, &nonce, body.as_bytes());
-            Ok(Delivery {
-                body,
-                content_type: JSON,
-                headers: vec![
-                    (wechatpay::TIMESTAMP_HEADER, ts.to_string()),
-                    (wechatpay::NONCE_HEADER, nonce),
-                    (wechatpay::SERIAL_HEADER, serial.to_owned()),
-                    (wechatpay::SIGNATURE_HEADER, signature),
-                    (
-                        wechatpay::SIGNATURE_TYPE_HEADER,
-                        wechatpay::SIGNATURE_TYPE.to_owned(),
-                    ),
-                ],
-            })
-        }
-        SchemeKind::Alipay => {
-            let signer = psp.signer()?;
-            let params = match body {
-                // A form body of your own: decoded, re-signed.
-                Some(b) => alipay::parse_form(b.as_bytes())
-                    .map_err(|e| format!("--body is not a form: {e}"))?,
-                None => alipay_params(notice, psp.app_id()?, ts)?,
-            };
-            Ok(Delivery {
-                body: alipay::sign_form(signer, &params),
-                content_type: alipay::CONTENT_TYPE,
-                headers: Vec::new(),
-            })
-        }
-        SchemeKind::Paypal => {
-            let webhook_id = psp.webhook_id()?;
-            let cert_url = psp.cert_url()?;
-            let signer = psp.signer()?;
-            let body = match body {
-                Some(b) => b.to_owned(),
-                None => paypal_event(notice, &delivery_id("WH-"), ts)?.to_string(),
-            };
-            let transmission_id = uuid::Uuid::new_v4().to_string();
-            let time = time::OffsetDateTime::from_unix_timestamp(ts)
-                .map_err(|e| e.to_string())?
-                .format(&time::format_description::well_known::Rfc3339)
-                .map_err(|e| e.to_string())?;
-            let signature =
-                paypal::sign(signer, &transmission_id, &time, webhook_id, body.as_bytes());
-            Ok(Delivery {
-                body,
-                content_type: JSON,
-                headers: vec![
-                    (paypal::TRANSMISSION_ID_HEADER, transmission_id),
-                    (paypal::TRANSMISSION_TIME_HEADER, time),
-                    (paypal::TRANSMISSION_SIG_HEADER, signature),
-                    (paypal::CERT_URL_HEADER, cert_url.to_owned()),
-                    (paypal::AUTH_ALGO_HEADER, paypal::AUTH_ALGO.to_owned()),
-                ],
-            })
-        }
-    }
+    spec.deliver(psp, notice, body, &delivery_id, ts)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::deliveries::names_a_payment;
     use super::*;
     use fencehook::domain::{EventKind, ObjectKind};
+    use fencehook::providers::psp::names_a_payment;
     use fencehook::providers::Item;
 
     const STANDARD: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=";
@@ -1037,7 +854,7 @@ mod rsa_tests {
         Notice {
             transaction_id: if refund_like { "RF-1" } else { "PAY-1" }.into(),
             amount: 1234,
-            currency: default_currency(scheme).into(),
+            currency: scheme.spec().currency.into(),
             event_type: event_type.into(),
             payment_transaction_id: refund_like.then(|| "PAY-0".to_owned()),
         }

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use super::{bad, ArgError};
-use crate::tools::send::Psp;
+use crate::tools::send::{Credentials, Psp};
 
 /// The certificate to serve, and where.
 #[derive(Debug, Clone)]

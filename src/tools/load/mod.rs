@@ -42,6 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
+use fencehook::domain::EventKind;
 use fencehook::http::client::{self, HttpClient};
 use fencehook::providers::SchemeKind;
 use futures_util::future::join_all;
@@ -55,8 +56,7 @@ use report::{Answer, Delivery, Event, Stats};
 pub use report::{Report, StopReason};
 
 use crate::tools::answers::UNLABELLED_SUCCESS;
-use crate::tools::deliveries::{default_currency, Notice};
-use crate::tools::send::{build_delivery, Psp, PspArgs};
+use crate::tools::send::{build_delivery, Notice, Psp, PspArgs};
 
 /// Most requests in flight: each is a socket, and the default soft limit on
 /// open files is 1024.
@@ -263,17 +263,24 @@ impl Plan {
             .map_err(|e| bad(e.flag, e.reason))?;
         // Every delivery would fail the same way: refuse to start instead.
         psp.check().map_err(|e| bad(e.flag, e.reason))?;
-        let failed_share = match (args.failed_share, psp.scheme) {
+        // A PSP without a payment failure notification (wechatpay) sends none.
+        let sends_failures = psp.scheme.spec().sends(EventKind::PaymentFailed);
+        let failed_share = match (args.failed_share, sends_failures) {
             (Some(share), _) if !(0.0..=1.0).contains(&share) => {
                 return Err(bad("failed-share", "must be between 0 and 1"))
             }
-            (Some(share), SchemeKind::WechatPay) if share > 0.0 => return Err(bad(
-                "failed-share",
-                "wechatpay sends no payment failure notification: leave it out (0 for wechatpay)",
-            )),
+            (Some(share), false) if share > 0.0 => {
+                let name = psp.scheme.as_str();
+                return Err(bad(
+                    "failed-share",
+                    format!(
+                        "{name} sends no payment failure notification: leave it out (0 for {name})"
+                    ),
+                ));
+            }
             (Some(share), _) => share,
-            (None, SchemeKind::WechatPay) => 0.0,
-            (None, _) => DEFAULT_FAILED_SHARE,
+            (None, false) => 0.0,
+            (None, true) => DEFAULT_FAILED_SHARE,
         };
         let cert = match &args.serve_cert {
             None => None,
@@ -397,12 +404,7 @@ impl Plan {
     /// for every copy and retry, so to the receiver they are redeliveries of
     /// one message, as from a real PSP.
     fn delivery_id(&self, n: u64) -> String {
-        let prefix = match self.scheme {
-            SchemeKind::Standard => "msg_",
-            SchemeKind::Stripe => "evt_",
-            SchemeKind::Paypal => "WH-",
-            SchemeKind::Adyen | SchemeKind::WechatPay | SchemeKind::Alipay => "",
-        };
+        let prefix = self.scheme.spec().delivery_id_prefix;
         format!("{prefix}{}_{n}", self.run_id)
     }
 }
@@ -502,7 +504,7 @@ impl Transaction {
             notice: Notice {
                 transaction_id: plan.transaction_id(n),
                 amount: rng.gen_range(1..=MAX_AMOUNT),
-                currency: default_currency(plan.scheme).to_owned(),
+                currency: plan.scheme.spec().currency.to_owned(),
                 event_type: event_type.to_owned(),
                 payment_transaction_id: None,
             },

@@ -1,0 +1,386 @@
+//! What a scheme is: the one trait every PSP's scheme implements
+//! ([`Scheme`]), and what it produces ([`Item`], [`Reject`], [`AckBody`]).
+//!
+//! A scheme owns everything about its PSP, in its own file: the settings it
+//! takes and how a provider of it is built from them, how a delivery is
+//! verified and mapped to canonical events, what the PSP expects as the
+//! answer's body, and, for the tools that play the PSP (`fencehook send`,
+//! `load`), the other direction: a canonical event built into the PSP's body
+//! and signed as the PSP signs it. The parser and its inverse sit side by
+//! side, so each scheme's round-trip property test (canonical → PSP body and
+//! signature → verify and map → the same canonical) checks them together.
+//!
+//! The registry in `providers/mod.rs` lists the schemes once; everything that
+//! differs between schemes is reached through this trait from there
+//! ([`Spec`] for what needs no configured provider), never by a `match` on
+//! the scheme elsewhere.
+
+use std::fmt::Display;
+use std::future::Future;
+
+use serde_json::json;
+use time::OffsetDateTime;
+
+use super::psp::{Credentials, Delivery, Notice, PspError};
+use super::settings::Settings;
+use crate::domain::{CanonicalEvent, EventKind};
+
+/// One PSP's scheme: a provider of it, configured, is a value of the type.
+///
+/// Constants and associated functions describe the scheme itself (the
+/// registry reads them as a [`Spec`]); methods are a configured provider's
+/// verification. The defaults are what most schemes do: JSON bodies,
+/// fencehook's own answer body, one event per delivery, no id of the PSP's.
+pub trait Scheme: Clone + Send + Sync + Sized + 'static {
+    /// `scheme = "…"` in the providers file.
+    const NAME: &'static str;
+    /// The settings of a `[providers.<name>]` table it takes, the required
+    /// ones first; any other setting given is refused, naming this list.
+    const SETTINGS: &'static [&'static str];
+    /// Whether its `secrets` are the HMAC keys its PSP signs with (rather
+    /// than keys of another use, or no `secrets` at all).
+    const HMAC: bool = false;
+    /// The header a delivery's signature is read from; `None` when the
+    /// scheme signs inside the body. Checked before a body is invited
+    /// (`Expect: 100-continue`).
+    const SIGNATURE_HEADER: Option<&'static str>;
+    /// Whether one delivery carries several independent items (a batch): an
+    /// item that cannot be booked is then recorded and the batch
+    /// acknowledged, rather than the whole delivery refused.
+    const BATCH: bool = false;
+
+    /// Why `setting`, which it does not take, is refused, when "not a
+    /// setting of scheme …" would not say enough.
+    fn not_taken(_setting: &str) -> Option<&'static str> {
+        None
+    }
+
+    /// A provider of this scheme from its settings (only settings of
+    /// [`Scheme::SETTINGS`] are given). Errors and warnings name the
+    /// provider and the field (see [`Setup`]).
+    fn build(settings: Settings, setup: &mut Setup) -> Result<Self, String>;
+
+    /// What is wrong with one of its `secrets` for being shorter than the
+    /// PSP issues (`"24 bytes, shorter than …"`), if anything.
+    fn short_secret(_secret: &str) -> Option<String> {
+        None
+    }
+
+    /// Whether a delivery's `Content-Type` (its essence, lower case, without
+    /// parameters) is what the PSP posts: JSON unless the scheme says otherwise.
+    fn accepts_content_type(essence: &str) -> bool {
+        essence == "application/json"
+            || (essence.starts_with("application/") && essence.ends_with("+json"))
+    }
+
+    /// The PSP's own id of a delivery, where it has one: kept beside inbox
+    /// events for searching, never used to deduplicate.
+    fn psp_event_id(_headers: &http::HeaderMap, _body: &[u8]) -> Option<String> {
+        None
+    }
+
+    /// The body of an answer with this `result` (and `reason`, for a 400):
+    /// `success` is true for a 2xx. fencehook's own JSON unless the PSP reads
+    /// the body.
+    fn ack_body(_success: bool, result: &str, reason: Option<&str>) -> AckBody {
+        AckBody::fencehook(result, reason)
+    }
+
+    /// Verifies the delivery and maps every item of it; `now` is unix
+    /// seconds. A scheme verifies every item before it maps any. Ready on
+    /// its first poll unless the scheme has to fetch something to verify.
+    fn accept(
+        &self,
+        provider: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: i64,
+    ) -> impl Future<Output = Result<Vec<Item>, Reject>> + Send;
+
+    /// A verified delivery's transmission id, to be bound to its body (for a
+    /// scheme whose signature does not cover the body well: PayPal's).
+    fn transmission(&self, _headers: &http::HeaderMap, _body: &[u8]) -> Option<TransmissionKey> {
+        None
+    }
+
+    /// Whether each mapped event is confirmed with the PSP's API before it
+    /// is booked.
+    fn confirms(&self) -> bool {
+        false
+    }
+
+    /// Confirms what `body` mapped to with the PSP's API, when
+    /// [`Scheme::confirms`].
+    fn confirm(
+        &self,
+        _provider: &str,
+        _body: &[u8],
+        _item: &Item,
+    ) -> impl Future<Output = Result<(), Reject>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Puts a certificate in the provider's cache as if fetched from `url`;
+    /// `None` for a scheme that fetches none.
+    #[cfg(any(test, feature = "test-support"))]
+    fn preload_certificate(&self, _url: &str, _pem: &[u8]) -> Option<Result<(), String>> {
+        None
+    }
+
+    // The PSP side, for the tools that play the PSP.
+
+    /// The currency its deliveries are in when none is asked for.
+    const CURRENCY: &'static str = "EUR";
+    /// The canonical kinds the PSP has a notification for.
+    const SENDS: &'static [EventKind] = EventKind::ALL;
+    /// What starts a delivery's own id (a webhook id, an event id), when the
+    /// tools make one up.
+    const DELIVERY_ID_PREFIX: &'static str = "";
+    /// How a refund or dispute names its payment, for messages: `None` when
+    /// the scheme's body need not name it.
+    const PAYMENT_ID: Option<&'static str> = None;
+
+    /// Checks that what it signs a built delivery with is there and usable,
+    /// so a run can refuse to start rather than fail every delivery.
+    fn check(psp: &dyn Credentials) -> Result<(), PspError>;
+
+    /// The delivery of `notice`, shaped and signed as the PSP does at unix
+    /// time `ts`. `body` replaces the built body (signed as the scheme signs
+    /// a body of its own); `delivery_id` is the delivery's own id where the
+    /// scheme has one.
+    fn deliver(
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String>;
+}
+
+/// What a scheme is before any provider of it is configured: its
+/// [`Scheme`]'s constants and associated functions, as one table the
+/// registry hands out ([`SchemeKind::spec`](super::SchemeKind::spec)).
+#[derive(Clone, Copy)]
+pub struct Spec {
+    pub name: &'static str,
+    pub settings: &'static [&'static str],
+    pub hmac: bool,
+    pub signature_header: Option<&'static str>,
+    pub batch: bool,
+    pub currency: &'static str,
+    pub sends: &'static [EventKind],
+    pub delivery_id_prefix: &'static str,
+    pub payment_id: Option<&'static str>,
+    not_taken_fn: fn(&str) -> Option<&'static str>,
+    short_secret_fn: fn(&str) -> Option<String>,
+    accepts_content_type_fn: fn(&str) -> bool,
+    psp_event_id_fn: fn(&http::HeaderMap, &[u8]) -> Option<String>,
+    ack_body_fn: fn(bool, &str, Option<&str>) -> AckBody,
+    check_fn: fn(&dyn Credentials) -> Result<(), PspError>,
+    deliver_fn: DeliverFn,
+}
+
+/// [`Scheme::deliver`] as a function pointer.
+type DeliverFn = fn(&dyn Credentials, &Notice, Option<&str>, &str, i64) -> Result<Delivery, String>;
+
+impl Spec {
+    /// The table of scheme `S`.
+    pub const fn of<S: Scheme>() -> Spec {
+        Spec {
+            name: S::NAME,
+            settings: S::SETTINGS,
+            hmac: S::HMAC,
+            signature_header: S::SIGNATURE_HEADER,
+            batch: S::BATCH,
+            currency: S::CURRENCY,
+            sends: S::SENDS,
+            delivery_id_prefix: S::DELIVERY_ID_PREFIX,
+            payment_id: S::PAYMENT_ID,
+            not_taken_fn: S::not_taken,
+            short_secret_fn: S::short_secret,
+            accepts_content_type_fn: S::accepts_content_type,
+            psp_event_id_fn: S::psp_event_id,
+            ack_body_fn: S::ack_body,
+            check_fn: S::check,
+            deliver_fn: S::deliver,
+        }
+    }
+
+    /// See [`Scheme::not_taken`].
+    pub fn not_taken(&self, setting: &str) -> Option<&'static str> {
+        (self.not_taken_fn)(setting)
+    }
+
+    /// See [`Scheme::short_secret`].
+    pub fn short_secret(&self, secret: &str) -> Option<String> {
+        (self.short_secret_fn)(secret)
+    }
+
+    /// See [`Scheme::accepts_content_type`].
+    pub fn accepts_content_type(&self, essence: &str) -> bool {
+        (self.accepts_content_type_fn)(essence)
+    }
+
+    /// See [`Scheme::psp_event_id`].
+    pub fn psp_event_id(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
+        (self.psp_event_id_fn)(headers, body)
+    }
+
+    /// See [`Scheme::ack_body`].
+    pub fn ack_body(&self, success: bool, result: &str, reason: Option<&str>) -> AckBody {
+        (self.ack_body_fn)(success, result, reason)
+    }
+
+    /// Whether the PSP has a notification for `kind`.
+    pub fn sends(&self, kind: EventKind) -> bool {
+        self.sends.contains(&kind)
+    }
+
+    /// See [`Scheme::check`].
+    pub fn check(&self, psp: &dyn Credentials) -> Result<(), PspError> {
+        (self.check_fn)(psp)
+    }
+
+    /// See [`Scheme::deliver`].
+    pub fn deliver(
+        &self,
+        psp: &dyn Credentials,
+        notice: &Notice,
+        body: Option<&str>,
+        delivery_id: &str,
+        ts: i64,
+    ) -> Result<Delivery, String> {
+        (self.deliver_fn)(psp, notice, body, delivery_id, ts)
+    }
+}
+
+/// What building a provider has at hand: the provider's name, which every
+/// error and warning names, the time (a certificate's validity), and the
+/// warnings said at start.
+pub struct Setup<'a> {
+    provider: &'a str,
+    now: i64,
+    warnings: Vec<String>,
+}
+
+impl<'a> Setup<'a> {
+    pub(crate) fn new(provider: &'a str, now: i64) -> Setup<'a> {
+        Setup {
+            provider,
+            now,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Unix seconds at start.
+    pub fn now(&self) -> i64 {
+        self.now
+    }
+
+    /// `provider `shop`: field: why`, the line a bad setting stops the start with.
+    pub fn error(&self, field: &str, why: impl Display) -> String {
+        format!("provider `{}`: {field}: {why}", self.provider)
+    }
+
+    /// [`Setup::error`] of a [`SettingError`].
+    pub fn setting(&self, (field, why): SettingError) -> String {
+        self.error(field, why)
+    }
+
+    /// A required setting's value, or the error naming it and `what` it is.
+    pub fn required<T>(&self, value: Option<T>, field: &str, what: &str) -> Result<T, String> {
+        value.ok_or_else(|| self.error(field, format!("required ({what})")))
+    }
+
+    /// A setting that starts but is probably a mistake, said at start.
+    pub fn warn(&mut self, what: impl Display) {
+        self.warnings
+            .push(format!("provider `{}`: {what}", self.provider));
+    }
+
+    pub(crate) fn into_warnings(self) -> Vec<String> {
+        self.warnings
+    }
+}
+
+/// An error of one setting: its name and what is wrong.
+pub type SettingError = (&'static str, String);
+
+/// A verified item of a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    Event(CanonicalEvent),
+    /// A well-signed item of a batch that cannot be mapped (a lower-case
+    /// currency, a missing field): never booked, recorded with its reason,
+    /// and it does not hold up the other items of its delivery. Only batch
+    /// schemes produce it; a single-item delivery that cannot be mapped is
+    /// refused whole ([`Reject::Invalid`]).
+    Unmappable {
+        reason: String,
+        /// What identifies the item whatever is changed around it: the
+        /// fields its signature covers. Quarantined once per key, so a
+        /// captured item re-sent with altered unsigned fields is one row.
+        key: String,
+        /// The item's id, when it could be read.
+        transaction_id: Option<String>,
+        /// The item as received (JSON), for the operator.
+        raw: String,
+    },
+    /// Adyen's `CANCEL_OR_REFUND`: the refund (`refund.succeeded`, the signed
+    /// amount) when its payment is booked here as `succeeded`, a cancel that
+    /// moves nothing when the payment is recorded `failed`, and, when neither
+    /// is known yet, a refund waiting for its payment. Which it was is only
+    /// said by an unsigned field, so the ledger decides (`adyen`'s docs).
+    CancelOrRefund(CanonicalEvent),
+    /// A well-signed event fencehook does not act on: a type it does not
+    /// book, or a state that moves no money (a pending refund, an uncaptured
+    /// charge, a zero-value authorisation). Answered 200, nothing written.
+    Ignored {
+        event_type: String,
+    },
+}
+
+/// Why a delivery was refused before anything was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Reject {
+    /// 401: signature missing or wrong, timestamp outside tolerance.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// 400: the payload is not what the scheme promises.
+    #[error("invalid payload: {0}")]
+    Invalid(String),
+    /// 503: what verification needs could not be had now (PayPal's
+    /// certificate did not download); the PSP should retry.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The body of an answer, in the shape the provider's PSP expects.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AckBody {
+    /// fencehook's own `{"result": …, "reason": …}`.
+    Json(serde_json::Value),
+    /// A fixed text some PSPs require (Adyen's `[accepted]`, Alipay's `success`).
+    Text(&'static str),
+    /// No body at all (WeChat Pay's success).
+    Empty,
+}
+
+impl AckBody {
+    /// fencehook's own body: `{"result": …}`, with `reason` when there is one.
+    pub fn fencehook(result: &str, reason: Option<&str>) -> AckBody {
+        AckBody::Json(match reason {
+            Some(reason) => json!({ "result": result, "reason": reason }),
+            None => json!({ "result": result }),
+        })
+    }
+}
+
+/// A verified delivery's transmission id and the SHA-256 (hex) of its body,
+/// to be bound for as long as its transmission time is inside the window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransmissionKey {
+    pub id: String,
+    pub body_sha256: String,
+    pub expires_at: OffsetDateTime,
+}
