@@ -522,8 +522,167 @@ impl Provider {
 
 #[cfg(test)]
 pub(crate) mod testing {
+    use futures_util::FutureExt;
     use proptest::prelude::*;
     use serde_json::Value;
+
+    use super::keys::RsaSigner;
+    use super::psp::{Credentials, Delivery, Notice, PspError};
+    use super::{Item, Reject, Scheme};
+    use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
+
+    /// Transaction ids as a PSP may send them: 1 to 40 printable ASCII
+    /// characters, no leading or trailing space.
+    pub(crate) fn ids() -> impl Strategy<Value = String> + Clone {
+        "[!-~]([ -~]{0,38}[!-~])?"
+    }
+
+    /// Canonical events of the `kinds` a scheme's PSP sends, with ids from
+    /// `id`, amounts of 1 minor unit up to `max_amount`, in `currency`.
+    /// Refunds and disputes name their payment (another id), payments none.
+    /// `provider` is `p`; `occurred_at` is left for the scheme to say.
+    pub(crate) fn events(
+        kinds: &'static [EventKind],
+        id: impl Strategy<Value = String> + Clone,
+        max_amount: i64,
+        currency: impl Strategy<Value = String>,
+    ) -> impl Strategy<Value = CanonicalEvent> {
+        (
+            prop::sample::select(kinds),
+            id.clone(),
+            id,
+            1..=max_amount,
+            currency,
+        )
+            .prop_map(|(kind, transaction_id, parent, amount_minor, currency)| {
+                CanonicalEvent {
+                    provider: "p".to_owned(),
+                    transaction_id,
+                    event_type: kind,
+                    amount_minor,
+                    currency,
+                    parent_transaction_id: (kind.object() != ObjectKind::Payment).then_some(parent),
+                    occurred_at: None,
+                }
+            })
+    }
+
+    /// What the tools ask a scheme's PSP side to send for `event`.
+    pub(crate) fn notice_of(event: &CanonicalEvent) -> Notice {
+        Notice {
+            transaction_id: event.transaction_id.clone(),
+            amount: event.amount_minor,
+            currency: event.currency.clone(),
+            event_type: event.event_type.as_str().to_owned(),
+            payment_transaction_id: event.parent_transaction_id.clone(),
+        }
+    }
+
+    /// What a provider of scheme `S` makes of `delivery` at `now`, as the
+    /// HTTP edge hands it over (its content type checked first). Verification
+    /// that has nothing to fetch never waits.
+    pub(crate) fn received<S: Scheme>(
+        scheme: &S,
+        delivery: &Delivery,
+        now: i64,
+    ) -> Result<Vec<Item>, Reject> {
+        assert!(
+            S::accepts_content_type(delivery.content_type),
+            "{} refuses its own content type {}",
+            S::NAME,
+            delivery.content_type
+        );
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in &delivery.headers {
+            headers.insert(*name, value.parse().expect("a header value"));
+        }
+        scheme
+            .accept("p", &headers, delivery.body.as_bytes(), now)
+            .now_or_never()
+            .expect("verification without a fetch never waits")
+    }
+
+    /// The round trip of one canonical event: built into the PSP's body and
+    /// signed by `S`'s PSP side at `ts`, then verified and mapped by
+    /// `scheme` at `ts`. The one event it maps back to.
+    pub(crate) fn round_trip<S: Scheme>(
+        scheme: &S,
+        psp: &dyn Credentials,
+        event: &CanonicalEvent,
+        ts: i64,
+    ) -> Result<CanonicalEvent, TestCaseError> {
+        let delivery_id = format!("{}round-trip", S::DELIVERY_ID_PREFIX);
+        let delivery = S::deliver(psp, &notice_of(event), None, &delivery_id, ts)
+            .map_err(|e| TestCaseError::fail(format!("{} builds no delivery: {e}", S::NAME)))?;
+        match received(scheme, &delivery, ts) {
+            Ok(items) => match items.as_slice() {
+                [Item::Event(mapped)] => Ok(mapped.clone()),
+                other => Err(TestCaseError::fail(format!("{other:?}"))),
+            },
+            Err(e) => Err(TestCaseError::fail(format!("{e}: {}", delivery.body))),
+        }
+    }
+
+    /// Unix seconds as an `occurred_at`.
+    pub(crate) fn at(ts: i64) -> Option<time::OffsetDateTime> {
+        time::OffsetDateTime::from_unix_timestamp(ts).ok()
+    }
+
+    /// The bounded case count of the round trips: each case signs (RSA for
+    /// three schemes) and verifies once; unit tests must stay fast.
+    pub(crate) fn round_trip_config() -> ProptestConfig {
+        ProptestConfig::with_cases(64)
+    }
+
+    /// Credentials a test hands a scheme's PSP side directly.
+    #[derive(Default)]
+    pub(crate) struct TestCredentials {
+        pub secret: Option<String>,
+        pub signer: Option<RsaSigner>,
+        pub serial: Option<String>,
+        pub apiv3_key: Option<String>,
+        pub app_id: Option<String>,
+        pub webhook_id: Option<String>,
+        pub cert_url: Option<String>,
+    }
+
+    impl Credentials for TestCredentials {
+        fn secret(&self) -> Result<&str, PspError> {
+            self.secret
+                .as_deref()
+                .ok_or_else(|| PspError::new("secret", "none"))
+        }
+        fn signer(&self) -> Result<&RsaSigner, PspError> {
+            self.signer
+                .as_ref()
+                .ok_or_else(|| PspError::new("private-key", "none"))
+        }
+        fn serial(&self) -> Result<&str, PspError> {
+            self.serial
+                .as_deref()
+                .ok_or_else(|| PspError::new("serial", "none"))
+        }
+        fn apiv3_key(&self) -> Result<&str, PspError> {
+            self.apiv3_key
+                .as_deref()
+                .ok_or_else(|| PspError::new("apiv3-key", "none"))
+        }
+        fn app_id(&self) -> Result<&str, PspError> {
+            self.app_id
+                .as_deref()
+                .ok_or_else(|| PspError::new("app-id", "none"))
+        }
+        fn webhook_id(&self) -> Result<&str, PspError> {
+            self.webhook_id
+                .as_deref()
+                .ok_or_else(|| PspError::new("webhook-id", "none"))
+        }
+        fn cert_url(&self) -> Result<&str, PspError> {
+            self.cert_url
+                .as_deref()
+                .ok_or_else(|| PspError::new("cert-url", "none"))
+        }
+    }
 
     /// JSON objects built from `keys` (and a few likely values) with arbitrary
     /// types at every level, so the mappings meet every wrong shape.
@@ -606,6 +765,45 @@ mod tests {
     }
 
     const ADYEN_KEY: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+
+    #[test]
+    fn messages_that_name_every_scheme_are_made_from_the_registry_word_for_word() {
+        assert_eq!(
+            SchemeKind::choices(),
+            "standard | stripe | adyen | wechatpay | alipay | paypal"
+        );
+        let err = file::parse(
+            "[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "provider `s`: tolerance: unknown setting (expected scheme, secrets, tolerance_secs, platform_keys, app_id, public_keys, webhook_id, cert_url_prefixes, max_age_secs, future_skew_secs, confirm, api_url, client_id, client_secret)"
+        );
+        let refund = psp::Notice {
+            transaction_id: "re_1".into(),
+            amount: 1,
+            currency: "EUR".into(),
+            event_type: "refund.succeeded".into(),
+            payment_transaction_id: None,
+        };
+        assert_eq!(
+            psp::parent(&refund).unwrap_err(),
+            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal)"
+        );
+        let failure = psp::Notice {
+            event_type: "payment.failed".into(),
+            ..refund
+        };
+        assert_eq!(
+            psp::not_sent::<wechatpay::WechatPay>(&failure),
+            "wechatpay sends no notification fencehook books as payment.failed; it sends payment.succeeded, refund.succeeded, refund.failed"
+        );
+        assert_eq!(
+            psp::not_sent::<paypal::Paypal>(&failure),
+            "paypal sends no notification fencehook books as payment.failed; it sends payment.succeeded, payment.failed, refund.succeeded, dispute.funds_withdrawn"
+        );
+    }
 
     #[test]
     fn a_providers_file_declares_every_scheme() {

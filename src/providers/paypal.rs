@@ -1437,3 +1437,65 @@ mod tests {
         }
     }
 }
+
+/// The PSP side and the parser together: what the one builds and signs, the
+/// other verifies and maps back to the canonical event it was built from.
+#[cfg(test)]
+mod round_trip {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::providers::testing::{at, events, round_trip, round_trip_config, TestCredentials};
+    use crate::providers::testkeys;
+    use std::sync::LazyLock;
+
+    const WEBHOOK_ID: &str = "WH-ROUND-TRIP";
+    const CERT_URL: &str = "https://api.paypal.com/v1/notifications/certs/CERT-round-trip";
+
+    /// Test key 0 plays PayPal; its certificate is cached at CERT_URL.
+    static SIDES: LazyLock<(Paypal, TestCredentials)> = LazyLock::new(|| {
+        let scheme = Paypal::new(WEBHOOK_ID, None, Window::default()).unwrap();
+        let cert = testkeys::certificate(
+            0,
+            "0ABC",
+            "CN=messageverificationcerts.paypal.com",
+            0,
+            4_000_000_000,
+        );
+        scheme.preload(CERT_URL, cert.as_bytes()).unwrap();
+        let psp = TestCredentials {
+            signer: Some(testkeys::signer(0)),
+            webhook_id: Some(WEBHOOK_ID.into()),
+            cert_url: Some(CERT_URL.into()),
+            ..Default::default()
+        };
+        (scheme, psp)
+    });
+
+    /// PayPal's ids: capture and refund ids are upper-case letters and
+    /// digits (a refund names its capture in a URL path).
+    fn paypal_ids() -> impl Strategy<Value = String> + Clone {
+        "[A-Z0-9]{1,20}"
+    }
+
+    /// Every currency whose minor unit is known, of 0, 2 and 3 decimals.
+    fn currencies() -> impl Strategy<Value = String> {
+        prop::sample::select(vec!["JPY", "KRW", "USD", "EUR", "GBP", "CNY", "KWD", "BHD"])
+            .prop_map(str::to_owned)
+    }
+
+    proptest! {
+        #![proptest_config(round_trip_config())]
+
+        #[test]
+        fn a_canonical_event_built_and_signed_as_the_psp_sends_it_maps_back_to_itself(
+            event in events(Paypal::SENDS, paypal_ids(), i64::MAX, currencies()),
+            ts in 1_000_000_000i64..4_000_000_000,
+        ) {
+            let (scheme, psp) = &*SIDES;
+            // The resource's update_time.
+            let event = CanonicalEvent { occurred_at: at(ts), ..event };
+            prop_assert_eq!(round_trip(scheme, psp, &event, ts)?, event);
+        }
+    }
+}

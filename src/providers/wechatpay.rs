@@ -941,3 +941,59 @@ mod tests {
         }
     }
 }
+
+/// The PSP side and the parser together: what the one builds and signs, the
+/// other verifies and maps back to the canonical event it was built from.
+#[cfg(test)]
+mod round_trip {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::providers::testing::{
+        at, events, ids, round_trip, round_trip_config, TestCredentials,
+    };
+    use crate::providers::testkeys;
+    use std::sync::LazyLock;
+
+    const APIV3: &str = "fencehook-round-trip-apiv3-key-!";
+    const SERIAL: &str = "PUB_KEY_ID_0000000000000024101100397200000006";
+
+    /// Test key 0 plays WeChat Pay; one provider knows its public key.
+    static SIDES: LazyLock<(WechatPay, TestCredentials)> = LazyLock::new(|| {
+        let key = testkeys::public_key_pem(0).into_bytes();
+        let (scheme, _) =
+            WechatPay::new(&[APIV3.to_owned()], &[(SERIAL.to_owned(), key)], 300, 0).unwrap();
+        let psp = TestCredentials {
+            signer: Some(testkeys::signer(0)),
+            serial: Some(SERIAL.into()),
+            apiv3_key: Some(APIV3.into()),
+            ..Default::default()
+        };
+        (scheme, psp)
+    });
+
+    proptest! {
+        #![proptest_config(round_trip_config())]
+
+        #[test]
+        fn a_canonical_event_built_and_signed_as_the_psp_sends_it_maps_back_to_itself(
+            event in events(WechatPay::SENDS, ids(), i64::MAX, "[A-Z]{3}"),
+            ts in 1_000_000_000i64..4_000_000_000,
+        ) {
+            let (scheme, psp) = &*SIDES;
+            let event = match event.event_type {
+                // A payment's success_time.
+                EventKind::PaymentSucceeded => CanonicalEvent { occurred_at: at(ts), ..event },
+                // A refund notice names no currency (CNY is all it can
+                // be); a closed refund has no success_time.
+                EventKind::RefundSucceeded => CanonicalEvent {
+                    currency: DEFAULT_CURRENCY.into(),
+                    occurred_at: at(ts),
+                    ..event
+                },
+                _ => CanonicalEvent { currency: DEFAULT_CURRENCY.into(), ..event },
+            };
+            prop_assert_eq!(round_trip(scheme, psp, &event, ts)?, event);
+        }
+    }
+}
