@@ -13,10 +13,13 @@
 //!   [`http::state::State`], the sampling of refusal log lines
 //!   ([`http::log_sample`]), and **the** outcome → status/body mapping
 //!   ([`http::answer`]).
-//! - [`providers`]: one file per scheme: signature check and payload mapping
-//!   to a [`domain::CanonicalEvent`]; each provider owns the body its PSP
-//!   expects. The providers file is read in `providers/file.rs`; PayPal's
-//!   optional fetch-to-confirm API client is `providers/paypal_api.rs`.
+//! - [`providers`]: one file per scheme, each a [`providers::Scheme`]:
+//!   its settings, signature check and payload mapping to a
+//!   [`domain::CanonicalEvent`], the body its PSP expects, and the PSP's
+//!   side the tools play (a delivery built and signed as the PSP does);
+//!   `providers/mod.rs` lists the schemes once. The providers file is read
+//!   in `providers/file.rs`; PayPal's optional fetch-to-confirm API client
+//!   is `providers/paypal_api.rs`.
 //! - [`processor`]: the state machine of one event (fast path → lease →
 //!   fenced claim → business step → fenced finalize → release), returning an
 //!   [`processor::Outcome`].
