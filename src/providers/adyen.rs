@@ -97,10 +97,10 @@ use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, opt_str, req_object,
     req_str, Object,
 };
+use super::hmac;
 use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
-use super::scheme::{AckBody, Scheme, Setup};
+use super::scheme::{AckBody, Item, Reject, Scheme, Setup};
 use super::settings::Settings;
-use super::{hmac, Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
 /// What Adyen expects as the body of a successful answer: Adyen marks a

@@ -62,9 +62,8 @@ use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 use super::fields::{check_transaction_id, decimal_minor, invalid};
 use super::keys::{RsaPublicKey, RsaSigner};
 use super::psp::{self, Credentials, Delivery, Notice, PspError};
-use super::scheme::{AckBody, Scheme, SettingError, Setup};
+use super::scheme::{AckBody, Item, Reject, Scheme, SettingError, Setup};
 use super::settings::Settings;
-use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// Alipay marks a notification delivered only on exactly this body.
@@ -467,7 +466,9 @@ pub fn params_of(notice: &Notice, app_id: &str, ts: i64) -> Result<Vec<(String, 
         "payment.succeeded" => (notice.transaction_id.clone(), "TRADE_SUCCESS", false),
         "payment.failed" => (notice.transaction_id.clone(), "TRADE_CLOSED", false),
         "refund.succeeded" => (psp::parent(notice)?.to_owned(), "TRADE_CLOSED", true),
-        other if other.contains('.') => return Err(psp::not_sent::<Alipay>(notice)),
+        other if other.contains('.') => {
+            return Err(psp::not_sent(Alipay::NAME, Alipay::SENDS, notice))
+        }
         other => (notice.transaction_id.clone(), other, false),
     };
     let mut params: Vec<(String, String)> = [

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-use super::Reject;
+use super::scheme::Reject;
 
 pub(crate) type Object = Map<String, Value>;
 

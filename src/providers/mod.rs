@@ -796,11 +796,11 @@ mod tests {
             ..refund
         };
         assert_eq!(
-            psp::not_sent::<wechatpay::WechatPay>(&failure),
+            psp::not_sent("wechatpay", wechatpay::WechatPay::SENDS, &failure),
             "wechatpay sends no notification fencehook books as payment.failed; it sends payment.succeeded, refund.succeeded, refund.failed"
         );
         assert_eq!(
-            psp::not_sent::<paypal::Paypal>(&failure),
+            psp::not_sent("paypal", paypal::Paypal::SENDS, &failure),
             "paypal sends no notification fencehook books as payment.failed; it sends payment.succeeded, payment.failed, refund.succeeded, dispute.funds_withdrawn"
         );
     }

@@ -95,9 +95,8 @@ use super::keys::{CertificateInfo, RsaSigner};
 use super::paypal_api::{ApiConfirm, ApiSettings, DEFAULT_API_URL};
 use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
 pub use super::scheme::TransmissionKey;
-use super::scheme::{Scheme, SettingError, Setup};
+use super::scheme::{Item, Reject, Scheme, SettingError, Setup};
 use super::settings::Settings;
-use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
 pub const TRANSMISSION_ID_HEADER: &str = "paypal-transmission-id";
@@ -911,7 +910,7 @@ pub fn event_of(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, Strin
             refund(Some("Payment reversed"))?,
         ),
         other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
-            return Err(psp::not_sent::<Paypal>(notice))
+            return Err(psp::not_sent(Paypal::NAME, Paypal::SENDS, notice))
         }
         other => (other, "capture", capture("PENDING")),
     };

@@ -31,7 +31,7 @@ use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
 use super::paypal::{check_prefix, http_client, parse_event, HttpClient};
-use super::{Item, Reject};
+use super::scheme::{Item, Reject};
 
 /// PayPal's live REST API (sandbox: `https://api-m.sandbox.paypal.com/`).
 pub const DEFAULT_API_URL: &str = "https://api-m.paypal.com/";

@@ -1,7 +1,7 @@
 //! The PSP's side of the schemes: what a delivery is built from and what it
 //! is signed with, for the tools that play a PSP (`fencehook send`, `load`).
 //! Each scheme builds its PSP's body next to the parser that reads it back
-//! ([`Scheme::deliver`]); this module holds
+//! (`Scheme::deliver`); this module holds
 //! what they share.
 //!
 //! Each canonical kind is sent as the native event the provider maps back to
@@ -19,8 +19,8 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use super::keys::RsaSigner;
-use super::scheme::Scheme;
 use super::SchemeKind;
+use crate::domain::EventKind;
 
 /// What one delivery announces: `send`'s flags, or one transaction of `load`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,12 +115,12 @@ pub(crate) fn parent(notice: &Notice) -> Result<&str, String> {
     })
 }
 
-/// `--event-type` names a kind scheme `S` has no notification for.
-pub(crate) fn not_sent<S: Scheme>(notice: &Notice) -> String {
-    let sends: Vec<&str> = S::SENDS.iter().map(|k| k.as_str()).collect();
+/// `--event-type` names a kind `scheme` has no notification for; it `sends`
+/// these.
+pub(crate) fn not_sent(scheme: &str, sends: &[EventKind], notice: &Notice) -> String {
+    let sends: Vec<&str> = sends.iter().map(|k| k.as_str()).collect();
     format!(
-        "{} sends no notification fencehook books as {}; it sends {}",
-        S::NAME,
+        "{scheme} sends no notification fencehook books as {}; it sends {}",
         notice.event_type,
         sends.join(", ")
     )

@@ -17,7 +17,8 @@
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
-use super::{SchemeKind, Settings};
+use super::settings::Settings;
+use super::SchemeKind;
 
 /// The example providers file, as shipped.
 const EXAMPLE_PROVIDERS: &str = include_str!("../../deploy/providers.example.toml");

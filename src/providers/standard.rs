@@ -20,10 +20,10 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use super::fields::{self, amount_minor, check_currency, check_transaction_id, signed_header};
+use super::hmac;
 use super::psp::{Credentials, Delivery, Notice, PspError, JSON};
-use super::scheme::{Scheme, Setup};
+use super::scheme::{Item, Reject, Scheme, Setup};
 use super::settings::Settings;
-use super::{hmac, Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
 /// The headers a delivery is signed in.

@@ -69,10 +69,10 @@ use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, req_object, req_str,
     Object,
 };
+use super::hmac;
 use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
-use super::scheme::{Scheme, Setup};
+use super::scheme::{Item, Reject, Scheme, Setup};
 use super::settings::Settings;
-use super::{hmac, Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// The header Stripe signs with (HTTP header names are case-insensitive).

@@ -67,9 +67,8 @@ use super::fields::{
 use super::keys::{CertificateInfo, RsaPublicKey, RsaSigner};
 use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
 pub use super::scheme::SettingError;
-use super::scheme::{AckBody, Scheme, Setup};
+use super::scheme::{AckBody, Item, Reject, Scheme, Setup};
 use super::settings::Settings;
-use super::{Item, Reject};
 use crate::domain::{CanonicalEvent, EventKind};
 
 pub const TIMESTAMP_HEADER: &str = "wechatpay-timestamp";
@@ -551,7 +550,7 @@ pub fn resource_of(notice: &Notice, ts: i64) -> Result<(String, Value, &'static 
         "refund.succeeded" => ("REFUND.SUCCESS".into(), refund("SUCCESS")?, "refund"),
         "refund.failed" => ("REFUND.CLOSED".into(), refund("CLOSED")?, "refund"),
         other if other.contains('.') && other.chars().any(|c| c.is_ascii_lowercase()) => {
-            return Err(psp::not_sent::<WechatPay>(notice))
+            return Err(psp::not_sent(WechatPay::NAME, WechatPay::SENDS, notice))
         }
         other if other.starts_with("REFUND.") => (
             other.into(),
