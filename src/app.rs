@@ -154,6 +154,8 @@ impl App {
         let inbox_mode = cfg.inbox.mode == Mode::Inbox;
         let inbox = inbox_mode.then(|| Arc::new(inbox_of(&cfg, &store, &processor, &metrics)));
         let prune = Prune::of(&cfg, &store, &metrics);
+        let console =
+            crate::console::Console::new(&cfg.console, store.clone(), &metrics, inbox_mode);
         let health = Arc::new(
             Health::new(
                 store,
@@ -171,18 +173,21 @@ impl App {
         let allow_published_secrets = cfg.allow_published_secrets;
         let workers = cfg.inbox.workers;
         let providers_file = cfg.providers_file.clone();
-        let state = Arc::new(State::new(
-            cfg.providers,
-            processor,
-            inbox,
-            metrics,
-            health,
-            RequestLimits {
-                max_body_bytes: cfg.max_body_bytes,
-                body_timeout: cfg.body_timeout,
-                max_inflight: cfg.max_inflight,
-            },
-        ));
+        let state = Arc::new(
+            State::new(
+                cfg.providers,
+                processor,
+                inbox,
+                metrics,
+                health,
+                RequestLimits {
+                    max_body_bytes: cfg.max_body_bytes,
+                    body_timeout: cfg.body_timeout,
+                    max_inflight: cfg.max_inflight,
+                },
+            )
+            .with_console(console),
+        );
         // An error below drops these, which stops the admin listener and the sampler.
         let admin = serve_admin(state.clone(), bind(cfg.admin_listen).await?);
         let upkeep = AbortOnDrop(tokio::spawn(state.health.clone().upkeep()));
@@ -301,8 +306,15 @@ async fn reload_on_sighup(
         return;
     };
     while hup.recv().await.is_some() {
+        if let Some(console) = &state.console {
+            console.reload_tokens();
+        }
         let Some(path) = &path else {
-            tracing::warn!("SIGHUP ignored: no providers file (FENCEHOOK_PROVIDERS) to re-read");
+            if state.console.is_none() {
+                tracing::warn!(
+                    "SIGHUP ignored: no providers file (FENCEHOOK_PROVIDERS) to re-read"
+                );
+            }
             continue;
         };
         let read = tokio::task::spawn_blocking({

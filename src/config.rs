@@ -162,6 +162,8 @@ pub struct ServeArgs {
     pub log: String,
     #[command(flatten)]
     pub inbox: InboxArgs,
+    #[command(flatten)]
+    pub console: crate::console::settings::ConsoleArgs,
 }
 
 /// Inbox mode: accept in one write, book asynchronously.
@@ -744,6 +746,8 @@ pub struct Config {
     /// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`.
     pub require_sync_replication: bool,
     pub inbox: InboxConfig,
+    /// The operator console (`/console` on the admin listener); off by default.
+    pub console: crate::console::settings::ConsoleConfig,
 }
 
 impl DbArgs {
@@ -936,6 +940,11 @@ impl ServeArgs {
             migrate_on_start: self.migrate_on_start,
             require_sync_replication: self.require_sync_replication,
             inbox: self.inbox.validate()?,
+            // `work` serves no console: its token files are not read there.
+            console: match providers_required {
+                true => self.console.validate()?,
+                false => Default::default(),
+            },
         })
     }
 

@@ -13,6 +13,9 @@
 //!   [`http::state::State`], the sampling of refusal log lines
 //!   ([`http::log_sample`]), and **the** outcome → status/body mapping
 //!   ([`http::answer`]).
+//! - [`console`]: the operator console on the admin listener (`/console`):
+//!   sign-in and roles, the pages (search, a payment's timeline, inbox events,
+//!   refusals) as HTML or JSON, and the replays, which are the CLI's.
 //! - [`providers`]: one file per scheme, each a [`providers::Scheme`]:
 //!   its settings, signature check and payload mapping to a
 //!   [`domain::CanonicalEvent`], the body its PSP expects, and the PSP's
@@ -56,6 +59,7 @@
 
 pub mod app;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod domain;
 pub mod downstream;

@@ -55,6 +55,8 @@ pub const CONNECTIONS_REFUSED_TOTAL: &str = "fencehook_connections_refused_total
 pub const ACCEPT_ERRORS_TOTAL: &str = "fencehook_accept_errors_total";
 pub const INBOX_STORED_BYTES: &str = "fencehook_inbox_stored_bytes";
 pub const PRUNED_TOTAL: &str = "fencehook_pruned_total";
+pub const CONSOLE_SIGNINS_TOTAL: &str = "fencehook_console_signins_total";
+pub const CONSOLE_REPLAYS_TOTAL: &str = "fencehook_console_replays_total";
 
 /// Declares a label enum: its variants, their label values, and `ALL`.
 macro_rules! label_enum {
@@ -546,6 +548,12 @@ impl Metrics {
         &self.inner.pruned
     }
 
+    /// A counter registered by the room that owns it (the console's,
+    /// registered at zero when it is built).
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Counter {
+        counter(&self.inner.recorder, name, labels)
+    }
+
     pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
         let labels: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, *v)).collect();
         self.inner
@@ -798,6 +806,16 @@ fn describe(rec: &PrometheusRecorder) {
         INBOX_STORED_BYTES,
         Some(Unit::Bytes),
         "Inbox: bytes the events table takes on disk (rows, indexes, TOAST).",
+    );
+    d(
+        CONSOLE_SIGNINS_TOTAL,
+        None,
+        "Operator console sign-ins (form or Bearer token) by result: ok, wrong_token, throttled (too many failures from the peer).",
+    );
+    d(
+        CONSOLE_REPLAYS_TOTAL,
+        None,
+        "Replays asked for from the operator console, by scope: event (one dead event), filter (every dead event matching a filter).",
     );
     d(
         PRUNED_TOTAL,

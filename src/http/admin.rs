@@ -1,4 +1,5 @@
-//! Admin listener: `/metrics`, `/healthz`, `/readyz`. Never on the public port.
+//! Admin listener: `/metrics`, `/healthz`, `/readyz`, and the operator
+//! console under `/console` when it is configured. Never on the public port.
 
 use std::sync::Arc;
 
@@ -11,6 +12,9 @@ use super::{json, Body};
 
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     match (req.method(), req.uri().path()) {
+        (_, path) if crate::console::is_console_path(path) => {
+            crate::console::handle(state, req).await
+        }
         (&Method::GET, "/healthz") => json(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, "/readyz") => readyz(&state).await,
         (&Method::GET, "/metrics") => {

@@ -50,6 +50,11 @@ use crate::metrics::{ConnectionRefusal, Listener, Metrics};
 
 pub type Body = Full<Bytes>;
 
+/// The peer's address, in every request's extensions (the console's refusal
+/// list and sign-in throttle read it).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub SocketAddr);
+
 /// A JSON response.
 pub fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
     let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
@@ -339,13 +344,17 @@ where
     ) {
         let _open = OpenConnection::new(slot, peer_slot, self.open.clone());
         let _ = stream.set_nodelay(true);
+        let peer = stream.peer_addr().ok().map(PeerAddr);
         let conn = Arc::new(ConnState::default());
         let registered = self.idle.register(conn.clone());
         let handler = self.handler.clone();
         let (max_requests, max_age, born) = (self.max_requests, self.max_age, Instant::now());
         let svc = service_fn({
             let conn = conn.clone();
-            move |req| {
+            move |mut req: Request<Incoming>| {
+                if let Some(peer) = peer {
+                    req.extensions_mut().insert(peer);
+                }
                 let request = InRequest::start(conn.clone());
                 let close = request.number >= max_requests || born.elapsed() >= max_age;
                 let fut = handler(req);

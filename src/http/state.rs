@@ -32,6 +32,10 @@ pub struct State {
     pub log_sample: LogSampler,
     /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
     pub inflight: Semaphore,
+    /// The operator console, when a token file is configured.
+    pub console: Option<Arc<crate::console::Console>>,
+    /// The answers and refusals of late, for the console.
+    pub recent: crate::console::recent::Recent,
     draining: AtomicBool,
 }
 
@@ -66,8 +70,16 @@ impl State {
             body_timeout,
             log_sample: LogSampler::new(),
             inflight: Semaphore::new(max_inflight),
+            console: None,
+            recent: Default::default(),
             draining: AtomicBool::new(false),
         }
+    }
+
+    /// Serves the operator console (`None`: `/console` stays 404).
+    pub fn with_console(mut self, console: Option<crate::console::Console>) -> State {
+        self.console = console.map(Arc::new);
+        self
     }
 
     /// The provider served at `/webhooks/{name}`.

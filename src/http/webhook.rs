@@ -39,6 +39,7 @@ const BATCH_CONCURRENCY: usize = 8;
 
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
+    let peer = req.extensions().get::<super::PeerAddr>().map(|p| p.0);
     let path = req.uri().path();
     let Some(name) = path
         .strip_prefix("/webhooks/")
@@ -67,6 +68,17 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
         .record(elapsed.as_secs_f64());
     let response = answer.response(Some(&provider));
     let status = response.status().as_u16();
+    // The console's view of late answers and refusals (memory, bounded).
+    state.recent.answered(&provider.name, answer.result);
+    if let Delivery::Refused { cause, why, .. } = &delivery {
+        let reason = cause
+            .as_deref()
+            .or(why.as_deref())
+            .or(answer.reason.as_deref());
+        state
+            .recent
+            .refused(&provider.name, answer.result, status, reason, peer);
+    }
     // Rounded to the microsecond: a float printed in full reads 0.018427000000000002.
     let latency_ms = (elapsed.as_secs_f64() * 1_000_000.0).round() / 1000.0;
     match &delivery {

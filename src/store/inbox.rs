@@ -353,7 +353,8 @@ SELECT (SELECT count(*) FROM events WHERE status = 'queued'),
        (SELECT count(*) FROM events WHERE status = 'dead')";
 
 /// An event's replays are entries of its history (`errors`: `{at, replay}`).
-const EVENT_COLUMNS: &str = "id, status, provider, transaction_id, event_type, psp_event_id, \
+pub(super) const EVENT_COLUMNS: &str =
+    "id, status, provider, transaction_id, event_type, psp_event_id, \
      received_at, attempts, next_attempt_at, last_error, errors, finished_at, \
      (SELECT max((e->>'at')::timestamptz) FROM jsonb_array_elements(errors) e \
        WHERE e ? 'replay') AS replayed_at, \
@@ -785,10 +786,7 @@ impl Store {
                        errors = errors || jsonb_build_array(jsonb_build_object(
                            'at', now(), 'replay', 1 + (SELECT count(*) FROM jsonb_array_elements(errors) e
                                                         WHERE e ? 'replay')))
-                 WHERE status = 'dead'
-                   AND ($1::text IS NULL OR provider = $1)
-                   AND ($2::text IS NULL OR transaction_id = $2)
-                   AND ($3::timestamptz IS NULL OR received_at >= $3)
+                 WHERE {REPLAY_MATCH}
                 RETURNING *),
              rows AS (
                 UPDATE payments p SET status = 'queued', updated_at = now()
@@ -803,10 +801,36 @@ impl Store {
         let rows = client
             .query(
                 &sql,
-                &[&which.provider, &which.transaction_id, &which.since],
+                &[
+                    &which.provider,
+                    &which.transaction_id,
+                    &which.since,
+                    &which.event_id,
+                    &which.last_error,
+                ],
             )
             .await?;
         Ok(rows.iter().map(event_row).collect())
+    }
+
+    /// How many dead events [`Store::replay`] would re-queue now, re-queuing
+    /// nothing (the console's dry run): the same conditions.
+    pub async fn replay_count(&self, which: &Replay) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        let sql = format!("SELECT count(*) FROM events WHERE {REPLAY_MATCH}");
+        let row = client
+            .query_one(
+                &sql,
+                &[
+                    &which.provider,
+                    &which.transaction_id,
+                    &which.since,
+                    &which.event_id,
+                    &which.last_error,
+                ],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Deletes finished events received before `before` (and quarantined
@@ -867,13 +891,29 @@ pub struct EventFilter {
     pub limit: i64,
 }
 
-/// Which dead events `fencehook replay` re-queues.
+/// Which dead events `fencehook replay` (and the console) re-queues; `None`
+/// matches anything.
 #[derive(Debug, Clone, Default)]
 pub struct Replay {
     pub provider: Option<String>,
     pub transaction_id: Option<String>,
     pub since: Option<OffsetDateTime>,
+    /// One event (the console's replay button).
+    pub event_id: Option<i64>,
+    /// The dead events that failed with this error (a group of the
+    /// console's dead events).
+    pub last_error: Option<String>,
 }
+
+/// The dead events a [`Replay`] matches (parameters $1 to $5, in its
+/// fields' order). Only `dead` ones: replaying what is queued or done
+/// changes nothing, so a replay asked twice re-queues once.
+const REPLAY_MATCH: &str = "status = 'dead'
+                   AND ($1::text IS NULL OR provider = $1)
+                   AND ($2::text IS NULL OR transaction_id = $2)
+                   AND ($3::timestamptz IS NULL OR received_at >= $3)
+                   AND ($4::int8 IS NULL OR id = $4)
+                   AND ($5::text IS NULL OR last_error = $5)";
 
 /// One row of [`TAKE`] as a [`Taken`]; an error when this binary cannot read it.
 fn taken(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
@@ -895,7 +935,7 @@ pub fn delivery_id(ev: &CanonicalEvent) -> String {
     format!("{}:{}", ev.transaction_id, ev.event_type.as_str())
 }
 
-fn event_row(r: &tokio_postgres::Row) -> EventRow {
+pub(super) fn event_row(r: &tokio_postgres::Row) -> EventRow {
     EventRow {
         id: r.get("id"),
         status: r.get("status"),

@@ -50,6 +50,7 @@
 //! finalize, once the downstream executed it.
 
 pub mod audit;
+pub mod console;
 pub mod drain;
 pub mod inbox;
 pub mod migrate;

@@ -195,6 +195,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<bool, String> {
         provider: args.provider.clone(),
         transaction_id: args.transaction_id.clone(),
         since: args.since,
+        ..Replay::default()
     };
     let again = store(&args.db)?.replay(&which).await.map_err(db_error)?;
     if again.is_empty() {

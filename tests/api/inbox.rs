@@ -248,6 +248,7 @@ async fn an_event_is_dead_after_max_attempts_and_a_replay_books_it_once() {
         provider: Some("generic".into()),
         transaction_id: Some("tx_dies".into()),
         since: None,
+        ..Replay::default()
     };
     assert_eq!(store.replay(&one).await.unwrap().len(), 1);
     wait_for("booked after the replay", Duration::from_secs(20), || {

@@ -5,6 +5,8 @@ mod helpers;
 
 mod chaos;
 mod cluster;
+mod console;
+mod console_browser;
 mod deploy;
 mod edge;
 mod exactly_once;

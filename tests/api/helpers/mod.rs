@@ -2,7 +2,9 @@
 //! Redis key prefix per test, apps on port 0 built in-process with
 //! `App::build`, a mock downstream service, and a TCP fault proxy.
 
+pub mod browser;
 pub mod cluster;
+pub mod console;
 pub mod downstream;
 pub mod metrics;
 pub mod postgres;
@@ -166,6 +168,7 @@ impl TestContext {
                 prune_interval: None,
                 idle_poll: Duration::from_secs(1),
             },
+            console: Default::default(),
         }
     }
 

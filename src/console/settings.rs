@@ -1,0 +1,219 @@
+//! The console's settings: two token files and the cookie's `Secure` flag.
+//! Read and checked at start (a bad file stops the start with one line
+//! naming its setting) and again on SIGHUP (a bad file then keeps the
+//! tokens in force).
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use sha2::{Digest, Sha256};
+
+use crate::config::ConfigError;
+
+/// Shortest token accepted: 32 bytes, 256 bits when random.
+pub const MIN_TOKEN_BYTES: usize = 32;
+
+/// Flags and environment of the console (flattened into `fencehook serve`).
+#[derive(Debug, Clone, Args, Default)]
+pub struct ConsoleArgs {
+    /// File holding the console's viewer token (reads everything, replays
+    /// nothing). At least 32 bytes, not readable by group or others. With
+    /// neither token file set, /console is 404.
+    #[arg(long, env = "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE")]
+    pub console_viewer_token_file: Option<PathBuf>,
+    /// File holding the console's operator token (also replays dead events
+    /// and sees raw stored bodies). Same rules as the viewer's.
+    #[arg(long, env = "FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE")]
+    pub console_operator_token_file: Option<PathBuf>,
+    /// Mark the console's session cookie `Secure` (the console is reached
+    /// over HTTPS, through a TLS front).
+    #[arg(long, env = "FENCEHOOK_CONSOLE_SECURE_COOKIE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub console_secure_cookie: bool,
+}
+
+/// One role's token: the secret and the file it came from. Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token {
+    secret: Vec<u8>,
+    pub file: PathBuf,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("file", &self.file)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Token {
+    /// The secret's bytes (the key of the role's session MACs).
+    pub fn secret(&self) -> &[u8] {
+        &self.secret
+    }
+
+    /// SHA-256 of the secret: what a presented token is compared with, in
+    /// constant time, so the comparison's duration says nothing about it.
+    pub fn digest(&self) -> [u8; 32] {
+        Sha256::digest(&self.secret).into()
+    }
+}
+
+/// The console's settings, validated.
+#[derive(Debug, Clone, Default)]
+pub struct ConsoleConfig {
+    pub viewer: Option<Token>,
+    pub operator: Option<Token>,
+    pub secure_cookie: bool,
+}
+
+impl ConsoleConfig {
+    /// Whether `/console` is served at all.
+    pub fn enabled(&self) -> bool {
+        self.viewer.is_some() || self.operator.is_some()
+    }
+}
+
+pub const VIEWER_SETTING: &str = "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE";
+pub const OPERATOR_SETTING: &str = "FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE";
+
+impl ConsoleArgs {
+    pub fn validate(&self) -> Result<ConsoleConfig, ConfigError> {
+        read_tokens(
+            self.console_viewer_token_file.as_deref(),
+            self.console_operator_token_file.as_deref(),
+        )
+        .map(|(viewer, operator)| ConsoleConfig {
+            viewer,
+            operator,
+            secure_cookie: self.console_secure_cookie,
+        })
+    }
+}
+
+/// Both token files, read and checked (start and SIGHUP).
+pub fn read_tokens(
+    viewer: Option<&Path>,
+    operator: Option<&Path>,
+) -> Result<(Option<Token>, Option<Token>), ConfigError> {
+    let viewer = viewer.map(|p| read_token(VIEWER_SETTING, p)).transpose()?;
+    let operator = operator
+        .map(|p| read_token(OPERATOR_SETTING, p))
+        .transpose()?;
+    if let (Some(v), Some(o)) = (&viewer, &operator) {
+        if v.secret == o.secret {
+            return Err(bad(
+                OPERATOR_SETTING,
+                "holds the same token as FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE: a viewer could replay",
+            ));
+        }
+    }
+    Ok((viewer, operator))
+}
+
+fn bad(setting: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting,
+        reason: reason.into(),
+    }
+}
+
+/// One token file: readable by its owner only (no group or other read
+/// bit), at least [`MIN_TOKEN_BYTES`] once a trailing newline is dropped
+/// (`echo` and editors add one).
+fn read_token(setting: &'static str, path: &Path) -> Result<Token, ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let meta =
+        std::fs::metadata(path).map_err(|e| bad(setting, format!("cannot read {shown}: {e}")))?;
+    let mode = meta.permissions().mode();
+    if mode & 0o044 != 0 {
+        return Err(bad(
+            setting,
+            format!(
+                "{shown} is readable by group or others (mode {:o}): chmod 600 it",
+                mode & 0o777
+            ),
+        ));
+    }
+    let bytes =
+        std::fs::read(path).map_err(|e| bad(setting, format!("cannot read {shown}: {e}")))?;
+    let mut secret = bytes;
+    while secret.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        secret.pop();
+    }
+    if secret.len() < MIN_TOKEN_BYTES {
+        return Err(bad(
+            setting,
+            format!(
+                "{shown} holds {} bytes; a console token needs at least {MIN_TOKEN_BYTES} (e.g. `openssl rand -hex 32`)",
+                secret.len()
+            ),
+        ));
+    }
+    Ok(Token {
+        secret,
+        file: path.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn file(dir: &Path, name: &str, body: &str, mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fh-console-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn token_files_must_be_long_private_readable_and_distinct() {
+        let d = dir();
+        let good = "v".repeat(32) + "\n";
+        let viewer = file(&d, "viewer", &good, 0o600);
+        let (v, o) = read_tokens(Some(&viewer), None).unwrap();
+        assert_eq!(
+            v.unwrap().secret().len(),
+            32,
+            "the trailing newline is not part of it"
+        );
+        assert!(o.is_none());
+
+        let short = file(&d, "short", &"s".repeat(31), 0o600);
+        let e = read_tokens(Some(&short), None).unwrap_err();
+        assert_eq!(e.setting, VIEWER_SETTING);
+        assert!(e.reason.contains("31 bytes"), "{e}");
+
+        let open = file(&d, "open", &"o".repeat(40), 0o640);
+        let e = read_tokens(None, Some(&open)).unwrap_err();
+        assert_eq!(e.setting, OPERATOR_SETTING);
+        assert!(e.reason.contains("group or others"), "{e}");
+        let world = file(&d, "world", &"w".repeat(40), 0o604);
+        assert!(read_tokens(Some(&world), None).is_err());
+
+        let e = read_tokens(None, Some(&d.join("missing"))).unwrap_err();
+        assert_eq!(e.setting, OPERATOR_SETTING);
+        assert!(e.reason.contains("cannot read"), "{e}");
+
+        let same = file(&d, "same", &good, 0o400);
+        let e = read_tokens(Some(&viewer), Some(&same)).unwrap_err();
+        assert_eq!(e.setting, OPERATOR_SETTING);
+
+        let shown = format!("{:?}", read_tokens(Some(&viewer), None).unwrap().0);
+        assert!(
+            !shown.contains("vvvv"),
+            "Debug never shows the secret: {shown}"
+        );
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

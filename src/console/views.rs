@@ -1,0 +1,533 @@
+//! The console's HTML, as maud templates: checked when fencehook compiles,
+//! and every value spliced in with `(value)` is HTML-escaped. Nothing here
+//! uses `PreEscaped` on data. No page carries a script: forms and links do
+//! everything, so the pages work with JavaScript off (and the CSP forbids it).
+
+use hyper::StatusCode;
+use maud::{html, Markup, DOCTYPE};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use super::auth::{Role, Session};
+use super::pages::{
+    encode_segment, EventsView, Overview, PaymentView, RefusalsView, ReplayView, SearchView,
+};
+use crate::providers::major_units;
+use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
+use crate::store::inbox::{EventRow, RowView};
+
+/// The console's stylesheet (served at `/console/style.css`: the CSP allows
+/// no inline style).
+pub const STYLE: &str = r#"
+:root { --ink:#1d2433; --muted:#5b6478; --line:#dde2ea; --bg:#f6f7f9; --accent:#2457c5; }
+* { box-sizing: border-box; }
+body { margin:0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color:var(--ink); background:var(--bg); }
+header { background:#151b2b; color:#fff; padding:10px 24px; display:flex; align-items:center; gap:24px; }
+header .brand { font-weight:700; letter-spacing:.02em; }
+header nav a { color:#c9d3ea; text-decoration:none; margin-right:16px; }
+header nav a:hover { color:#fff; }
+header .who { margin-left:auto; display:flex; gap:12px; align-items:center; color:#c9d3ea; }
+header form { margin:0; }
+header button { background:transparent; color:#c9d3ea; border:1px solid #44506a; border-radius:4px; padding:2px 10px; cursor:pointer; }
+main { padding:20px 24px 48px; max-width:1280px; }
+h1 { font-size:20px; margin:4px 0 14px; }
+h2 { font-size:15px; margin:24px 0 8px; color:var(--muted); text-transform:uppercase; letter-spacing:.04em; }
+table { border-collapse:collapse; width:100%; background:#fff; border:1px solid var(--line); }
+th, td { text-align:left; padding:6px 10px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { background:#eef1f6; font-weight:600; font-size:12px; color:var(--muted); }
+td.num, th.num { text-align:right; font-variant-numeric: tabular-nums; }
+code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size:13px; }
+a { color:var(--accent); }
+.cards { display:grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap:12px; }
+.card { background:#fff; border:1px solid var(--line); border-radius:6px; padding:10px 14px; }
+.card .label { color:var(--muted); font-size:12px; }
+.card .value { font-size:22px; font-weight:600; }
+.badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600; background:#e7eaf0; }
+.s-succeeded, .s-done { background:#dcf3e4; color:#17683a; }
+.s-failed { background:#fbe3d4; color:#8a3b0c; }
+.s-dead { background:#f9d7d9; color:#9b1c25; }
+.s-queued { background:#e3ebfb; color:#23489c; }
+.s-processing { background:#fff1c2; color:#7a5600; }
+.summary { background:#fff; border:1px solid var(--line); border-radius:6px; padding:12px 16px; display:grid; grid-template-columns: max-content 1fr; gap:4px 18px; }
+.summary dt { color:var(--muted); }
+.summary dd { margin:0; }
+.amount { font-size:18px; font-weight:700; }
+form.filters { display:flex; flex-wrap:wrap; gap:8px; align-items:flex-end; background:#fff; border:1px solid var(--line); border-radius:6px; padding:10px 12px; margin-bottom:14px; }
+form.filters label { display:flex; flex-direction:column; font-size:12px; color:var(--muted); }
+input, select { font: inherit; padding:4px 6px; border:1px solid #c3cad6; border-radius:4px; }
+button { font: inherit; }
+button.primary, button.replay { background:var(--accent); color:#fff; border:0; border-radius:4px; padding:5px 12px; cursor:pointer; }
+button.replay { background:#b42331; padding:2px 10px; font-size:12px; }
+.notice { background:#e3f4e9; border:1px solid #b5dfc3; padding:8px 12px; border-radius:6px; margin-bottom:12px; }
+.warn { background:#fff4d6; border:1px solid #f0d98a; padding:8px 12px; border-radius:6px; margin-bottom:12px; }
+.error { background:#fde5e7; border:1px solid #f3b6bc; padding:8px 12px; border-radius:6px; }
+ol.timeline { list-style:none; padding:0; margin:0; border-left:3px solid var(--line); }
+ol.timeline li { position:relative; padding:4px 0 8px 18px; }
+ol.timeline li::before { content:""; position:absolute; left:-7px; top:9px; width:11px; height:11px; border-radius:50%; background:#9aa6bd; }
+ol.timeline li.t-ledger::before { background:#17683a; }
+ol.timeline li.t-attempt_failed::before, ol.timeline li.t-finished::before { background:#b42331; }
+ol.timeline li.t-replayed::before { background:#2457c5; }
+ol.timeline .when { color:var(--muted); font-size:12px; margin-right:8px; }
+ol.timeline .tok { color:var(--muted); font-size:12px; margin-left:8px; }
+pre.body { background:#0f1422; color:#d7def0; padding:10px; border-radius:6px; overflow:auto; max-height:260px; font-size:12px; }
+.muted { color:var(--muted); }
+.login { max-width:380px; margin:80px auto; background:#fff; border:1px solid var(--line); border-radius:8px; padding:24px; }
+.login input { width:100%; margin:8px 0 14px; }
+.pager { margin-top:10px; }
+"#;
+
+/// A time for people: UTC, to the second.
+pub fn when(t: &OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    let text = t.format(&Rfc3339).unwrap_or_default();
+    let text = text
+        .split('.')
+        .next()
+        .unwrap_or(&text)
+        .trim_end_matches('Z');
+    format!("{} UTC", text.replacen('T', " ", 1))
+}
+
+fn when_unix(secs: i64) -> String {
+    OffsetDateTime::from_unix_timestamp(secs)
+        .map(|t| when(&t))
+        .unwrap_or_default()
+}
+
+fn payment_href(provider: &str, transaction_id: &str) -> String {
+    format!(
+        "/console/payments/{}/{}",
+        encode_segment(provider),
+        encode_segment(transaction_id)
+    )
+}
+
+fn badge(status: &str) -> Markup {
+    html! { span class={ "badge s-" (status) } { (status) } }
+}
+
+/// The page around every signed-in view.
+fn layout(session: Option<&Session>, title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · fencehook console" }
+                link rel="stylesheet" href="/console/style.css";
+            }
+            body {
+                header {
+                    span.brand { "fencehook" }
+                    @if session.is_some() {
+                        nav {
+                            a href="/console" { "Overview" }
+                            a href="/console/payments" { "Payments" }
+                            a href="/console/events?status=dead" { "Dead events" }
+                            a href="/console/events" { "Inbox" }
+                            a href="/console/refusals" { "Refusals" }
+                        }
+                    }
+                    @if let Some(s) = session {
+                        div.who {
+                            span { "signed in as " strong { (s.role.as_str()) } }
+                            @if let Some(csrf) = &s.csrf {
+                                form method="post" action="/console/logout" {
+                                    input type="hidden" name="csrf" value=(csrf);
+                                    button type="submit" { "Sign out" }
+                                }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+pub fn login(message: Option<&str>) -> Markup {
+    layout(
+        None,
+        "Sign in",
+        html! {
+            div.login {
+                h1 { "Operator console" }
+                @if let Some(m) = message { p.error { (m) } }
+                form method="post" action="/console/login" {
+                    label for="token" { "Token (the viewer's or the operator's)" }
+                    input type="password" id="token" name="token" autocomplete="current-password" required autofocus;
+                    button.primary type="submit" { "Sign in" }
+                }
+                p.muted { "A session lasts 12 hours, or until its token file changes." }
+            }
+        },
+    )
+}
+
+pub fn failure(session: Option<&Session>, status: StatusCode, message: &str) -> Markup {
+    layout(
+        session,
+        status.canonical_reason().unwrap_or("Error"),
+        html! {
+            h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+            p.error { (message) }
+            p { a href="/console" { "Back to the overview" } }
+        },
+    )
+}
+
+fn card(label: &str, value: impl std::fmt::Display) -> Markup {
+    html! { div.card { div.label { (label) } div.value { (value.to_string()) } } }
+}
+
+fn payments_table(rows: &[crate::store::console::PaymentLine]) -> Markup {
+    html! {
+        table {
+            thead { tr { th { "Created" } th { "Provider" } th { "Transaction" } th { "Kind" } th { "Status" } th.num { "Amount" } th.num { "Fence" } } }
+            tbody {
+                @for r in rows {
+                    tr {
+                        td { (when(&r.created_at)) }
+                        td { (r.provider) }
+                        td.mono { a href=(payment_href(&r.provider, &r.transaction_id)) { (r.transaction_id) } }
+                        td { (r.kind) @if let Some(p) = &r.parent_transaction_id { " of " a.mono href=(payment_href(&r.provider, p)) { (p) } } }
+                        td { (badge(&r.status)) }
+                        td.num { (major_units(r.amount_minor, &r.currency)) }
+                        td.num { (r.fence) }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="7" .muted { "No payment matches." } } }
+            }
+        }
+    }
+}
+
+pub fn overview(session: &Session, v: &Overview) -> Markup {
+    layout(
+        Some(session),
+        "Overview",
+        html! {
+            h1 { "Overview" span.muted { " · " (v.mode) " mode" } }
+            div.cards {
+                (card("Inbox queued", v.inbox.queued))
+                (card("Inbox processing", v.inbox.processing))
+                (card("Inbox dead", v.inbox.dead))
+                (card("Mean inbox lag (s)", v.inbox_lag_mean_seconds.map(|s| format!("{s:.3}")).unwrap_or_else(|| "–".to_owned())))
+                (card("Leases held now", v.leases_held))
+                (card("Leases lost", v.leases_lost))
+                (card("Fence-rejected writes", v.fence_rejected))
+                (card("Stale events", v.stale_events))
+                (card("Quarantined items", v.quarantine.items))
+                (card("Refusals kept", v.refusals_kept))
+                (card("Over-returned payments", v.over_returned))
+            }
+            @if v.inbox.dead > 0 {
+                p.warn { (v.inbox.dead) " dead event(s) wait for a replay: " a href="/console/events?status=dead" { "see them grouped by error" } }
+            }
+            h2 { "Answers of this instance, last " (v.answers_minutes) " minutes" }
+            table {
+                thead { tr { th { "Provider" } th { "Result" } th.num { "Answers" } } }
+                tbody {
+                    @for a in &v.answers { tr { td { (a.provider) } td { (a.result) } td.num { (a.count) } } }
+                    @if v.answers.is_empty() { tr { td colspan="3" .muted { "No delivery in that time." } } }
+                }
+            }
+            h2 { "Refund rejections (since start)" }
+            table {
+                thead { tr { th { "Reason" } th.num { "Count" } } }
+                tbody { @for (reason, n) in &v.refund_rejections { tr { td { (reason) } td.num { (n) } } } }
+            }
+            h2 { "Latest refusals" }
+            (refusals_table(&v.recent_refusals))
+            p { a href="/console/refusals" { "All refusals kept" } }
+            h2 { "Latest payments" }
+            (payments_table(&v.latest))
+            h2 { "Audit" }
+            p.muted { (v.audit) }
+            @if let Some(at) = v.quarantine.last_seen_at { p.muted { "Last quarantined item seen " (when(&at)) "." } }
+        },
+    )
+}
+
+pub fn search(session: &Session, v: &SearchView) -> Markup {
+    let f = &v.form;
+    let val = |o: &Option<String>| o.clone().unwrap_or_default();
+    layout(
+        Some(session),
+        "Payments",
+        html! {
+            h1 { "Payments" }
+            form.filters method="get" action="/console/payments" {
+                label { "Provider" input name="provider" value=(val(&f.provider)) placeholder="any"; }
+                label { "Transaction id or prefix" input name="transaction_id" value=(val(&f.transaction_id)) size="28"; }
+                label { "Status"
+                    select name="status" {
+                        option value="" { "any" }
+                        @for s in PAYMENT_STATUSES { option value=(s) selected[f.status.as_deref() == Some(s)] { (s) } }
+                    }
+                }
+                label { "Since (UTC, or 2h)" input name="since" value=(val(&f.since)) size="18"; }
+                label { "Until" input name="until" value=(val(&f.until)) size="18"; }
+                button.primary type="submit" { "Search" }
+            }
+            @if v.page.truncated {
+                p.warn { "More than 1,000 transaction ids start with this prefix: only the first 1,000 (in byte order) were searched. Give a longer prefix." }
+            }
+            (payments_table(&v.page.rows))
+            @if let Some(next) = &v.next_page {
+                p.pager { a href={ "/console/payments?" (next) } { "Older →" } }
+            }
+        },
+    )
+}
+
+fn row_summary(r: &RowView) -> Markup {
+    html! {
+        dl.summary {
+            dt { "Status" } dd { (badge(&r.status)) " by " code { (r.event_type) } }
+            dt { "Amount" } dd.amount { (major_units(r.amount_minor, &r.currency)) }
+            @if r.kind == "payment" {
+                dt { "Refunded or disputed (net)" } dd { (major_units(r.amount_out_minor, &r.currency)) }
+            }
+            dt { "Kind" } dd { (r.kind) }
+            @if let Some(p) = &r.parent_transaction_id {
+                dt { "Payment" } dd { a.mono href=(payment_href(&r.provider, p)) { (p) } }
+            }
+            dt { "Fence (last lease token)" } dd.mono { (r.fence) }
+            dt { "Recorded" } dd { (when(&r.created_at)) }
+            dt { "Last change" } dd { (when(&r.updated_at)) }
+        }
+    }
+}
+
+fn replay_button(session: &Session, ev: &EventRow, back: &str) -> Markup {
+    html! {
+        @if session.role == Role::Operator && ev.status == "dead" {
+            @if let Some(csrf) = &session.csrf {
+                form method="post" action={ "/console/events/" (ev.id) "/replay" } {
+                    input type="hidden" name="csrf" value=(csrf);
+                    input type="hidden" name="back" value=(back);
+                    button.replay type="submit" { "Replay" }
+                }
+            } @else {
+                span.muted { "replay: POST /console/events/" (ev.id) "/replay" }
+            }
+        }
+    }
+}
+
+fn events_table(session: &Session, rows: &[EventRow], back: &str) -> Markup {
+    html! {
+        table {
+            thead { tr { th { "#" } th { "Received" } th { "Provider" } th { "Transaction" } th { "Event" } th { "Status" } th.num { "Attempts" } th { "Last error" } th { "" } } }
+            tbody {
+                @for e in rows {
+                    tr {
+                        td.mono { (e.id) }
+                        td { (when(&e.received_at)) }
+                        td { (e.provider) }
+                        td.mono { a href=(payment_href(&e.provider, &e.transaction_id)) { (e.transaction_id) } }
+                        td.mono { (e.event_type) }
+                        td { (badge(&e.status)) }
+                        td.num { (e.attempts) @if e.replays > 0 { span.muted { " (replayed " (e.replays) "×)" } } }
+                        td { @if let Some(err) = &e.last_error { (err) } }
+                        td { (replay_button(session, e, back)) }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="9" .muted { "No event." } } }
+            }
+        }
+    }
+}
+
+pub fn payment(session: &Session, v: &PaymentView) -> Markup {
+    let here = payment_href(&v.provider, &v.transaction_id);
+    let found = &v.found;
+    layout(
+        Some(session),
+        &v.transaction_id,
+        html! {
+            h1 { span.muted { (v.provider) " / " } span.mono { (v.transaction_id) } }
+            @if let Some(n) = v.replayed { p.notice { "Replay asked: " (n) " dead event(s) re-queued." } }
+            @match &found.row {
+                Some(r) => (row_summary(r)),
+                None => p.warn { "No payments row (yet): only events are stored." },
+            }
+            @if !found.children.is_empty() {
+                h2 { "Refunds and disputes" }
+                table {
+                    thead { tr { th { "Transaction" } th { "Kind" } th { "Status" } th.num { "Amount" } th.num { "Fence" } th { "Recorded" } } }
+                    tbody {
+                        @for c in &found.children {
+                            tr {
+                                td.mono { a href=(payment_href(&c.provider, &c.transaction_id)) { (c.transaction_id) } }
+                                td { (c.kind) } td { (badge(&c.status)) }
+                                td.num { (major_units(c.amount_minor, &c.currency)) }
+                                td.num { (c.fence) } td { (when(&c.created_at)) }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Ledger" }
+            table {
+                thead { tr { th { "Booked" } th { "Transaction" } th { "Effect" } th.num { "Amount" } th.num { "Written by lease token" } } }
+                tbody {
+                    @for e in &found.entries {
+                        tr { td { (when(&e.created_at)) } td.mono { (e.transaction_id) } td { (e.effect) } td.num { (major_units(e.amount_minor, &e.currency)) } td.num { (e.fence) } }
+                    }
+                    @if found.entries.is_empty() { tr { td colspan="5" .muted { "No ledger entry." } } }
+                }
+            }
+            h2 { "Timeline" }
+            ol.timeline {
+                @for m in &v.timeline {
+                    li class={ "t-" (m.what) } {
+                        span.when { (when(&m.at)) }
+                        (m.text)
+                        @if let Some(t) = m.token { span.tok { "lease token " (t) } }
+                        @if let Some(o) = &m.out_so_far { span.tok { "· out so far " (o) } }
+                    }
+                }
+            }
+            h2 { "Events and attempts" }
+            (events_table(session, &found.events, &here))
+            @if let Some(bodies) = &v.bodies {
+                h2 { "Stored bodies (operators only)" }
+                @for (id, body) in bodies {
+                    details { summary { "event #" (id) } pre.body { (body) } }
+                }
+            }
+        },
+    )
+}
+
+pub fn events(session: &Session, v: &EventsView) -> Markup {
+    let mut back = String::from("/console/events");
+    if let Some(s) = &v.status {
+        back.push_str(&format!("?status={s}"));
+    }
+    layout(
+        Some(session),
+        "Inbox events",
+        html! {
+            h1 { "Inbox events" @if let Some(s) = &v.status { " · " (s) } }
+            @if let Some(n) = v.replayed { p.notice { "Replay done: " (n) " dead event(s) re-queued." } }
+            div.cards {
+                (card("Queued", v.counts.queued))
+                (card("Processing", v.counts.processing))
+                (card("Dead", v.counts.dead))
+            }
+            form.filters method="get" action="/console/events" {
+                label { "Status"
+                    select name="status" {
+                        option value="" { "any" }
+                        @for s in EVENT_STATUSES { option value=(s) selected[v.status.as_deref() == Some(s)] { (s) } }
+                    }
+                }
+                label { "Provider" input name="provider" value=(v.provider.clone().unwrap_or_default()) placeholder="any"; }
+                button.primary type="submit" { "Show" }
+            }
+            @if !v.dead_groups.is_empty() {
+                h2 { "Dead events by last error" }
+                table {
+                    thead { tr { th { "Provider" } th { "Last error" } th.num { "Events" } th { "Received" } th { "" } } }
+                    tbody {
+                        @for g in &v.dead_groups {
+                            tr {
+                                td { (g.provider) }
+                                td { @match &g.last_error { Some(e) => (e), None => span.muted { "(none)" } } }
+                                td.num { (g.events) }
+                                td { (when(&g.first_received_at)) " – " (when(&g.last_received_at)) }
+                                td {
+                                    @if session.role == Role::Operator {
+                                        @if let Some(csrf) = &session.csrf {
+                                            form method="post" action="/console/events/replay" {
+                                                input type="hidden" name="csrf" value=(csrf);
+                                                input type="hidden" name="provider" value=(g.provider);
+                                                @if let Some(e) = &g.last_error { input type="hidden" name="last_error" value=(e); }
+                                                input type="hidden" name="dry_run" value="true";
+                                                button.replay type="submit" { "Replay these…" }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "Events" }
+            @if v.page.truncated { p.warn { "Only the newest 10,000 events of this status were looked through for this provider." } }
+            (events_table(session, &v.page.rows, &back))
+            @if let Some(next) = &v.next_page { p.pager { a href={ "/console/events?" (next) } { "More →" } } }
+        },
+    )
+}
+
+pub fn replay_confirm(session: &Session, v: &ReplayView) -> Markup {
+    let f = &v.filter;
+    layout(
+        Some(session),
+        "Replay",
+        html! {
+            h1 { "Replay dead events" }
+            dl.summary {
+                dt { "Provider" } dd { (f.provider.clone().unwrap_or_else(|| "any".to_owned())) }
+                dt { "Last error" } dd { (f.last_error.clone().unwrap_or_else(|| "any".to_owned())) }
+                dt { "Received since" } dd { (f.since.clone().unwrap_or_else(|| "any time".to_owned())) }
+                dt { "Dead events matching now" } dd.amount { (v.matching) }
+            }
+            @if v.matching > 0 {
+                @if let Some(csrf) = &session.csrf {
+                    form method="post" action="/console/events/replay" {
+                        input type="hidden" name="csrf" value=(csrf);
+                        @if let Some(p) = &f.provider { input type="hidden" name="provider" value=(p); }
+                        @if let Some(e) = &f.last_error { input type="hidden" name="last_error" value=(e); }
+                        @if let Some(s) = &f.since { input type="hidden" name="since" value=(s); }
+                        input type="hidden" name="dry_run" value="false";
+                        p { button.replay type="submit" { "Replay " (v.matching) " event(s)" } }
+                    }
+                }
+                p.muted { "Each is re-queued once: one already re-queued or booked is not touched again." }
+            } @else {
+                p { "Nothing to replay." }
+            }
+            p { a href="/console/events?status=dead" { "Back to the dead events" } }
+        },
+    )
+}
+
+fn refusals_table(rows: &[super::recent::Refusal]) -> Markup {
+    html! {
+        table {
+            thead { tr { th { "When" } th { "Provider" } th { "Answer" } th { "What failed" } th { "Peer" } } }
+            tbody {
+                @for r in rows {
+                    tr {
+                        td { (when_unix(r.at)) }
+                        td { (r.provider) }
+                        td { (r.status) " " code { (r.result) } }
+                        td { (r.reason.clone().unwrap_or_default()) }
+                        td.mono { (r.peer.clone().unwrap_or_default()) }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="5" .muted { "No refused delivery kept." } } }
+            }
+        }
+    }
+}
+
+pub fn refusals(session: &Session, v: &RefusalsView) -> Markup {
+    layout(
+        Some(session),
+        "Refusals",
+        html! {
+            h1 { "Refused deliveries" }
+            p.muted { "The last " (v.kept_at_most) " refused by this instance, newest first, kept in memory: when, which provider, the answer, what failed, and the peer's address (behind a proxy, the proxy's). Never the body or a signature." }
+            (refusals_table(&v.refusals))
+        },
+    )
+}
