@@ -56,7 +56,9 @@ use crate::store::Store;
 
 /// The headers of every console answer: no script may run (the pages have
 /// none), no other site may frame a page, nothing is cached (a shared
-/// machine's browser keeps no payment), no type sniffing, no referrer.
+/// machine's browser keeps no payment), no type sniffing, and no referrer
+/// to another origin. (Not `no-referrer`: under it a browser's form posts
+/// say `Origin: null`, which the Origin check must refuse.)
 pub const SECURITY_HEADERS: [(&str, &str); 5] = [
     (
         "content-security-policy",
@@ -65,7 +67,7 @@ pub const SECURITY_HEADERS: [(&str, &str); 5] = [
     ("x-frame-options", "DENY"),
     ("cache-control", "no-store"),
     ("x-content-type-options", "nosniff"),
-    ("referrer-policy", "no-referrer"),
+    ("referrer-policy", "same-origin"),
 ];
 
 /// Largest form body read (a sign-in, a replay filter).

@@ -56,8 +56,8 @@ form.filters { display:flex; flex-wrap:wrap; gap:8px; align-items:flex-end; back
 form.filters label { display:flex; flex-direction:column; font-size:12px; color:var(--muted); }
 input, select { font: inherit; padding:4px 6px; border:1px solid #c3cad6; border-radius:4px; }
 button { font: inherit; }
-button.primary, button.replay { background:var(--accent); color:#fff; border:0; border-radius:4px; padding:5px 12px; cursor:pointer; }
-button.replay { background:#b42331; padding:2px 10px; font-size:12px; }
+button.primary, button.replay, button.replay-many { background:var(--accent); color:#fff; border:0; border-radius:4px; padding:5px 12px; cursor:pointer; }
+button.replay, button.replay-many { background:#b42331; padding:2px 10px; font-size:12px; }
 .notice { background:#e3f4e9; border:1px solid #b5dfc3; padding:8px 12px; border-radius:6px; margin-bottom:12px; }
 .warn { background:#fff4d6; border:1px solid #f0d98a; padding:8px 12px; border-radius:6px; margin-bottom:12px; }
 .error { background:#fde5e7; border:1px solid #f3b6bc; padding:8px 12px; border-radius:6px; }
@@ -449,7 +449,7 @@ pub fn events(session: &Session, v: &EventsView) -> Markup {
                                                 input type="hidden" name="provider" value=(g.provider);
                                                 @if let Some(e) = &g.last_error { input type="hidden" name="last_error" value=(e); }
                                                 input type="hidden" name="dry_run" value="true";
-                                                button.replay type="submit" { "Replay these…" }
+                                                button.replay-many type="submit" { "Replay these…" }
                                             }
                                         }
                                     }

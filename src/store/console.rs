@@ -323,14 +323,15 @@ impl Store {
         // rare provider's events cannot make the scan read the whole table.
         let sql = format!(
             "WITH scanned AS MATERIALIZED (
-                SELECT id, provider, {column} AS at FROM events
+                SELECT id, provider AS scanned_provider, {column} AS scanned_at FROM events
                  WHERE {status} AND ({column}, id) {cmp} ({bound})
                  ORDER BY {column} {dir}, id {dir}
                  LIMIT {EVENT_SCAN_CAP})
-             SELECT {EVENT_COLUMNS}, s.at AS cursor_at, (SELECT count(*) FROM scanned) AS scanned
+             SELECT {EVENT_COLUMNS}, s.scanned_at AS cursor_at,
+                    (SELECT count(*) FROM scanned) AS scanned
                FROM scanned s JOIN events USING (id)
-              WHERE ($1::text IS NULL OR s.provider = $1)
-              ORDER BY s.at {dir}, s.id {dir}
+              WHERE ($1::text IS NULL OR s.scanned_provider = $1)
+              ORDER BY s.scanned_at {dir}, id {dir}
               LIMIT $4"
         );
         let (after_at, after_id) = (q.after.map(|a| a.0), q.after.map(|a| a.1));

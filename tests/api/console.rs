@@ -128,7 +128,7 @@ fn a_short_unreadable_or_group_readable_token_file_stops_the_start_naming_its_se
     let (code, err) = check_config(&[("FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE", path("short"))]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.starts_with("FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE: ") && err.contains("at least 32"),
+        err.contains("FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE: ") && err.contains("at least 32"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
@@ -142,8 +142,7 @@ fn a_short_unreadable_or_group_readable_token_file_stops_the_start_naming_its_se
     let (code, err) = check_config(&[("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE", path("operator"))]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.starts_with("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE: ")
-            && err.contains("group or others"),
+        err.contains("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE: ") && err.contains("group or others"),
         "{err}"
     );
     std::fs::set_permissions(
@@ -157,7 +156,7 @@ fn a_short_unreadable_or_group_readable_token_file_stops_the_start_naming_its_se
     let (code, err) = check_config(&[("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE", path("missing"))]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.starts_with("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE: ") && err.contains("cannot read"),
+        err.contains("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE: ") && err.contains("cannot read"),
         "{err}"
     );
 }
@@ -564,9 +563,14 @@ async fn a_dead_event_replayed_from_the_console_many_times_at_once_is_booked_exa
         replayed, 1,
         "one click re-queued it; the others found nothing dead"
     );
-    wait_for("booked", Duration::from_secs(20), || async {
-        matches!(ctx.payment("tx_again").await, Some((s, _)) if s == "succeeded")
-    })
+    wait_for(
+        "booked and its event done",
+        Duration::from_secs(20),
+        || async {
+            matches!(ctx.payment("tx_again").await, Some((s, _)) if s == "succeeded")
+                && event_status(&ctx, "tx_again").await == "done"
+        },
+    )
     .await;
     // And once more after it is booked.
     let late = op
@@ -691,7 +695,7 @@ async fn insert_payment(
         .execute(
             "INSERT INTO payments (provider, transaction_id, kind, event_type, amount_minor, currency,
                                    fingerprint, status, fence, created_at, updated_at)
-             VALUES ($1, $2, 'payment', 'payment.succeeded', 1234, 'EUR', 'fp', $3, 1,
+             VALUES ($1, $2::text, 'payment', 'payment.succeeded', 1234, 'EUR', 'fp', $3::text, 1,
                      now() - $4 * interval '1 minute', now() - $4 * interval '1 minute')",
             &[&provider, &tx, &status, &(minutes_ago as f64)],
         )
@@ -1052,6 +1056,11 @@ async fn on_a_million_payments_every_search_is_an_index_scan_reading_about_a_pag
     let db = ctx.db().await;
     db.batch_execute(
         "SET statement_timeout = 0;
+         SET synchronous_commit = off;
+         -- A bulk load, as a restore would do it: the inbox's wake-up trigger
+         -- (nothing waits here) off, V12's indexes built after the rows.
+         ALTER TABLE payments DISABLE TRIGGER payments_wake_waiting;
+         DROP INDEX payments_console_status_idx, payments_console_transaction_idx;
          INSERT INTO payments (provider, transaction_id, kind, event_type, amount_minor, currency,
                                fingerprint, status, fence, created_at, updated_at)
          SELECT CASE WHEN i % 50 = 0 THEN 'stripe' ELSE 'generic' END, 'tx_' || i, 'payment',
@@ -1059,6 +1068,10 @@ async fn on_a_million_payments_every_search_is_an_index_scan_reading_about_a_pag
                 CASE WHEN i % 1000 = 0 THEN 'dead' WHEN i % 97 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
                 now() - (1000000 - i) * interval '1 second', now() - (1000000 - i) * interval '1 second'
            FROM generate_series(1, 1000000) i;
+         SET maintenance_work_mem = '256MB';
+         CREATE INDEX payments_console_status_idx ON payments (provider, status, created_at, id);
+         CREATE INDEX payments_console_transaction_idx ON payments (transaction_id text_pattern_ops);
+         ALTER TABLE payments ENABLE TRIGGER payments_wake_waiting;
          ANALYZE payments;",
     )
     .await
