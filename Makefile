@@ -8,8 +8,9 @@
 #               (CHAOS_MODE=inbox, or make chaos-inbox: the same in inbox mode)
 #   make model  exhaustive model checks of the protocols: lease + fence, the lease inside the write,
 #               a payment's life (cap, downstream keys), the inbox (stateright; no services)
-#   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny) and the nginx
-#               and systemd-analyze the deploy tests run, if missing (those tests fail without them)
+#   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny), the nginx
+#               and systemd-analyze the deploy tests run, and the Chromium and chromedriver the
+#               console's browser tests drive, if missing (those tests fail without them)
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -96,9 +97,14 @@ lint:
 # cargo subcommands from crates.io at the versions their own lock files pin), and nginx for
 # tests/api/deploy.rs, which runs deploy/nginx.conf in front of fencehook (RUNLEVEL=1 keeps
 # the package from starting a system nginx on port 80: the test runs its own), and
-# systemd-analyze for the check of the systemd units.
+# systemd-analyze for the check of the systemd units, and Debian's Chromium and chromedriver for
+# the console's browser tests (a fresh machine's package lists are fetched first if the install
+# finds nothing).
 tools:
 	@command -v shellcheck >/dev/null || apt-get install -y shellcheck
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver; }
 	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || RUNLEVEL=1 apt-get install -y --no-install-recommends nginx
 	@command -v systemd-analyze >/dev/null || RUNLEVEL=1 apt-get install -y --no-install-recommends systemd
 	@$(CARGO) machete --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-machete

@@ -518,7 +518,7 @@ pub struct Moment {
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
     /// `created`, `updated`, `received`, `attempt_failed`, `replayed`,
-    /// `finished`, `ledger`.
+    /// `done`, `dead`, `ledger`.
     pub what: &'static str,
     pub transaction_id: String,
     pub text: String,
@@ -526,8 +526,8 @@ pub struct Moment {
     pub token: Option<i64>,
     /// The event this is about, for event lines.
     pub event_id: Option<i64>,
-    /// After a ledger entry of a payment: the money out so far (refunds and
-    /// disputes, net of reversals), in major units.
+    /// After a ledger entry that moves money out of a payment (or back): the
+    /// money out so far (refunds and disputes, net of reversals), in major units.
     pub out_so_far: Option<String>,
 }
 
@@ -636,7 +636,8 @@ pub fn timeline(found: &Inspection) -> Vec<Moment> {
                 Some(e) if ev.status == "dead" => format!("event #{} dead: {e}", ev.id),
                 _ => format!("event #{} {}", ev.id, ev.status),
             };
-            let mut m = moment(at, "finished", &ev.transaction_id, text);
+            let what = if ev.status == "dead" { "dead" } else { "done" };
+            let mut m = moment(at, what, &ev.transaction_id, text);
             m.event_id = Some(ev.id);
             out.push((at, 4, m));
         }
@@ -657,10 +658,8 @@ pub fn timeline(found: &Inspection) -> Vec<Moment> {
             ),
         );
         m.token = Some(e.fence);
-        if let Some(p) = payment {
-            if e.effect != "credit" {
-                money_out -= e.amount_minor;
-            }
+        if let Some(p) = payment.filter(|_| e.effect != "credit") {
+            money_out -= e.amount_minor;
             m.out_so_far = Some(format!(
                 "{} of {}",
                 major_units(money_out, &p.currency),
@@ -669,7 +668,7 @@ pub fn timeline(found: &Inspection) -> Vec<Moment> {
         }
         out.push((e.created_at, 3, m));
     }
-    out.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    out.sort_by_key(|a| (a.0, a.1));
     out.into_iter().map(|(_, _, m)| m).collect()
 }
 

@@ -65,7 +65,8 @@ ol.timeline { list-style:none; padding:0; margin:0; border-left:3px solid var(--
 ol.timeline li { position:relative; padding:4px 0 8px 18px; }
 ol.timeline li::before { content:""; position:absolute; left:-7px; top:9px; width:11px; height:11px; border-radius:50%; background:#9aa6bd; }
 ol.timeline li.t-ledger::before { background:#17683a; }
-ol.timeline li.t-attempt_failed::before, ol.timeline li.t-finished::before { background:#b42331; }
+ol.timeline li.t-attempt_failed::before, ol.timeline li.t-dead::before { background:#b42331; }
+ol.timeline li.t-done::before { background:#7fb894; }
 ol.timeline li.t-replayed::before { background:#2457c5; }
 ol.timeline .when { color:var(--muted); font-size:12px; margin-right:8px; }
 ol.timeline .tok { color:var(--muted); font-size:12px; margin-left:8px; }

@@ -297,7 +297,7 @@ impl Store {
     }
 
     /// A page of inbox events of one status (or of all), by that status's
-    /// index (see [`event_order`]).
+    /// index (see `event_order`).
     pub async fn list_events(&self, q: &EventList) -> Result<Page<EventRow>, StoreError> {
         let client = self.pool.get().await?;
         let limit = q.limit.clamp(1, MAX_PAGE);

@@ -1046,6 +1046,9 @@ async fn a_changed_token_file_signs_its_sessions_out_once_sighup_rereads_it() {
     Browser::new(&server.admin).sign_in(&rotated).await;
 }
 
+/// Boxed query parameters, for one EXPLAIN each.
+type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
+
 /// A million payments: the console's searches stay index scans that read
 /// about a page of rows. Built with one INSERT … generate_series (about ten
 /// seconds here), then ANALYZE, as a production table would be.
@@ -1087,25 +1090,20 @@ async fn on_a_million_payments_every_search_is_an_index_scan_reading_about_a_pag
     let since = Some(time::OffsetDateTime::now_utc() - time::Duration::hours(2));
     let stripe = Some("stripe".to_owned());
     let limit = 50i64;
-    let explain =
-        |sql: &'static str, params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>| async move {
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                params.iter().map(|p| p.as_ref() as _).collect();
-            let row = db
-                .query_one(
-                    &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"),
-                    &refs,
-                )
-                .await
-                .unwrap();
-            let plan: Value = row.get(0);
-            plan
-        };
-    let searches: Vec<(
-        &str,
-        &'static str,
-        Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
-    )> = vec![
+    let explain = |sql: &'static str, params: Params| async move {
+        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            params.iter().map(|p| p.as_ref() as _).collect();
+        let row = db
+            .query_one(
+                &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"),
+                &refs,
+            )
+            .await
+            .unwrap();
+        let plan: Value = row.get(0);
+        plan
+    };
+    let searches: Vec<(&str, &str, Params)> = vec![
         (
             "newest first",
             SEARCH_BY_TIME,

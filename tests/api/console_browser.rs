@@ -169,7 +169,10 @@ async fn an_operator_finds_a_payment_with_refunds_and_replays_a_dead_event_which
         );
     }
     assert!(!page.contains("10000 EUR"));
+    // Tall enough for the README's picture to reach the timeline.
+    c.set_window_size(1280, 1560).await.unwrap();
     chrome.screenshot("payment").await;
+    c.set_window_size(1280, 1000).await.unwrap();
     // A refund links back to its payment.
     c.find(Locator::LinkText("re_1042_a"))
         .await
