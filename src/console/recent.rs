@@ -53,11 +53,14 @@ pub struct AnswerCount {
     pub count: u64,
 }
 
+/// One counter per minute of the last [`MINUTES`]: (minute, count).
+type Slots = [(u64, u64); MINUTES as usize];
+
 #[derive(Default)]
 struct Inner {
     refusals: VecDeque<Refusal>,
-    /// (provider, result) → (minute, count) for the last MINUTES minutes.
-    answers: HashMap<(String, WebhookResult), [(u64, u64); MINUTES as usize]>,
+    /// provider → result → its counters.
+    answers: HashMap<String, HashMap<WebhookResult, Slots>>,
 }
 
 /// Shared by the webhook handler (writes) and the console (reads).
@@ -74,19 +77,22 @@ fn now_secs() -> u64 {
 }
 
 impl Recent {
-    /// Counts one answer to a delivery.
+    /// Counts one answer to a delivery (on every delivery's path: one short
+    /// lock, no allocation once its provider has been seen).
     pub fn answered(&self, provider: &str, result: WebhookResult) {
         let minute = now_secs() / 60;
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (provider.to_owned(), result);
-        if !inner.answers.contains_key(&key)
-            && inner.answers.len() >= MAX_PROVIDERS * WebhookResult::ALL.len()
-        {
-            return;
+        if !inner.answers.contains_key(provider) {
+            if inner.answers.len() >= MAX_PROVIDERS {
+                return;
+            }
+            inner.answers.insert(provider.to_owned(), HashMap::new());
         }
-        let slots = inner
-            .answers
-            .entry(key)
+        let Some(by_result) = inner.answers.get_mut(provider) else {
+            return;
+        };
+        let slots = by_result
+            .entry(result)
             .or_insert([(0, 0); MINUTES as usize]);
         let slot = &mut slots[(minute % MINUTES) as usize];
         if slot.0 != minute {
@@ -134,7 +140,8 @@ impl Recent {
         let mut out: Vec<AnswerCount> = inner
             .answers
             .iter()
-            .map(|((provider, result), slots)| AnswerCount {
+            .flat_map(|(provider, by_result)| by_result.iter().map(move |r| (provider, r)))
+            .map(|(provider, (result, slots))| AnswerCount {
                 provider: provider.clone(),
                 result: result.as_str(),
                 count: slots
