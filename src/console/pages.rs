@@ -988,6 +988,74 @@ mod tests {
     }
 
     #[test]
+    fn the_timeline_runs_the_money_out_through_refunds_reversals_and_disputes_in_time_order() {
+        use crate::store::inbox::{EntryView, RowView};
+        let t =
+            |s: &str| OffsetDateTime::parse(&format!("2026-01-31T12:00:{s}Z"), &Rfc3339).unwrap();
+        let row = RowView {
+            id: 1,
+            provider: "generic".into(),
+            transaction_id: "pay".into(),
+            kind: "payment".into(),
+            parent_transaction_id: None,
+            status: "succeeded".into(),
+            event_type: "payment.succeeded".into(),
+            amount_minor: 10000,
+            amount: None,
+            currency: "EUR".into(),
+            amount_out_minor: 0,
+            amount_out: None,
+            fence: 4,
+            created_at: t("00"),
+            updated_at: t("00"),
+        };
+        let entry = |tx: &str, effect: &str, minor: i64, at: &str, fence: i64| EntryView {
+            transaction_id: tx.into(),
+            effect: effect.into(),
+            amount_minor: minor,
+            amount: None,
+            currency: "EUR".into(),
+            fence,
+            created_at: t(at),
+        };
+        let found = Inspection {
+            row: Some(row),
+            children: vec![],
+            // Listed out of time order: the timeline sorts them.
+            entries: vec![
+                entry("dp", "dispute", -5000, "04", 2),
+                entry("pay", "credit", 10000, "01", 1),
+                entry("re", "debit", -2050, "02", 1),
+                entry("re", "refund_reversal", 2050, "03", 2),
+            ],
+            events: vec![],
+        };
+        let ledger: Vec<(String, Option<i64>, Option<String>)> = timeline(&found)
+            .into_iter()
+            .filter(|m| m.what == "ledger")
+            .map(|m| (m.text, m.token, m.out_so_far))
+            .collect();
+        let out = |s: &str| Some(format!("{s} EUR of 100.00 EUR"));
+        assert_eq!(
+            ledger,
+            [
+                ("credit 100.00 EUR booked".to_owned(), Some(1), None),
+                ("debit -20.50 EUR booked".to_owned(), Some(1), out("20.50")),
+                (
+                    "refund_reversal 20.50 EUR booked".to_owned(),
+                    Some(2),
+                    out("0.00")
+                ),
+                (
+                    "dispute -50.00 EUR booked".to_owned(),
+                    Some(2),
+                    out("50.00")
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn a_page_cursor_reads_back_what_was_written() {
         let c = Cursor {
             at: OffsetDateTime::parse("2026-01-31T12:00:00.123456Z", &Rfc3339).unwrap(),
