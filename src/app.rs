@@ -173,21 +173,19 @@ impl App {
         let allow_published_secrets = cfg.allow_published_secrets;
         let workers = cfg.inbox.workers;
         let providers_file = cfg.providers_file.clone();
-        let state = Arc::new(
-            State::new(
-                cfg.providers,
-                processor,
-                inbox,
-                metrics,
-                health,
-                RequestLimits {
-                    max_body_bytes: cfg.max_body_bytes,
-                    body_timeout: cfg.body_timeout,
-                    max_inflight: cfg.max_inflight,
-                },
-            )
-            .with_console(console),
-        );
+        let state = Arc::new(State::new(
+            cfg.providers,
+            processor,
+            inbox,
+            metrics,
+            health,
+            RequestLimits {
+                max_body_bytes: cfg.max_body_bytes,
+                body_timeout: cfg.body_timeout,
+                max_inflight: cfg.max_inflight,
+            },
+        ));
+        state.serve_console(console);
         // An error below drops these, which stops the admin listener and the sampler.
         let admin = serve_admin(state.clone(), bind(cfg.admin_listen).await?);
         let upkeep = AbortOnDrop(tokio::spawn(state.health.clone().upkeep()));
@@ -306,11 +304,11 @@ async fn reload_on_sighup(
         return;
     };
     while hup.recv().await.is_some() {
-        if let Some(console) = &state.console {
+        if let Some(console) = state.console() {
             console.reload_tokens();
         }
         let Some(path) = &path else {
-            if state.console.is_none() {
+            if state.console().is_none() {
                 tracing::warn!(
                     "SIGHUP ignored: no providers file (FENCEHOOK_PROVIDERS) to re-read"
                 );

@@ -207,14 +207,14 @@ pub fn is_console_path(path: &str) -> bool {
 
 /// Serves a request under `/console` (the admin route sends them here).
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    let Some(console) = state.console.clone() else {
+    let Some(console) = state.console() else {
         return crate::http::json(
             StatusCode::NOT_FOUND,
             serde_json::json!({"result": "not_found"}),
         );
     };
     let mut resp = match Ask::read(req, console.secure_cookie).await {
-        Ok(ask) => pages::route(&state, &console, ask).await,
+        Ok(ask) => pages::route(&state, console, ask).await,
         Err(resp) => resp,
     };
     let headers = resp.headers_mut();

@@ -32,8 +32,9 @@ pub struct State {
     pub log_sample: LogSampler,
     /// Bounds deliveries processed at once; a delivery that finds no permit is answered 503.
     pub inflight: Semaphore,
-    /// The operator console, when a token file is configured.
-    pub console: Option<Arc<crate::console::Console>>,
+    /// The operator console, when a token file is configured (set once,
+    /// before the admin listener serves).
+    console: std::sync::OnceLock<crate::console::Console>,
     /// The answers and refusals of late, for the console.
     pub recent: crate::console::recent::Recent,
     draining: AtomicBool,
@@ -70,16 +71,23 @@ impl State {
             body_timeout,
             log_sample: LogSampler::new(),
             inflight: Semaphore::new(max_inflight),
-            console: None,
+            console: Default::default(),
             recent: Default::default(),
             draining: AtomicBool::new(false),
         }
     }
 
-    /// Serves the operator console (`None`: `/console` stays 404).
-    pub fn with_console(mut self, console: Option<crate::console::Console>) -> State {
-        self.console = console.map(Arc::new);
-        self
+    /// Serves the operator console (`None`: `/console` stays 404). Only the
+    /// first call counts.
+    pub fn serve_console(&self, console: Option<crate::console::Console>) {
+        if let Some(console) = console {
+            let _ = self.console.set(console);
+        }
+    }
+
+    /// The operator console, when it is served.
+    pub fn console(&self) -> Option<&crate::console::Console> {
+        self.console.get()
     }
 
     /// The provider served at `/webhooks/{name}`.
