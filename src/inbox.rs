@@ -273,8 +273,12 @@ impl Inbox {
 
     async fn work(self: Arc<Self>, n: usize, mut stop: watch::Receiver<bool>) {
         let mut last_rescue = tokio::time::Instant::now();
+        // The events of the last take found done, recorded with the next
+        // take (`Store::take_after`), or alone when the worker stops.
+        let mut done: Vec<Taken> = Vec::new();
         loop {
             if *stop.borrow() {
+                self.record_done(&done).await;
                 return;
             }
             // The first worker looks for events whose worker died: when it
@@ -284,7 +288,14 @@ impl Inbox {
                 last_rescue = tokio::time::Instant::now();
                 self.rescue().await;
             }
-            match self.store.take(self.lock, TAKE_BATCH).await {
+            let recording: Vec<&Taken> = done.iter().collect();
+            let took = self
+                .store
+                .take_after(&recording, self.lock, TAKE_BATCH)
+                .await;
+            report_done(&done, took.as_ref().map(|t| &t.done[..]));
+            done.clear();
+            match took.map(|t| t.taken) {
                 Ok(taken) if !taken.is_empty() => {
                     let (taken, unreadable): (Vec<_>, Vec<_>) =
                         taken.into_iter().partition(Result::is_ok);
@@ -293,7 +304,7 @@ impl Inbox {
                     }
                     let taken: Vec<Taken> = taken.into_iter().filter_map(Result::ok).collect();
                     if !taken.is_empty() {
-                        self.attempts(taken).await;
+                        done = self.attempts(taken).await;
                     }
                 }
                 Ok(_) => {
@@ -318,6 +329,17 @@ impl Inbox {
                 }
             }
         }
+    }
+
+    /// Records the events of one take done, alone (a stopping worker's last
+    /// ones; the others go with the next take).
+    async fn record_done(&self, done: &[Taken]) {
+        if done.is_empty() {
+            return;
+        }
+        let recording: Vec<&Taken> = done.iter().collect();
+        let recorded = self.store.settle_done(&recording).await;
+        report_done(done, recorded.as_ref().map(|ids| &ids[..]));
     }
 
     /// Puts events whose worker's lock ran out back in the queue; whether
@@ -345,13 +367,14 @@ impl Inbox {
     }
 
     /// The attempts at the events of one take, side by side, their lock
-    /// renewed while they run, and their results recorded: first the ones
-    /// not done, one by one, then the done ones in one statement.
-    async fn attempts(&self, taken: Vec<Taken>) {
+    /// renewed while they run, and the results not done recorded, one by
+    /// one; the done ones are returned, to be recorded together with the
+    /// worker's next take (their lock set to the last renewal's).
+    async fn attempts(&self, taken: Vec<Taken>) -> Vec<Taken> {
         let ids: Vec<i64> = taken.iter().map(|t| t.id).collect();
         // One take, one lock value (see `Store::take`).
         let Some(taken_lock) = taken.first().map(|t| t.locked_until) else {
-            return;
+            return Vec::new();
         };
         let (finished, mut running) = watch::channel(false);
         let attempts = async {
@@ -392,28 +415,13 @@ impl Inbox {
             taken.locked_until = lock;
         }
         let (done, others): (Vec<_>, Vec<_>) = results
-            .iter()
+            .into_iter()
             .partition(|(_, settle)| *settle == Settle::Done);
-        for (taken, settle) in others {
+        for (taken, settle) in &others {
             let recorded = self.store.settle(taken, settle).await;
             report_settle(taken, settle, recorded.as_ref().copied());
         }
-        if done.is_empty() {
-            return;
-        }
-        let done: Vec<&Taken> = done.iter().map(|(t, _)| t).collect();
-        match self.store.settle_done(&done).await {
-            Ok(ids) => {
-                for taken in done {
-                    report_settle(taken, &Settle::Done, Ok(ids.contains(&taken.id)));
-                }
-            }
-            Err(e) => {
-                for taken in done {
-                    report_settle(taken, &Settle::Done, Err(&e));
-                }
-            }
-        }
+        done.into_iter().map(|(taken, _)| taken).collect()
     }
 
     /// One attempt at one event: what its row should record.
@@ -610,6 +618,18 @@ fn report_settle(taken: &Taken, settle: &Settle, recorded: Result<bool, &StoreEr
             tracing::warn!(event = taken.id, error = %crate::error::chain(e),
                 "could not record an attempt's result; the event will be taken again");
         }
+    }
+}
+
+/// Logs the done events of one take whose result was not recorded: `done`
+/// is the ids recorded, or the statement's error.
+fn report_done(done: &[Taken], recorded: Result<&[i64], &StoreError>) {
+    for taken in done {
+        report_settle(
+            taken,
+            &Settle::Done,
+            recorded.map(|ids| ids.contains(&taken.id)),
+        );
     }
 }
 

@@ -141,6 +141,16 @@ pub struct Unreadable {
     pub error: String,
 }
 
+/// What [`Store::take_after`] did.
+#[derive(Debug)]
+pub struct Took {
+    /// The ids of the previous take's events recorded done: one missing no
+    /// longer carried that take's lock (see [`Store::settle`]).
+    pub done: Vec<i64>,
+    /// The events taken now.
+    pub taken: Vec<Result<Taken, Unreadable>>,
+}
+
 /// How an attempt ended, for the event's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settle {
@@ -274,21 +284,55 @@ SELECT i.n,
 
 const NOTIFY: &str = "SELECT pg_notify('fencehook_inbox', '')";
 
+/// The part of [`TAKE`] and [`DONE`] (a `WITH` query) that lets their commit return before
+/// the WAL is flushed (`synchronous_commit = off` for that transaction
+/// only): a flush costs milliseconds, during which the worker's next take
+/// waited, and what either records can be lost to a crash of PostgreSQL
+/// without harm. The bookings they record were committed, flushed, before
+/// (a done is recorded only after its booking's commit, and the WAL is
+/// flushed in order, so no done outlives its booking); a lost done leaves
+/// its event `processing` until its lock runs out, then it is taken again
+/// and the lifecycle finds it booked (done, nothing written); a lost take
+/// leaves its events queued, taken again while the first attempt's result
+/// is not recorded (the take's lock is gone). The accept, the bookings, and
+/// every other settle (a retry spends an attempt) are flushed before they
+/// answer, as always.
+macro_rules! unflushed {
+    () => {
+        "unflushed AS (SELECT set_config('synchronous_commit', 'off', true))"
+    };
+}
+
 /// Up to `$2` due queued events, locked until `$1` ms from now (one lock
 /// value for all of them: `now()` is the statement's), each with its
-/// payments row as the fast-path lookup reads it. Unprepared: see the
+/// payments row as the fast-path lookup reads it; and, in the same
+/// statement, the events `$3` of the worker's previous take (lock `$4`)
+/// recorded done ([`DONE`]'s update; their ids in the last column). One row
+/// per event taken, or one row of NULLs besides the done ids when none is
+/// due. Its commit is not waited for (`unflushed!`). Unprepared: see the
 /// module's rules.
-const TAKE: &str = "\
-WITH taken AS (
+const TAKE: &str = concat!(
+    "\
+WITH done AS (
+    UPDATE events SET status = 'done', finished_at = now(), locked_until = NULL
+     WHERE id = ANY($3) AND status = 'processing' AND locked_until = $4
+    RETURNING id),
+taken AS (
     UPDATE events SET status = 'processing', locked_until = now() + $1 * interval '1 millisecond'
      WHERE id = ANY(ARRAY(SELECT id FROM events WHERE status = 'queued' AND next_attempt_at <= now()
                            ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED))
     RETURNING id, provider, transaction_id, canonical, attempts, received_at, locked_until,
               coalesce((SELECT max((e->>'at')::timestamptz) FROM jsonb_array_elements(errors) e
-                         WHERE e ? 'replay'), received_at) AS age_from)
+                         WHERE e ? 'replay'), received_at) AS age_from),
+",
+    unflushed!(),
+    "
 SELECT t.id, t.canonical, t.attempts, t.received_at, t.locked_until,
-       p.id, p.kind, p.status, p.fingerprint, p.fence, t.age_from, now()
-  FROM taken t LEFT JOIN payments p ON p.provider = t.provider AND p.transaction_id = t.transaction_id";
+       p.id, p.kind, p.status, p.fingerprint, p.fence, t.age_from, now(),
+       (SELECT array_agg(id) FROM done)
+  FROM unflushed LEFT JOIN (taken t LEFT JOIN payments p
+       ON p.provider = t.provider AND p.transaction_id = t.transaction_id) ON true"
+);
 
 /// Extends the lock `$2` of the events `$1` still carrying it to `$3` ms
 /// from now; returns the new lock (one value: `now()` is the statement's).
@@ -309,11 +353,21 @@ SELECT count(*) FROM again";
 
 /// Records the events `$1` of one take (lock `$2`) done; returns the ids
 /// recorded. (What waited for a payment among them is woken by the booking
-/// itself: V11's trigger on `payments`.) Unprepared: see the module's rules.
-const DONE: &str = "\
-UPDATE events SET status = 'done', finished_at = now(), locked_until = NULL
- WHERE id = ANY($1) AND status = 'processing' AND locked_until = $2
-RETURNING id";
+/// itself: V11's trigger on `payments`.) A worker records its done events
+/// with its next take ([`TAKE`]); this is for the last ones, when it stops.
+/// Its commit is not waited for (`unflushed!`). Unprepared: see the
+/// module's rules.
+const DONE: &str = concat!(
+    "\
+WITH done AS (
+    UPDATE events SET status = 'done', finished_at = now(), locked_until = NULL
+     WHERE id = ANY($1) AND status = 'processing' AND locked_until = $2
+    RETURNING id),
+",
+    unflushed!(),
+    "
+SELECT done.id FROM unflushed, done"
+);
 
 const RETRY: &str = "\
 UPDATE events SET status = 'queued', attempts = attempts + 1, locked_until = NULL,
@@ -594,23 +648,53 @@ impl Store {
         lock: Duration,
         limit: i64,
     ) -> Result<Vec<Result<Taken, Unreadable>>, StoreError> {
+        Ok(self.take_after(&[], lock, limit).await?.taken)
+    }
+
+    /// [`Store::take`], recording in the same statement the events `done`
+    /// of the worker's previous take done (as [`Store::settle_done`]; they
+    /// must share one lock): a worker goes from one take's attempts straight
+    /// to its next take, and the statement and commit of its done are saved.
+    pub async fn take_after(
+        &self,
+        done: &[&Taken],
+        lock: Duration,
+        limit: i64,
+    ) -> Result<Took, StoreError> {
+        let done_lock = done.first().map(|t| t.locked_until);
+        debug_assert!(done.iter().all(|t| Some(t.locked_until) == done_lock));
+        let done_ids: Vec<i64> = done.iter().map(|t| t.id).collect();
         let client = self.pool.get().await?;
         let ms = lock.as_millis() as f64;
         let rows = client
-            .query_typed(TAKE, &[(&ms, Type::FLOAT8), (&limit, Type::INT8)])
+            .query_typed(
+                TAKE,
+                &[
+                    (&ms, Type::FLOAT8),
+                    (&limit, Type::INT8),
+                    (&done_ids, Type::INT8_ARRAY),
+                    (&done_lock, Type::TIMESTAMPTZ),
+                ],
+            )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                let id: i64 = row.get(0);
-                let locked_until: OffsetDateTime = row.get(4);
-                taken(row).map_err(|e| Unreadable {
-                    id,
-                    locked_until,
-                    error: crate::error::chain(&e),
-                })
-            })
-            .collect())
+        let done = match rows.first() {
+            Some(row) => row.try_get::<_, Option<Vec<i64>>>(12)?.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let mut taken = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // The one row of a take that found nothing due.
+            let Some(id) = row.try_get::<_, Option<i64>>(0)? else {
+                continue;
+            };
+            let locked_until: OffsetDateTime = row.try_get(4)?;
+            taken.push(taken_row(row).map_err(|e| Unreadable {
+                id,
+                locked_until,
+                error: crate::error::chain(&e),
+            }));
+        }
+        Ok(Took { done, taken })
     }
 
     /// Extends the lock `lock` of the events `ids` by `duration` from now,
@@ -916,7 +1000,7 @@ const REPLAY_MATCH: &str = "status = 'dead'
                    AND ($5::text IS NULL OR last_error = $5)";
 
 /// One row of [`TAKE`] as a [`Taken`]; an error when this binary cannot read it.
-fn taken(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
+fn taken_row(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
     let Json(event): Json<CanonicalEvent> = row.try_get(1)?;
     Ok(Taken {
         id: row.try_get(0)?,

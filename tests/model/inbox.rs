@@ -12,13 +12,13 @@
 //!
 //! | Model step | Stands for |
 //! | --- | --- |
-//! | `Take` | `inbox::Inbox::work` → `store::Store::take` (`store::inbox::TAKE`): every due `queued` event `processing`, locked until now + the lock, with its row; a row that cannot be decoded is settled `dead` alone |
+//! | `Take` | `inbox::Inbox::work` → `store::Store::take_after` (`store::inbox::TAKE`): every due `queued` event `processing`, locked until now + the lock, with its row; a row that cannot be decoded is settled `dead` alone |
 //! | `FastPath` | `processor::Processor::process_after` on the take's row: `settled` answers `duplicate` |
 //! | `Acquire` | `lease::Lease::acquire` (held: `in_progress`, no in-flight wait: `Processor::without_inflight_wait`) |
 //! | `Claim` | `store::Connection::claim` (`fence < token`, status `queued` / `processing` / `dead`), its re-read on a conflict |
 //! | `Call` / `CallFails` | `downstream::Downstream::call`; a failure spends an attempt (`inbox::Inbox::settle_for`: `Settle::Retry`, or `Settle::Dead` at `FENCEHOOK_MAX_ATTEMPTS`) |
 //! | `Finalize` | `store::Connection::finalize` (`fence = token`), then `lease::LeaseGuard::release` |
-//! | `Settle` | `inbox::Inbox::attempts` → `store::Store::settle_done` / `store::Store::settle` (`DONE`, `RETRY`, `REQUEUE`, `DEAD`), each `WHERE status = 'processing' AND locked_until = <the take's>`; `DEAD` marks an unsettled row `dead` too |
+//! | `Settle` | `inbox::Inbox::attempts` → `store::Store::settle` (`RETRY`, `REQUEUE`, `DEAD`) for the results not done; the done ones by the worker's next take (`store::Store::take_after`: `store::inbox::TAKE` records them in the statement that takes the next events) or, when it stops, `store::Store::settle_done` (`DONE`); each `WHERE status = 'processing' AND locked_until = <the take's>`; `DEAD` marks an unsettled row `dead` too |
 //! | `Stall` | the worker pauses (GC, SIGSTOP) or dies: its heartbeat stops renewing the lease and the take's lock |
 //! | `LeaseExpires` | the stalled worker's lease runs out (`lease/heartbeat.rs` renews it no more) |
 //! | `LockExpires` | a take's lock runs out: it is renewed with the lease's heartbeat, so only while no live worker attempts its event (a stalled or dead one, or a take that failed) |
@@ -68,6 +68,12 @@
 //! - Accepts, `NOTIFY`, the batch of sixteen (a take here takes every due
 //!   event), backoff delays (a retried event is due at once).
 //! - Refunds waiting for their payment (`lifecycle.rs` has the lifecycle).
+//! - A worker's done recorded by the statement of its next take: here they
+//!   are two steps (`Settle`, then `Take`), which allows every order the one
+//!   statement does, and more.
+//! - PostgreSQL's crashes: the take and the done commit without waiting for
+//!   the WAL flush, so a crash may undo one (its event taken again, found
+//!   booked by the lifecycle); the model's database never loses a commit.
 
 use std::collections::HashMap;
 use std::fmt;
