@@ -7,7 +7,8 @@
 //! `serve` and in `fencehook work`) take due events, up to sixteen at a time,
 //! and book each with the very state machine of sync mode ([`Processor`]):
 //! lease → fenced claim → business step → fenced finalize; the events of one
-//! take are attempted side by side and the done ones recorded together.
+//! take are attempted side by side and the done ones recorded together, by
+//! the statement of the worker's next take.
 //!
 //! # What must stay true
 //!
@@ -69,10 +70,11 @@ const AWAIT_RETRY_MAX: Duration = Duration::from_secs(60);
 const RESCUE_EVERY: Duration = Duration::from_secs(1);
 
 /// How many due events a worker takes at once. One statement takes them,
-/// their attempts run side by side, and the done ones are recorded in one
-/// statement: taking and settling each event alone were two of the three
-/// commits a drained event cost (docs/benchmarks.md). Sixteen drained a
-/// backlog about a quarter faster than eight (8 workers); 32 no faster.
+/// their attempts run side by side, and the done ones are recorded by the
+/// next take's statement: taking and settling each event alone were two of
+/// the three commits a drained event cost (docs/benchmarks.md). Sixteen
+/// drained a backlog about a quarter faster than eight (8 workers); 32 no
+/// faster.
 const TAKE_BATCH: i64 = 16;
 
 pub struct Inbox {

@@ -17,6 +17,10 @@
 //!   still carries it. The booking itself is fenced by the lease's token like
 //!   every write (`store::Connection`), so a worker rescued too early still
 //!   cannot book twice.
+//! - The accept, and every settle but done, are flushed before they answer.
+//!   The take and the done are not (`unflushed!`): losing either to a crash
+//!   of PostgreSQL only has an event taken again, which the lifecycle then
+//!   finds booked; a done never outlives the booking it records.
 //! - Every taken event is read alone: one this binary cannot read is given
 //!   back as [`Unreadable`] (and made `dead` by the worker), never failing the
 //!   take of the others.
@@ -284,11 +288,11 @@ SELECT i.n,
 
 const NOTIFY: &str = "SELECT pg_notify('fencehook_inbox', '')";
 
-/// The part of [`TAKE`] and [`DONE`] (a `WITH` query) that lets their commit return before
-/// the WAL is flushed (`synchronous_commit = off` for that transaction
-/// only): a flush costs milliseconds, during which the worker's next take
-/// waited, and what either records can be lost to a crash of PostgreSQL
-/// without harm. The bookings they record were committed, flushed, before
+/// The part of [`TAKE`] and [`DONE`] (a `WITH` query) that lets their
+/// commit return before the WAL is flushed (`synchronous_commit = off` for
+/// that transaction only): a flush costs milliseconds, which a worker spent
+/// waiting twice between two takes, and what either records can be lost to
+/// a crash of PostgreSQL without harm. The bookings they record were committed, flushed, before
 /// (a done is recorded only after its booking's commit, and the WAL is
 /// flushed in order, so no done outlives its booking); a lost done leaves
 /// its event `processing` until its lock runs out, then it is taken again
