@@ -427,11 +427,12 @@ impl Store {
         psp_event_id: Option<&str>,
         body: &str,
     ) -> Result<Accepted, StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let stmt = client.prepare_cached(ACCEPT).await?;
         let delivery_id = delivery_id(ev);
         let row = client
-            .query_one(
+            .watch()
+            .statement(client.query_one(
                 &stmt,
                 &[
                     &ev.provider,
@@ -448,7 +449,7 @@ impl Store {
                     &ev.currency,
                     &ev.occurred_at,
                 ],
-            )
+            ))
             .await?;
         let seen = seen(&row, 0);
         match accepted(fingerprint, &seen) {
@@ -601,9 +602,10 @@ impl Store {
         let currency = col(|i| Some(i.event.currency.clone()));
         let occurred: Vec<Option<OffsetDateTime>> =
             items.iter().map(|i| i.event.occurred_at).collect();
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let rows = client
-            .query_typed(
+            .watch()
+            .statement(client.query_typed(
                 ACCEPT_MANY,
                 &[
                     (&provider, Type::TEXT_ARRAY),
@@ -620,7 +622,7 @@ impl Store {
                     (&currency, Type::TEXT_ARRAY),
                     (&occurred, Type::TIMESTAMPTZ_ARRAY),
                 ],
-            )
+            ))
             .await?;
         if rows.len() != items.len() {
             return Err(StoreError::Corrupt(format!(

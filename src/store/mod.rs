@@ -50,6 +50,7 @@
 //! finalize, once the downstream executed it.
 
 pub mod audit;
+mod commit;
 pub mod console;
 pub mod drain;
 pub mod inbox;
@@ -177,6 +178,13 @@ pub enum StoreError {
     Corrupt(String),
     #[error(transparent)]
     Build(#[from] PoolBuildError),
+    /// This write's commit has not answered within `bound`: it is left to
+    /// finish by itself (see [`commit`]), the delivery is answered 503.
+    #[error("the commit has not answered within {bound:?} (waiting for a synchronous standby?); it is not cancelled")]
+    CommitWaiting { bound: Duration },
+    /// Writes are refused while commits wait past their bound (see [`commit`]).
+    #[error("{waiting} commit(s) wait past their bound (for a synchronous standby?); writes are refused until they answer")]
+    CommitsWaiting { waiting: usize },
 }
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -436,6 +444,8 @@ pub struct Store {
     pool: Pool,
     /// Set by [`Store::node_state`] on a read-only node.
     retire: db::Retire,
+    /// The bound on a write's commit, and the commits waiting past it.
+    commits: commit::Commits,
 }
 
 impl Store {
@@ -468,7 +478,11 @@ impl Store {
             },
             &retire,
         )?;
-        Ok(Store { pool, retire })
+        Ok(Store {
+            pool,
+            retire,
+            commits: commit::Commits::new(cfg.statement_timeout),
+        })
     }
 
     pub fn pool_status(&self) -> deadpool_postgres::Status {
@@ -496,7 +510,10 @@ impl Store {
     /// dropped at their next checkout, see [`db::Retire`]): the pool then opens
     /// new connections, which a multi-host `DATABASE_URL` with
     /// `target_session_attrs=read-write` sends to the node that is primary now.
+    /// While commits wait past their bound it answers that, without a
+    /// round trip: the node takes no write now, whatever it says.
     pub async fn node_state(&self) -> Result<NodeState, StoreError> {
+        self.commits.admit()?;
         let client = self.pool.get().await?;
         let row = client
             .query_one(
@@ -566,13 +583,20 @@ impl Store {
     /// A pooled connection for the fenced writes of one attempt. Waiting
     /// for it may take up to the pool wait: the caller checks its lease
     /// *after* this returns and before it writes.
+    /// Refused at once while a commit waits past its bound (see [`commit`]).
     pub async fn connection(&self) -> Result<Connection, StoreError> {
-        Ok(Connection(self.pool.get().await?))
+        Ok(Connection(self.writer().await?))
+    }
+
+    /// A pooled connection for a write whose commits are bounded.
+    async fn writer(&self) -> Result<commit::Pooled, StoreError> {
+        self.commits.admit()?;
+        Ok(self.commits.pooled(self.pool.get().await?))
     }
 }
 
 /// A connection taken from the pool for the fenced writes of one attempt.
-pub struct Connection(deadpool_postgres::Object);
+pub struct Connection(commit::Pooled);
 
 impl Connection {
     /// Claim, transition and entry in one transaction (the inline path): one
@@ -592,7 +616,7 @@ impl Connection {
                 status: t.to,
                 over_returned,
             },
-            Ok((None, _)) => Applied::NotWritten(reread(&self.0, ev).await?),
+            Ok((None, _)) => Applied::NotWritten(reread(&*self.0, ev).await?),
         })
     }
 
@@ -628,7 +652,7 @@ impl Connection {
         Ok(match leased(&row, t, over_returned)? {
             Leased::NotWritten(token) => LeasedApply::NotWritten {
                 token,
-                row: reread(&self.0, ev).await?,
+                row: reread(&*self.0, ev).await?,
             },
             Leased::Answer(answer) => answer,
         })
@@ -648,12 +672,13 @@ impl Connection {
         sql: &str,
         wrote: impl Fn(&Option<tokio_postgres::Row>) -> bool,
     ) -> Result<Result<(Option<tokio_postgres::Row>, bool), ParentRefusal>, StoreError> {
+        let watch = self.0.watch();
         let Some(amount) = w.parent_move() else {
             let stmt = self.0.prepare_cached(sql).await?;
-            return Ok(Ok((
-                self.0.query_opt(&stmt, &w.apply_params()).await?,
-                false,
-            )));
+            let row = watch
+                .statement(self.0.query_opt(&stmt, &w.apply_params()))
+                .await?;
+            return Ok(Ok((row, false)));
         };
         let tx = self.0.transaction().await?;
         let stmt = tx.prepare_cached(sql).await?;
@@ -665,7 +690,7 @@ impl Connection {
         match move_parent_money(&tx, w.ev, amount, w.uncapped()).await? {
             Ok(over_returned) => {
                 failpoint_before_money_commit();
-                tx.commit().await?;
+                watch.commit(tx.commit()).await?;
                 Ok(Ok((row, over_returned)))
             }
             Err(refusal) => {
@@ -703,18 +728,22 @@ impl Connection {
             },
             over_returned,
         };
+        let watch = self.0.watch();
         let Some(amount) = w.parent_move().filter(|&amount| amount > 0) else {
             let stmt = self.0.prepare_cached(CLAIM).await?;
-            return Ok(match self.0.query_opt(&stmt, &w.claim_params()).await? {
+            let row = watch
+                .statement(self.0.query_opt(&stmt, &w.claim_params()))
+                .await?;
+            return Ok(match row {
                 Some(row) => claimed(&row, false),
-                None => Claimed::NotWritten(reread(&self.0, ev).await?),
+                None => Claimed::NotWritten(reread(&*self.0, ev).await?),
             });
         };
         let tx = self.0.transaction().await?;
         let stmt = tx.prepare_cached(CLAIM).await?;
         let Some(row) = tx.query_opt(&stmt, &w.claim_params()).await? else {
             tx.rollback().await?;
-            return Ok(Claimed::NotWritten(reread(&self.0, ev).await?));
+            return Ok(Claimed::NotWritten(reread(&*self.0, ev).await?));
         };
         let mut over_returned = false;
         if !row.get::<_, bool>(4) {
@@ -728,7 +757,7 @@ impl Connection {
             let stmt = tx.prepare_cached(RESERVE).await?;
             tx.execute(&stmt, &[&row.get::<_, i64>(0)]).await?;
         }
-        tx.commit().await?;
+        watch.commit(tx.commit()).await?;
         Ok(claimed(&row, over_returned))
     }
 
@@ -751,6 +780,7 @@ impl Connection {
         else {
             return Ok(false);
         };
+        let watch = self.0.watch();
         let tx = self.0.transaction().await?;
         let stmt = tx.prepare_cached(RELEASE).await?;
         if tx.query_opt(&stmt, &[&payment_id, &token]).await?.is_none() {
@@ -761,7 +791,7 @@ impl Connection {
             tx.rollback().await?;
             return Ok(false);
         }
-        tx.commit().await?;
+        watch.commit(tx.commit()).await?;
         Ok(true)
     }
 
@@ -795,6 +825,7 @@ impl Connection {
         // for a success (its call timed out): it goes back.
         let unreserve =
             t.from.is_none() && t.effect.is_none() && ev.parent_transaction_id.is_some();
+        let watch = self.0.watch();
         let tx = self.0.transaction().await?;
         if unreserve {
             let stmt = tx.prepare_cached(RELEASE).await?;
@@ -816,7 +847,7 @@ impl Connection {
                 return Ok(Finalized::Parent(refusal));
             }
         }
-        tx.commit().await?;
+        watch.commit(tx.commit()).await?;
         Ok(Finalized::Applied(t.to))
     }
 }

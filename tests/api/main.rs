@@ -29,4 +29,5 @@ mod rsa_providers;
 mod schema;
 mod shutdown;
 mod startup;
+mod sync_commit;
 mod topology;

@@ -11,7 +11,7 @@ pub struct PrivatePostgres {
     pub port: u16,
 }
 
-fn bindir() -> PathBuf {
+pub fn bindir() -> PathBuf {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL server binaries under /usr/lib/postgresql")
         .filter_map(|e| Some(e.ok()?.path().join("bin")))
@@ -95,6 +95,11 @@ impl PrivatePostgres {
     /// The URL of database `db` on this cluster.
     pub fn url(&self, db: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
     }
 }
 

@@ -1,0 +1,244 @@
+//! A commit that waits for a synchronous standby: PostgreSQL's statement
+//! timeout does not end the wait (it must not: a cancelled wait leaves the
+//! commit visible unreplicated), and fencehook bounds it on its own side
+//! without cancelling it — the delivery is answered 503, the pool is not
+//! filled by waiting commits, and the commit lands once when a standby (here:
+//! the setting cleared) lets it. A private PostgreSQL whose
+//! `synchronous_standby_names` names a standby that never connects.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::helpers::postgres::PrivatePostgres;
+use crate::helpers::process::ServeProcess;
+use crate::helpers::{payment, wait_for, TestContext};
+
+/// PostgreSQL's own message when a commit's wait is cancelled.
+const CANCELLED_WAIT: &str = "canceling wait for synchronous replication";
+
+async fn session(url: &str, options: &str) -> tokio_postgres::Client {
+    let mut cfg: tokio_postgres::Config = url.parse().unwrap();
+    cfg.options(options);
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A session whose commits do not wait for a standby: the test's own.
+async fn local(url: &str) -> tokio_postgres::Client {
+    session(url, "-c synchronous_commit=local").await
+}
+
+async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// Names a standby that is not there (`fake_standby`), or none (`None`).
+async fn name_standby(admin: &tokio_postgres::Client, standby: Option<&str>) {
+    let sql = match standby {
+        Some(name) => format!("ALTER SYSTEM SET synchronous_standby_names = '{name}'"),
+        None => "ALTER SYSTEM RESET synchronous_standby_names".to_owned(),
+    };
+    admin.batch_execute(&sql).await.unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    let expected = standby.unwrap_or("");
+    wait_for("the setting reloaded", Duration::from_secs(20), || async {
+        let row = admin
+            .query_one("SELECT current_setting('synchronous_standby_names')", &[])
+            .await
+            .unwrap();
+        row.get::<_, String>(0) == expected
+    })
+    .await;
+}
+
+/// Backends waiting for a synchronous standby, by application name.
+async fn waiting_for_standby(admin: &tokio_postgres::Client, application: &str) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' \
+             AND application_name = $1",
+            &[&application],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn statement_timeout_does_not_cancel_a_commit_waiting_for_a_synchronous_standby() {
+    let pg = PrivatePostgres::start(&[]).await;
+    let url = pg.url("postgres");
+    let admin = local(&url).await;
+    admin
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .unwrap();
+    name_standby(&admin, Some("fake_standby")).await;
+
+    // A statement that commits by itself, and an explicit COMMIT, each on a
+    // session whose statement_timeout is 200 ms.
+    let options = "-c statement_timeout=200 -c application_name=waiter";
+    let implicit = tokio::spawn({
+        let writer = session(&url, options).await;
+        async move { writer.execute("INSERT INTO t VALUES (1)", &[]).await }
+    });
+    let explicit = tokio::spawn({
+        let writer = session(&url, options).await;
+        async move {
+            writer.batch_execute("BEGIN").await?;
+            writer.execute("INSERT INTO t VALUES (2)", &[]).await?;
+            writer.batch_execute("COMMIT").await
+        }
+    });
+    // Both wait, far past their statement timeout, and stay invisible.
+    wait_for("both commits waiting", Duration::from_secs(20), || async {
+        waiting_for_standby(&admin, "waiter").await == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        waiting_for_standby(&admin, "waiter").await,
+        2,
+        "still waiting"
+    );
+    assert_eq!(
+        count(&admin, "SELECT count(*) FROM t").await,
+        0,
+        "not visible"
+    );
+    name_standby(&admin, None).await;
+    implicit
+        .await
+        .unwrap()
+        .expect("the statement commits once the wait ends");
+    explicit
+        .await
+        .unwrap()
+        .expect("the COMMIT commits once the wait ends");
+    assert_eq!(count(&admin, "SELECT count(*) FROM t").await, 2);
+    assert!(!pg.log().contains(CANCELLED_WAIT), "{}", pg.log());
+}
+
+/// The serve on a private PostgreSQL, commits bounded at 2 × 1 s (a statement
+/// that commits by itself), a pool of two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_waiting_for_a_missing_standby_answers_503_leaves_the_pool_free_and_lands_once_when_the_standby_returns(
+) {
+    let pg = PrivatePostgres::start(&[]).await;
+    let ctx = TestContext::new().await; // for its Redis prefix
+    let admin = local(&pg.url("postgres")).await;
+    admin
+        .batch_execute("CREATE DATABASE fh_sync")
+        .await
+        .unwrap();
+    let url = pg.url("fh_sync");
+    fencehook::store::migrate::run(&url, fencehook::store::migrate::MissingDatabase::Refuse)
+        .await
+        .unwrap();
+    let db = local(&url).await;
+    let env = vec![
+        ("DATABASE_URL", url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_DB_STATEMENT_TIMEOUT_MS", "1000".to_owned()),
+        ("FENCEHOOK_DB_POOL_SIZE", "2".to_owned()),
+    ];
+    let p = ServeProcess::start(&env).await;
+    let booked = payment("pay_sync_before", 700);
+    let r = p.deliver(&booked).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+
+    name_standby(&admin, Some("fake_standby")).await;
+    let waiting = payment("pay_sync_waiting", 800);
+    let sent = Instant::now();
+    let r = p.deliver(&waiting).await;
+    let took = sent.elapsed();
+    assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(15),
+        "answered once the bound (2 s) passed, not when the commit did: {took:?}"
+    );
+    assert_eq!(
+        waiting_for_standby(&admin, "fencehook").await,
+        1,
+        "the commit still waits: not cancelled"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM payments WHERE transaction_id = 'pay_sync_waiting'"
+        )
+        .await,
+        0,
+        "not visible while it waits"
+    );
+
+    // Meanwhile: new writes are refused without waiting for the bound, reads
+    // still answer (a copy of a booked payment is a duplicate), /readyz says
+    // why, and no second commit joins the first.
+    let other = payment("pay_sync_other", 900);
+    for _ in 0..4 {
+        let sent = Instant::now();
+        let r = p.deliver(&other).await;
+        assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            sent.elapsed()
+        );
+    }
+    let r = p.deliver(&booked).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    let (status, body) = p.get_admin("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("wait past their bound"), "{body}");
+    assert!(
+        !p.log_lines("writes are refused until it answers")
+            .is_empty(),
+        "the first commit past its bound is logged"
+    );
+    assert_eq!(waiting_for_standby(&admin, "fencehook").await, 1);
+    assert!(
+        p.metric("fencehook_db_pool_size", &[]).await <= 2.0,
+        "the pool stays within its size"
+    );
+
+    // The standby "returns": the waiting commit lands, once, and writes are
+    // taken again.
+    name_standby(&admin, None).await;
+    wait_for(
+        "the waiting commit answered",
+        Duration::from_secs(20),
+        || async {
+            !p.log_lines("a commit that waited past its bound has answered")
+                .is_empty()
+        },
+    )
+    .await;
+    wait_for("/readyz 200", Duration::from_secs(20), || async {
+        p.get_admin("/readyz").await.0 == 200
+    })
+    .await;
+    let r = p.deliver(&waiting).await;
+    assert_eq!(
+        (r.status, r.result()),
+        (200, "duplicate"),
+        "the retry: {r:?}"
+    );
+    let r = p.deliver(&other).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(count(&db, "SELECT count(*) FROM payments").await, 3);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM ledger_entries").await,
+        3,
+        "each booked once"
+    );
+    assert!(!pg.log().contains(CANCELLED_WAIT), "{}", pg.log());
+}
