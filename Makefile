@@ -9,8 +9,9 @@
 #   make model  exhaustive model checks of the protocols: lease + fence, the lease inside the write,
 #               a payment's life (cap, downstream keys), the inbox (stateright; no services)
 #   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny), the nginx
-#               and systemd-analyze the deploy tests run, and the Chromium and chromedriver the
-#               console's browser tests drive, if missing (those tests fail without them)
+#               and systemd-analyze the deploy tests run, the Chromium and chromedriver the console's
+#               browser tests drive and the Patroni and etcd the failover test runs, if missing (those
+#               tests fail without them)
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -97,16 +98,21 @@ lint:
 # cargo subcommands from crates.io at the versions their own lock files pin), and nginx for
 # tests/api/deploy.rs, which runs deploy/nginx.conf in front of fencehook (RUNLEVEL=1 keeps
 # the package from starting a system nginx on port 80: the test runs its own), and
-# systemd-analyze for the check of the systemd units, and Debian's Chromium and chromedriver for
-# the console's browser tests (a fresh machine's package lists are fetched first if the install
-# finds nothing).
+# systemd-analyze for the check of the systemd units, Debian's Chromium and chromedriver for
+# the console's browser tests, and Patroni and etcd for tests/api/patroni.rs, which runs
+# deploy/patroni/patroni.yml as a private three-node cluster (RUNLEVEL=1 again: no system etcd
+# or Patroni is started). One install of whatever is missing, after fetching the package lists
+# (a fresh machine may have none).
+TOOLS_PACKAGES = $(strip \
+	$(if $(shell command -v shellcheck),,shellcheck) \
+	$(if $(shell command -v chromium >/dev/null && command -v chromedriver >/dev/null && echo y),,chromium chromium-driver) \
+	$(if $(shell command -v nginx || test -x /usr/sbin/nginx && echo y),,nginx) \
+	$(if $(shell command -v systemd-analyze),,systemd) \
+	$(if $(shell command -v patroni),,patroni) \
+	$(if $(shell command -v etcd),,etcd-server))
 tools:
-	@command -v shellcheck >/dev/null || apt-get install -y shellcheck
-	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver || \
-		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver; }
-	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || RUNLEVEL=1 apt-get install -y --no-install-recommends nginx
-	@command -v systemd-analyze >/dev/null || RUNLEVEL=1 apt-get install -y --no-install-recommends systemd
+	@test -z "$(TOOLS_PACKAGES)" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+		apt-get install -y --no-install-recommends $(TOOLS_PACKAGES); }
 	@$(CARGO) machete --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-machete
 	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
 

@@ -21,6 +21,7 @@ mod lifecycle;
 mod load;
 mod money;
 mod operations;
+mod patroni;
 mod pg_tls;
 mod process;
 mod providers;

@@ -1,6 +1,6 @@
 //! Redis as SREs run it: behind Redis Sentinel (a master killed mid-load is
-//! replaced by its replica, and the lease follows the sentinels to it), and
-//! over TLS (`rediss://` with a private CA; a CA that did not sign the
+//! replaced by its replica, and the lease follows the sentinels to it;
+//! sentinels with a password of their own), and over TLS (`rediss://` with a private CA; a CA that did not sign the
 //! server's certificate stops the start).
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use fencehook::config::SentinelConfig;
 
 use crate::helpers::process::ServeProcess;
-use crate::helpers::redis_ha::{PrivateSentinels, TlsRedis, MASTER};
+use crate::helpers::redis_ha::{PasswordSentinel, PrivateSentinels, TlsRedis, MASTER};
 use crate::helpers::{payment, wait_for, TestContext};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -232,4 +232,52 @@ async fn serve_behind_sentinel_logs_the_sentinels_and_master_books_through_them_
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("REDIS_URL"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// Sentinels with a `requirepass` of their own tell the master only to a
+/// client that authenticates: `FENCEHOOK_REDIS_SENTINEL_PASSWORD` is that
+/// password. Without it no master is found: 503, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_with_a_password_is_asked_with_the_sentinel_password_and_without_it_nothing_is_booked(
+) {
+    let password = "s3ntinel-only";
+    let set = PasswordSentinel::start(password).await;
+    let ctx = TestContext::new().await;
+    let config = |password: Option<&str>| {
+        let mut cfg = ctx.config();
+        cfg.lease.sentinel = Some(SentinelConfig {
+            sentinels: vec![format!("{}:{}", set.ip, set.sentinel_port)],
+            master: MASTER.to_owned(),
+            password: password.map(str::to_owned),
+        });
+        cfg
+    };
+
+    let without = ctx.spawn(config(None)).await;
+    let r = without.deliver(&payment("pay_no_sentinel_pw", 300)).await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+    let (status, body) = without.get_admin("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        v["lease_backend"].as_str().unwrap().starts_with("error"),
+        "{body}"
+    );
+    assert_eq!(ctx.payments().await, 0, "nothing written");
+    without.stop().await;
+
+    let with = ctx.spawn(config(Some(password))).await;
+    let r = with.deliver(&payment("pay_sentinel_pw", 300)).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let fence: Option<i64> = redis::cmd("GET")
+        .arg(ctx.fence_key("pay_sentinel_pw"))
+        .query_async(&mut set.master().await)
+        .await
+        .unwrap();
+    assert_eq!(
+        fence,
+        Some(1),
+        "the lease was taken on the master the sentinel named"
+    );
+    assert_eq!(ctx.entries().await, 1);
 }

@@ -224,6 +224,99 @@ impl Drop for PrivateSentinels {
     }
 }
 
+/// A master and one sentinel (quorum 1) whose `requirepass` is `password`:
+/// a client must authenticate to the sentinel to be told the master.
+pub struct PasswordSentinel {
+    pub ip: String,
+    pub master_port: u16,
+    pub sentinel_port: u16,
+    children: Vec<Child>,
+    dir: PathBuf,
+}
+
+impl PasswordSentinel {
+    /// Starts both and waits until the sentinel, asked with the password,
+    /// names the master.
+    pub async fn start(password: &str) -> PasswordSentinel {
+        let ip = private_ip();
+        let dir = temp_dir("sentinel-pw");
+        let ports = free_ports(&ip, 2);
+        let (master_port, sentinel_port) = (ports[0], ports[1]);
+        let master = redis_server(&[
+            "--port",
+            &master_port.to_string(),
+            "--bind",
+            &ip,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]);
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {sentinel_port}\nbind {ip}\ndir {dir}\nrequirepass {password}\n\
+                 sentinel monitor {MASTER} {ip} {master_port} 1\n",
+                dir = dir.display()
+            ),
+        )
+        .unwrap();
+        let sentinel = redis_server(&[conf.to_str().unwrap(), "--sentinel"]);
+        let set = PasswordSentinel {
+            ip: ip.clone(),
+            master_port,
+            sentinel_port,
+            children: vec![master, sentinel],
+            dir,
+        };
+        let expected = master_port.to_string();
+        super::wait_for(
+            "the sentinel naming the master",
+            Duration::from_secs(30),
+            || {
+                let (ip, expected) = (ip.clone(), expected.clone());
+                async move {
+                    let out = cli(
+                        &ip,
+                        sentinel_port,
+                        &[
+                            "--no-auth-warning",
+                            "-a",
+                            password,
+                            "sentinel",
+                            "get-master-addr-by-name",
+                            MASTER,
+                        ],
+                    )
+                    .await;
+                    out.lines().nth(1).map(str::trim) == Some(expected.as_str())
+                }
+            },
+        )
+        .await;
+        set
+    }
+
+    /// A connection to the master.
+    pub async fn master(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(format!("redis://{}:{}", self.ip, self.master_port))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for PasswordSentinel {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A CA and the PEM files of a server certificate it signed.
 pub struct TestCa {
     pub ca_file: PathBuf,
