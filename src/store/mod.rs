@@ -179,10 +179,10 @@ pub enum StoreError {
     #[error(transparent)]
     Build(#[from] PoolBuildError),
     /// This write's commit has not answered within `bound`: it is left to
-    /// finish by itself (see [`commit`]), the delivery is answered 503.
+    /// finish by itself (see the `store::commit` module), the delivery is answered 503.
     #[error("the commit has not answered within {bound:?} (waiting for a synchronous standby?); it is not cancelled")]
     CommitWaiting { bound: Duration },
-    /// Writes are refused while commits wait past their bound (see [`commit`]).
+    /// Writes are refused while commits wait past their bound (see the `store::commit` module).
     #[error("{waiting} commit(s) wait past their bound (for a synchronous standby?); writes are refused until they answer")]
     CommitsWaiting { waiting: usize },
 }
@@ -583,7 +583,7 @@ impl Store {
     /// A pooled connection for the fenced writes of one attempt. Waiting
     /// for it may take up to the pool wait: the caller checks its lease
     /// *after* this returns and before it writes.
-    /// Refused at once while a commit waits past its bound (see [`commit`]).
+    /// Refused at once while a commit waits past its bound (see the `store::commit` module).
     pub async fn connection(&self) -> Result<Connection, StoreError> {
         Ok(Connection(self.writer().await?))
     }
