@@ -249,3 +249,76 @@ async fn a_commit_waiting_for_a_missing_standby_answers_503_leaves_the_pool_free
     );
     assert!(!pg.log().contains(CANCELLED_WAIT), "{}", pg.log());
 }
+
+/// Inbox mode: the accept (one statement that commits by itself) is bounded
+/// the same way; the event lands once, and its retry is `duplicate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_inbox_mode_an_accept_waiting_for_a_missing_standby_answers_503_and_lands_once() {
+    let pg = PrivatePostgres::start(&[]).await;
+    let ctx = TestContext::new().await; // for its Redis prefix
+    let admin = local(&pg.url("postgres")).await;
+    admin
+        .batch_execute("CREATE DATABASE fh_inbox_sync")
+        .await
+        .unwrap();
+    let url = pg.url("fh_inbox_sync");
+    fencehook::store::migrate::run(&url, fencehook::store::migrate::MissingDatabase::Refuse)
+        .await
+        .unwrap();
+    let db = local(&url).await;
+    let env = vec![
+        ("DATABASE_URL", url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_MODE", "inbox".to_owned()),
+        ("FENCEHOOK_WORKERS", "0".to_owned()),
+        ("FENCEHOOK_DB_STATEMENT_TIMEOUT_MS", "1000".to_owned()),
+    ];
+    let p = ServeProcess::start(&env).await;
+    name_standby(&admin, Some("fake_standby")).await;
+    let ev = payment("pay_inbox_waiting", 650);
+    let sent = Instant::now();
+    let r = p.deliver(&ev).await;
+    let took = sent.elapsed();
+    assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert_eq!(waiting_for_standby(&admin, "fencehook").await, 1);
+    let r = p.deliver(&payment("pay_inbox_other", 660)).await;
+    assert_eq!((r.status, r.result()), (503, "unavailable"), "{r:?}");
+
+    name_standby(&admin, None).await;
+    wait_for(
+        "the waiting accept answered",
+        Duration::from_secs(20),
+        || async {
+            !p.log_lines("a commit that waited past its bound has answered")
+                .is_empty()
+        },
+    )
+    .await;
+    let r = p.deliver(&ev).await;
+    assert_eq!(
+        (r.status, r.result()),
+        (200, "duplicate"),
+        "the retry: {r:?}"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM events WHERE transaction_id = 'pay_inbox_waiting'"
+        )
+        .await,
+        1,
+        "stored once"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM events WHERE transaction_id = 'pay_inbox_other'"
+        )
+        .await,
+        0,
+        "refused while the first waited: nothing stored"
+    );
+    assert!(!pg.log().contains(CANCELLED_WAIT), "{}", pg.log());
+}
