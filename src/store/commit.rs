@@ -30,7 +30,19 @@
 //! gets it twice (once for the statement, which the server cancels past it,
 //! once for its commit), a `COMMIT` once. A retry of the delivery finds the
 //! waiting commit's row once it completes (`duplicate`), or books it then:
-//! the commit is either there once or not at all, never twice.
+//! the commit is either there once or not at all, never twice. A commit slow
+//! for another reason (a stalled disk or network) is treated alike, which
+//! suits it too: the node cannot take writes now, and the first write that
+//! completes says it can again.
+//!
+//! Why not the simpler ways: cancelling at the bound (a client-side
+//! timeout that sends a cancel, or `statement_timeout` if it applied) makes
+//! the commit visible unreplicated; awaiting the commit on the delivery's own
+//! task holds a pooled connection per waiting delivery, and a few of them
+//! take the whole pool (then `/readyz` and every read time out too); taking
+//! waiting connections out of the pool but letting new writes go on would
+//! leave one more backend waiting per PSP retry, until the server's
+//! `max_connections` is reached.
 
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
