@@ -12,6 +12,9 @@ use clap::{Args, ValueEnum};
 
 use crate::providers::{self, Provider};
 
+mod traces;
+pub use traces::{OtlpProtocol, Sampler, SamplerRoot, TraceArgs, TraceConfig};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LeaseBackendKind {
     Redis,
@@ -164,6 +167,8 @@ pub struct ServeArgs {
     pub inbox: InboxArgs,
     #[command(flatten)]
     pub console: crate::console::settings::ConsoleArgs,
+    #[command(flatten)]
+    pub traces: TraceArgs,
 }
 
 /// Inbox mode: accept in one write, book asynchronously.
@@ -748,6 +753,8 @@ pub struct Config {
     pub inbox: InboxConfig,
     /// The operator console (`/console` on the admin listener); off by default.
     pub console: crate::console::settings::ConsoleConfig,
+    /// OpenTelemetry traces; `None`: off (no OTLP endpoint set).
+    pub traces: Option<TraceConfig>,
 }
 
 impl DbArgs {
@@ -945,6 +952,7 @@ impl ServeArgs {
                 true => self.console.validate()?,
                 false => Default::default(),
             },
+            traces: self.traces.validate()?,
         })
     }
 

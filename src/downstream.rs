@@ -19,6 +19,8 @@ use crate::http::client::{self, HttpClient};
 
 use crate::domain::CanonicalEvent;
 use crate::metrics::{DownstreamResult, Metrics};
+use crate::telemetry::{propagation, spans};
+use tracing::Instrument;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DownstreamError {
@@ -54,7 +56,20 @@ impl Downstream {
 
     pub async fn call(&self, ev: &CanonicalEvent, token: i64) -> Result<(), DownstreamError> {
         let started = std::time::Instant::now();
-        let result = self.send(ev, token).await;
+        let span = spans::downstream(&self.url, token);
+        let result = self.send(ev, token).instrument(span.clone()).await;
+        match &result {
+            Ok(()) => spans::downstream_answered(&span, Some(200), None),
+            Err(DownstreamError::Status { status, .. }) => {
+                spans::downstream_answered(&span, Some(*status), None)
+            }
+            Err(DownstreamError::Timeout(_)) => {
+                spans::downstream_answered(&span, None, Some("timeout"))
+            }
+            Err(DownstreamError::Transport(_)) => {
+                spans::downstream_answered(&span, None, Some("transport"))
+            }
+        }
         self.metrics
             .downstream_duration()
             .record(started.elapsed().as_secs_f64());
@@ -69,12 +84,15 @@ impl Downstream {
 
     async fn send(&self, ev: &CanonicalEvent, token: i64) -> Result<(), DownstreamError> {
         let body = serde_json::to_vec(ev).expect("canonical events serialize");
-        let req = hyper::Request::post(self.url.clone())
+        let mut req = hyper::Request::post(self.url.clone())
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", idempotency_key(ev))
             .header("Fencing-Token", token.to_string())
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| DownstreamError::Transport(e.into()))?;
+        // `traceparent` names this call's client span: the order service's
+        // spans join the delivery's trace.
+        propagation::inject(req.headers_mut());
         let exchange = async {
             let resp = self
                 .client

@@ -44,6 +44,9 @@
 //! - [`domain`]: the canonical event, its kinds and fingerprint, row statuses.
 //! - [`config`]: settings (env + flags), defaults, cross-field validation.
 //! - [`metrics`]: metric names, label values as enums, the per-app registry.
+//! - [`telemetry`]: the process's log lines and, when an OTLP endpoint is
+//!   set, OpenTelemetry traces: the span list ([`telemetry::spans`]), W3C
+//!   trace context in and out ([`telemetry::propagation`]), the export queue.
 //! - [`error`]: the processing error and the one-line cause chain for logs.
 //!
 //! The operator and demo tools (`send`, `load`, `audit`'s printing and its
@@ -73,3 +76,4 @@ pub mod processor;
 pub mod providers;
 pub mod startup;
 pub mod store;
+pub mod telemetry;

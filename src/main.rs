@@ -12,7 +12,6 @@ use fencehook::config::{DbArgs, LogFormat, ServeArgs};
 use tools::audit::AuditArgs;
 use tools::load::LoadArgs;
 use tools::send::SendArgs;
-use tracing_subscriber::EnvFilter;
 
 /// `fencehook migrate`.
 #[derive(clap::Args)]
@@ -119,12 +118,13 @@ async fn run(cli: Cli) -> ExitCode {
                     }
                     let names: Vec<&str> = cfg.providers.iter().map(|p| p.name.as_str()).collect();
                     println!(
-                        "configuration ok: providers [{}], lease backend {:?} (ttl {} ms, renew every {} ms), downstream {}",
+                        "configuration ok: providers [{}], lease backend {:?} (ttl {} ms, renew every {} ms), downstream {}, traces {}",
                         names.join(", "),
                         cfg.lease.backend,
                         cfg.lease.ttl.as_millis(),
                         cfg.lease.renew_interval().as_millis(),
                         cfg.downstream_url.as_ref().map_or("none".to_owned(), fencehook::config::redacted_url),
+                        cfg.traces.as_ref().map_or("off".to_owned(), |t| format!("to {}", t.target())),
                     );
                     ExitCode::SUCCESS
                 }
@@ -135,7 +135,10 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Serve(args) => {
-            init_tracing(args.log_format, &args.log);
+            let telemetry = match start_telemetry(&args).await {
+                Ok(t) => t,
+                Err(code) => return code,
+            };
             for warning in unknown_settings() {
                 tracing::warn!("{warning}");
             }
@@ -167,11 +170,16 @@ async fn run(cli: Cli) -> ExitCode {
                 admin_port = app.admin_port(),
                 "fencehook serving"
             );
+            let drain = drain_bound(&args);
             app.run_until_stopped(shutdown_signal()).await;
+            telemetry.shutdown(drain).await;
             ExitCode::SUCCESS
         }
         Command::Work(args) => {
-            init_tracing(args.log_format, &args.log);
+            let telemetry = match start_telemetry(&args).await {
+                Ok(t) => t,
+                Err(code) => return code,
+            };
             for warning in unknown_settings() {
                 tracing::warn!("{warning}");
             }
@@ -195,11 +203,14 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             };
             tracing::info!("fencehook working");
+            let drain = drain_bound(&args);
             workers.run_until_stopped(shutdown_signal()).await;
+            telemetry.shutdown(drain).await;
             ExitCode::SUCCESS
         }
         Command::Migrate(args) => {
-            init_tracing(LogFormat::Text, "info");
+            // No trace settings: cannot fail.
+            let _ = fencehook::telemetry::install(LogFormat::Text, "info", None);
             use fencehook::store::migrate::{self, MissingDatabase};
             let missing = if args.create_database {
                 MissingDatabase::Create
@@ -387,30 +398,35 @@ async fn warn_unreachable(health: &fencehook::health::Health) {
     }
 }
 
-fn init_tracing(format: LogFormat, levels: &str) {
-    // Logged once the subscriber is up, in its format: a plain line first
-    // would break a reader of JSON lines.
-    let mut bad_filter = None;
-    let filter = EnvFilter::try_new(levels).unwrap_or_else(|e| {
-        bad_filter = Some(format!(
-            "FENCEHOOK_LOG `{levels}` is not a log filter ({e}); using info"
-        ));
-        EnvFilter::new("info")
-    });
-    // Colour codes only for a person at a terminal: in a pipe, a file or a
-    // log shipper they are noise that breaks searching.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.init(),
+/// Log lines and, when an OTLP endpoint is set, traces; before anything
+/// else, so that every start line is in the chosen format. A bad trace
+/// setting stops the start here, naming it (exit 2).
+async fn start_telemetry(args: &ServeArgs) -> Result<fencehook::telemetry::Telemetry, ExitCode> {
+    let traces = args.traces.validate().map_err(|e| {
+        eprintln!("fencehook: invalid configuration: {e}");
+        ExitCode::from(2)
+    })?;
+    let telemetry = fencehook::telemetry::install(args.log_format, &args.log, traces.as_ref())
+        .map_err(|e| {
+            eprintln!("fencehook: invalid configuration: {e}");
+            ExitCode::from(2)
+        })?;
+    if let Some(t) = &traces {
+        tracing::info!(
+            collector = %t.target(),
+            protocol = ?t.protocol,
+            sampler = ?t.sampler,
+            service_name = %t.service_name,
+            "tracing on: spans exported over OTLP/HTTP"
+        );
     }
-    if let Some(warning) = bad_filter {
-        tracing::warn!("{warning}");
-    }
+    Ok(telemetry)
+}
+
+/// FENCEHOOK_SHUTDOWN_TIMEOUT_MS: the drain bound, which also bounds the
+/// last export of spans.
+fn drain_bound(args: &ServeArgs) -> std::time::Duration {
+    std::time::Duration::from_millis(args.shutdown_timeout_ms)
 }
 
 async fn shutdown_signal() {

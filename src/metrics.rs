@@ -57,6 +57,7 @@ pub const INBOX_STORED_BYTES: &str = "fencehook_inbox_stored_bytes";
 pub const PRUNED_TOTAL: &str = "fencehook_pruned_total";
 pub const CONSOLE_SIGNINS_TOTAL: &str = "fencehook_console_signins_total";
 pub const CONSOLE_REPLAYS_TOTAL: &str = "fencehook_console_replays_total";
+pub const TRACE_SPANS_DROPPED_TOTAL: &str = "fencehook_trace_spans_dropped_total";
 
 /// Declares a label enum: its variants, their label values, and `ALL`.
 macro_rules! label_enum {
@@ -131,6 +132,19 @@ label_enum! {
         /// `confirm = "api"`: PayPal's API knows no such event, or knows it
         /// otherwise than delivered. Answered 401.
         EventUnconfirmed => "event_unconfirmed",
+    }
+}
+
+label_enum! {
+    /// Why a finished span was not exported
+    /// (`fencehook_trace_spans_dropped_total{reason}`); see `telemetry::export`.
+    SpanDrop {
+        /// The export queue (`OTEL_BSP_MAX_QUEUE_SIZE`) was full: the
+        /// collector is slower than the spans come, or down.
+        QueueFull => "queue_full",
+        /// The collector refused the batch, did not answer within
+        /// `OTEL_EXPORTER_OTLP_TIMEOUT`, or shutdown's bound ran out.
+        ExportFailed => "export_failed",
     }
 }
 
@@ -272,6 +286,7 @@ struct Inner {
     accept_errors: HashMap<Listener, Counter>,
     inbox_stored_bytes: Gauge,
     pruned: Counter,
+    spans_dropped: HashMap<SpanDrop, Counter>,
 }
 
 struct Handles {
@@ -434,6 +449,13 @@ impl Metrics {
             recorder.register_gauge(&Key::from_static_name(INBOX_STORED_BYTES), &META);
         inbox_stored_bytes.set(0.0);
         let pruned = zero(c(PRUNED_TOTAL, &[]));
+        let spans_dropped = SpanDrop::ALL
+            .iter()
+            .map(|&r| {
+                let reason = [("reason", r.as_str())];
+                (r, zero(c(TRACE_SPANS_DROPPED_TOTAL, &reason)))
+            })
+            .collect();
         let connections_open = Listener::ALL
             .iter()
             .map(|&l| {
@@ -473,6 +495,7 @@ impl Metrics {
             accept_errors,
             inbox_stored_bytes,
             pruned,
+            spans_dropped,
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
@@ -485,6 +508,11 @@ impl Metrics {
 
     /// Prometheus text exposition of everything registered.
     pub fn render(&self) -> String {
+        // The span exporter is the process's, not this instance's: its
+        // counts are copied in when they are read.
+        for (&reason, counter) in &self.inner.spans_dropped {
+            counter.absolute(crate::telemetry::spans_dropped(reason));
+        }
         self.inner.handle.render()
     }
 
@@ -821,6 +849,11 @@ fn describe(rec: &PrometheusRecorder) {
         PRUNED_TOTAL,
         None,
         "Finished inbox events deleted past FENCEHOOK_EVENT_RETENTION_DAYS by the scheduled prune.",
+    );
+    d(
+        TRACE_SPANS_DROPPED_TOTAL,
+        None,
+        "Finished trace spans not exported, by reason (queue_full, export_failed); 0 with tracing off.",
     );
 }
 

@@ -31,6 +31,8 @@ use crate::processor::Outcome;
 use crate::providers::{Item, Provider, Reject};
 use crate::store::inbox::Accepted;
 use crate::store::transmissions::Transmission;
+use crate::telemetry::spans;
+use tracing::Instrument;
 
 /// Items of one delivery processed at once: enough that a batch is not
 /// serialised, few enough that one large batch cannot take the whole database
@@ -53,6 +55,21 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
     if req.method() != Method::POST {
         return rejected(&state, RejectReason::MethodNotAllowed);
     }
+    // The delivery's server span: every span and log line below is in it.
+    let span = spans::delivery(&provider.name, path, req.headers());
+    respond(state, provider, req, started, peer)
+        .instrument(span)
+        .await
+}
+
+/// Processes a delivery, counts, logs and answers it (inside its span).
+async fn respond(
+    state: Arc<State>,
+    provider: Arc<Provider>,
+    req: Request<Incoming>,
+    started: Instant,
+    peer: Option<std::net::SocketAddr>,
+) -> Response<Body> {
     let delivery = deliver(&state, &provider, req).await;
     let elapsed = started.elapsed();
     let answer = match &delivery {
@@ -79,6 +96,12 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
             .recent
             .refused(&provider.name, answer.result, status, reason, peer);
     }
+    spans::answered(
+        &tracing::Span::current(),
+        answer.result.as_str(),
+        status,
+        answer.transaction_id.as_deref(),
+    );
     // Rounded to the microsecond: a float printed in full reads 0.018427000000000002.
     let latency_ms = (elapsed.as_secs_f64() * 1_000_000.0).round() / 1000.0;
     match &delivery {
@@ -238,8 +261,16 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default();
-    let accepted = provider.accept(&parts.headers, &body, now).await;
-    if let Err(refusal) = paypal_gate(state, provider, &parts.headers, &body, &accepted).await {
+    let verify = spans::verify(&provider.name);
+    let (accepted, gate) = async {
+        let accepted = provider.accept(&parts.headers, &body, now).await;
+        let gate = paypal_gate(state, provider, &parts.headers, &body, &accepted).await;
+        (accepted, gate)
+    }
+    .instrument(verify.clone())
+    .await;
+    spans::verified(&verify, &accepted, gate.is_ok());
+    if let Err(refusal) = gate {
         return refusal;
     }
     let items = match accepted {

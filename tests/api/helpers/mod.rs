@@ -170,6 +170,7 @@ impl TestContext {
                 idle_poll: Duration::from_secs(1),
             },
             console: Default::default(),
+            traces: None,
         }
     }
 

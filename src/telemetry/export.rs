@@ -1,0 +1,394 @@
+//! Finished spans to the collector: a bounded queue that a delivery never
+//! waits on, emptied by one tokio task that exports in batches.
+//!
+//! Why not the SDK's `BatchSpanProcessor`: it runs on a thread of its own and
+//! calls the exporter through a blocking executor (our HTTP client is a tokio
+//! one), and it says that it dropped spans only in a log line. Here a full
+//! queue drops the span at once and counts it
+//! (`fencehook_trace_spans_dropped_total{reason="queue_full"}`), and a batch
+//! the collector did not take is counted too (`reason="export_failed"`): a
+//! collector that is down or slow costs spans, never a delivery's time.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::Context;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::metrics::SpanDrop;
+
+/// Spans dropped since start, by reason; read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct Drops {
+    queue_full: AtomicU64,
+    export_failed: AtomicU64,
+}
+
+impl Drops {
+    pub fn get(&self, reason: SpanDrop) -> u64 {
+        self.counter(reason).load(Ordering::Relaxed)
+    }
+
+    fn add(&self, reason: SpanDrop, n: u64) {
+        self.counter(reason).fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn counter(&self, reason: SpanDrop) -> &AtomicU64 {
+        match reason {
+            SpanDrop::QueueFull => &self.queue_full,
+            SpanDrop::ExportFailed => &self.export_failed,
+        }
+    }
+}
+
+/// How the queue is emptied (`OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_TIMEOUT`).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSettings {
+    pub max_queue_size: usize,
+    pub max_export_batch_size: usize,
+    pub schedule_delay: Duration,
+    /// Bound on one export; the exporter has its own, this one holds even
+    /// if it does not.
+    pub export_timeout: Duration,
+}
+
+/// The span processor: `on_end` puts a sampled span in the queue or drops
+/// and counts it; it never blocks.
+#[derive(Debug)]
+pub struct Batcher {
+    queue: mpsc::Sender<SpanData>,
+    /// Spans handed over and neither exported nor counted as dropped yet
+    /// (queued, or in the batch being sent): what shutdown gives up on.
+    queued: Arc<AtomicUsize>,
+    drops: Arc<Drops>,
+}
+
+/// Stops the export task: it exports what is queued, bounded by a timeout.
+#[derive(Debug)]
+pub struct Flusher {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    queued: Arc<AtomicUsize>,
+    drops: Arc<Drops>,
+}
+
+/// The processor for the tracer provider and the handle that flushes it;
+/// the export task runs on the current tokio runtime.
+pub fn batcher<E: SpanExporter + 'static>(
+    exporter: E,
+    settings: BatchSettings,
+    drops: Arc<Drops>,
+) -> (Batcher, Flusher) {
+    let (tx, rx) = mpsc::channel(settings.max_queue_size);
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn(run(
+        exporter,
+        rx,
+        stop_rx,
+        settings,
+        queued.clone(),
+        drops.clone(),
+    ));
+    let batcher = Batcher {
+        queue: tx,
+        queued: queued.clone(),
+        drops: drops.clone(),
+    };
+    let flusher = Flusher {
+        stop: Some(stop_tx),
+        task,
+        queued,
+        drops,
+    };
+    (batcher, flusher)
+}
+
+impl SpanProcessor for Batcher {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        match self.queue.try_send(span) {
+            Ok(()) => {
+                self.queued.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => self.drops.add(SpanDrop::QueueFull, 1),
+            // After shutdown: nobody exports it any more, nobody reads the count.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        // The task exports on its own schedule; shutdown flushes (async).
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        // Never blocks a runtime thread: `Flusher::flush` is the shutdown.
+        Ok(())
+    }
+}
+
+impl Flusher {
+    /// Exports what is queued and stops the task, within `timeout`; what
+    /// could not be exported by then is counted as `export_failed`.
+    /// Returns how many spans were given up.
+    pub async fn flush(mut self, timeout: Duration) -> u64 {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if tokio::time::timeout(timeout, &mut self.task).await.is_ok() {
+            return 0;
+        }
+        self.task.abort();
+        let lost = self.queued.swap(0, Ordering::Relaxed) as u64;
+        self.drops.add(SpanDrop::ExportFailed, lost);
+        lost
+    }
+}
+
+async fn run<E: SpanExporter>(
+    exporter: E,
+    mut rx: mpsc::Receiver<SpanData>,
+    mut stop: oneshot::Receiver<()>,
+    settings: BatchSettings,
+    queued: Arc<AtomicUsize>,
+    drops: Arc<Drops>,
+) {
+    let max = settings.max_export_batch_size;
+    let mut exporting = Exporting {
+        exporter,
+        timeout: settings.export_timeout,
+        drops,
+        queued,
+        failing_since: None,
+        last_warned: None,
+    };
+    let mut batch: Vec<SpanData> = Vec::with_capacity(max);
+    // When the oldest span of `batch` must leave, full or not.
+    let mut due: Option<Instant> = None;
+    loop {
+        let wait_until = due.unwrap_or_else(|| Instant::now() + settings.schedule_delay);
+        let room = max - batch.len();
+        tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            n = rx.recv_many(&mut batch, room) => {
+                if n == 0 {
+                    break;
+                }
+                if due.is_none() {
+                    due = Some(Instant::now() + settings.schedule_delay);
+                }
+                if batch.len() >= max {
+                    exporting.export(&mut batch).await;
+                    due = None;
+                }
+            }
+            _ = tokio::time::sleep_until(wait_until), if due.is_some() => {
+                exporting.export(&mut batch).await;
+                due = None;
+            }
+        }
+    }
+    // Shutdown: what is queued goes out, batch by batch.
+    rx.close();
+    loop {
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(span) => batch.push(span),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        exporting.export(&mut batch).await;
+    }
+}
+
+struct Exporting<E> {
+    exporter: E,
+    timeout: Duration,
+    drops: Arc<Drops>,
+    queued: Arc<AtomicUsize>,
+    /// Set while exports fail: the log says so when it starts, at most
+    /// once a minute while it lasts, and when it ends.
+    failing_since: Option<Instant>,
+    last_warned: Option<Instant>,
+}
+
+impl<E: SpanExporter> Exporting<E> {
+    async fn export(&mut self, batch: &mut Vec<SpanData>) {
+        if batch.is_empty() {
+            return;
+        }
+        let spans = std::mem::take(batch);
+        let n = spans.len();
+        let result = tokio::time::timeout(self.timeout, self.exporter.export(spans)).await;
+        // Counted as queued until here: a shutdown that gives up on this
+        // export counts them.
+        self.queued.fetch_sub(n, Ordering::Relaxed);
+        let error = match result {
+            Ok(Ok(())) => {
+                if let Some(since) = self.failing_since.take() {
+                    tracing::info!(
+                        failing_for_s = since.elapsed().as_secs(),
+                        "the trace collector takes spans again"
+                    );
+                }
+                self.last_warned = None;
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+        };
+        self.drops.add(SpanDrop::ExportFailed, n as u64);
+        let now = Instant::now();
+        self.failing_since.get_or_insert(now);
+        if self
+            .last_warned
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60))
+        {
+            self.last_warned = Some(now);
+            tracing::warn!(
+                spans = n,
+                error = %error,
+                "could not export spans to the trace collector; they are dropped (deliveries are not affected)"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId};
+    use opentelemetry::InstrumentationScope;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SpanEvents, SpanLinks};
+    use std::time::SystemTime;
+
+    fn span(i: u64, sampled: bool) -> SpanData {
+        let flags = if sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from(u128::from(i) + 1),
+                SpanId::from(i + 1),
+                flags,
+                false,
+                Default::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "test".into(),
+            start_time: SystemTime::now(),
+            end_time: SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: InstrumentationScope::builder("test").build(),
+        }
+    }
+
+    fn settings(queue: usize, batch: usize) -> BatchSettings {
+        BatchSettings {
+            max_queue_size: queue,
+            max_export_batch_size: batch,
+            schedule_delay: Duration::from_millis(20),
+            export_timeout: Duration::from_millis(200),
+        }
+    }
+
+    /// An exporter whose collector never answers.
+    #[derive(Debug)]
+    struct Stalled;
+
+    impl SpanExporter for Stalled {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            std::future::pending().await
+        }
+    }
+
+    async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn sampled_spans_are_exported_in_batches_and_unsampled_ones_never() {
+        let exporter = InMemorySpanExporter::default();
+        let drops = Arc::new(Drops::default());
+        let (batcher, flusher) = batcher(exporter.clone(), settings(64, 4), drops.clone());
+        for i in 0..10 {
+            batcher.on_end(span(i, i % 2 == 0));
+        }
+        wait_for("5 spans exported", || {
+            exporter.get_finished_spans().unwrap().len() == 5
+        })
+        .await;
+        assert_eq!(flusher.flush(Duration::from_secs(5)).await, 0);
+        assert_eq!(drops.get(SpanDrop::QueueFull), 0);
+        assert_eq!(drops.get(SpanDrop::ExportFailed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_collector_drops_and_counts_spans_without_blocking_the_caller() {
+        let drops = Arc::new(Drops::default());
+        let (batcher, flusher) = batcher(Stalled, settings(8, 4), drops.clone());
+        let started = std::time::Instant::now();
+        for i in 0..1000 {
+            batcher.on_end(span(i, true));
+        }
+        // 1,000 spans handed over while the exporter hangs: never waited for.
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let full = drops.get(SpanDrop::QueueFull);
+        // The queue (8) and at most one batch in the stalled export (4) hold
+        // the rest; every other span is counted.
+        assert!((1000 - 12..=1000 - 8).contains(&full), "{full}");
+        // The stalled exports time out (200 ms) and their spans are counted.
+        wait_for("a failed export counted", || {
+            drops.get(SpanDrop::ExportFailed) > 0
+        })
+        .await;
+        // Shutdown gives up at its bound and counts what it could not send.
+        let t = std::time::Instant::now();
+        flusher.flush(Duration::from_millis(100)).await;
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert_eq!(
+            drops.get(SpanDrop::QueueFull) + drops.get(SpanDrop::ExportFailed),
+            1000,
+            "every span is exported or counted"
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_exports_what_is_queued_before_the_schedule_delay() {
+        let exporter = InMemorySpanExporter::default();
+        let drops = Arc::new(Drops::default());
+        let mut slow = settings(64, 16);
+        slow.schedule_delay = Duration::from_secs(3600);
+        let (batcher, flusher) = batcher(exporter.clone(), slow, drops.clone());
+        for i in 0..40 {
+            batcher.on_end(span(i, true));
+        }
+        assert_eq!(flusher.flush(Duration::from_secs(5)).await, 0);
+        assert_eq!(exporter.get_finished_spans().unwrap().len(), 40);
+    }
+}

@@ -1,0 +1,216 @@
+//! The process's telemetry: log lines (text or JSON) and, when an OTLP
+//! endpoint is set, OpenTelemetry traces.
+//!
+//! The service's `tracing` spans (their names and attributes in [`spans`])
+//! become OpenTelemetry spans through `tracing-opentelemetry`'s layer, which
+//! is installed only when tracing is configured: otherwise no layer asks for
+//! a span, every span callsite is disabled once, and a span costs a branch.
+//! Log lines never carry spans (their layer filters them out), so a log line
+//! reads the same with tracing on or off, save the `trace_id`/`span_id` a
+//! JSON line gains inside a traced delivery ([`logs`]).
+//!
+//! Export: [`export`] (a bounded queue, one tokio task, drops counted).
+//! W3C trace context in and out: [`propagation`].
+
+pub mod export;
+mod logs;
+pub mod propagation;
+pub mod spans;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _};
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+use crate::config::{LogFormat, OtlpProtocol, Sampler, SamplerRoot, TraceConfig};
+use crate::metrics::SpanDrop;
+
+/// Whether this process exports traces: the edges (extracting an incoming
+/// `traceparent`, injecting one downstream) skip their work when it does not.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// The drop counts of the process's exporter, for `/metrics`.
+static DROPS: OnceLock<Arc<export::Drops>> = OnceLock::new();
+
+/// True when OpenTelemetry traces are on in this process.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Spans dropped since start for `reason` (0 with tracing off).
+pub fn spans_dropped(reason: SpanDrop) -> u64 {
+    DROPS.get().map_or(0, |d| d.get(reason))
+}
+
+/// What must be flushed at shutdown.
+pub struct Telemetry {
+    traces: Option<(SdkTracerProvider, export::Flusher)>,
+}
+
+impl Telemetry {
+    /// Exports the spans still queued, within `timeout` (the drain bound):
+    /// a collector that does not answer delays the exit by at most that.
+    pub async fn shutdown(self, timeout: Duration) {
+        let Some((provider, flusher)) = self.traces else {
+            return;
+        };
+        let lost = flusher.flush(timeout).await;
+        if lost > 0 {
+            tracing::warn!(
+                spans = lost,
+                "spans still queued at shutdown were not exported within FENCEHOOK_SHUTDOWN_TIMEOUT_MS"
+            );
+        }
+        ENABLED.store(false, Ordering::Relaxed);
+        drop(provider);
+    }
+}
+
+/// Installs the process's subscriber: log lines at `levels` in `format`,
+/// and with `traces` the OpenTelemetry layer and its exporter (whose task
+/// runs on the current runtime). `Err` is one line: the exporter could not
+/// be built from the settings.
+pub fn install(
+    format: LogFormat,
+    levels: &str,
+    traces: Option<&TraceConfig>,
+) -> Result<Telemetry, String> {
+    let traced = match traces {
+        Some(cfg) => Some(tracer_provider(cfg)?),
+        None => None,
+    };
+    // Logged once the subscriber is up, in its format: a plain line first
+    // would break a reader of JSON lines.
+    let mut bad_filter = None;
+    let filter = EnvFilter::try_new(levels).unwrap_or_else(|e| {
+        bad_filter = Some(format!(
+            "FENCEHOOK_LOG `{levels}` is not a log filter ({e}); using info"
+        ));
+        EnvFilter::new("info")
+    });
+    let logs = logs::layer(format, traced.is_some())
+        .with_filter(filter.and(filter_fn(|meta| meta.is_event())));
+    let otel = traced.as_ref().map(|(provider, _)| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("fencehook"))
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_level(false)
+            .with_tracked_inactivity(false)
+            // The service's own spans only: not a library's, and no log
+            // event becomes a span event (a log line may hold what no
+            // attribute may).
+            .with_filter(filter_fn(|meta| {
+                meta.is_span() && meta.target().starts_with("fencehook")
+            }))
+    });
+    tracing_subscriber::registry().with(logs).with(otel).init();
+    if let Some(warning) = bad_filter {
+        tracing::warn!("{warning}");
+    }
+    if traced.is_some() {
+        ENABLED.store(true, Ordering::Relaxed);
+    }
+    Ok(Telemetry { traces: traced })
+}
+
+/// The tracer provider: sampler, resource, and the OTLP/HTTP exporter
+/// behind the batching queue.
+fn tracer_provider(cfg: &TraceConfig) -> Result<(SdkTracerProvider, export::Flusher), String> {
+    let resource = resource(cfg);
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(collector_client(cfg.timeout)?)
+        .with_endpoint(cfg.endpoint.to_string())
+        .with_protocol(match cfg.protocol {
+            OtlpProtocol::Protobuf => opentelemetry_otlp::Protocol::HttpBinary,
+            OtlpProtocol::Json => opentelemetry_otlp::Protocol::HttpJson,
+        })
+        .with_timeout(cfg.timeout)
+        .with_headers(cfg.headers.iter().cloned().collect())
+        .build()
+        .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}"))?;
+    exporter.set_resource(&resource);
+    let drops = DROPS.get_or_init(Default::default).clone();
+    let (batcher, flusher) = export::batcher(
+        exporter,
+        export::BatchSettings {
+            max_queue_size: cfg.max_queue_size,
+            max_export_batch_size: cfg.max_export_batch_size,
+            schedule_delay: cfg.schedule_delay,
+            // The exporter's own bound covers its retries; a little more
+            // for encoding, so that this one fires only if that one did not.
+            export_timeout: cfg.timeout + Duration::from_millis(500),
+        },
+        drops,
+    );
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(batcher)
+        .with_sampler(sampler(cfg.sampler))
+        .with_resource(resource)
+        .build();
+    Ok((provider, flusher))
+}
+
+/// `service.name`, `service.version` and `OTEL_RESOURCE_ATTRIBUTES`.
+fn resource(cfg: &TraceConfig) -> Resource {
+    Resource::builder_empty()
+        .with_attributes(
+            cfg.resource_attributes
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        )
+        .with_service_name(cfg.service_name.clone())
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+pub(crate) fn sampler(s: Sampler) -> opentelemetry_sdk::trace::Sampler {
+    use opentelemetry_sdk::trace::Sampler as Sdk;
+    let root = match s.root {
+        SamplerRoot::AlwaysOn => Sdk::AlwaysOn,
+        SamplerRoot::AlwaysOff => Sdk::AlwaysOff,
+        SamplerRoot::Ratio(r) => Sdk::TraceIdRatioBased(r),
+    };
+    if s.parent_based {
+        Sdk::ParentBased(Box::new(root))
+    } else {
+        root
+    }
+}
+
+/// The exporter's HTTP client: hyper's pooled client (the service's own)
+/// over rustls with ring and Mozilla's roots, so an `https://` collector
+/// needs no OpenSSL and no CA bundle on the host.
+fn collector_client(
+    timeout: Duration,
+) -> Result<
+    opentelemetry_http::hyper::HyperClient<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    >,
+    String,
+> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(timeout));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
+        .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot set up TLS: {e}"))?
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(opentelemetry_http::hyper::HyperClient::new(
+        https, timeout, None,
+    ))
+}
