@@ -32,3 +32,4 @@ mod shutdown;
 mod startup;
 mod sync_commit;
 mod topology;
+mod traces;

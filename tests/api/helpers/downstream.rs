@@ -22,6 +22,8 @@ pub struct Call {
     pub idempotency_key: String,
     pub fencing_token: i64,
     pub body: serde_json::Value,
+    /// The W3C `traceparent` the call carried (tracing on), if any.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Default)]
@@ -76,6 +78,8 @@ impl MockDownstream {
                                 };
                                 let key = header("idempotency-key");
                                 let token: i64 = header("fencing-token").parse().unwrap_or(-1);
+                                let traceparent =
+                                    Some(header("traceparent")).filter(|t| !t.is_empty());
                                 let bytes = req
                                     .into_body()
                                     .collect()
@@ -88,6 +92,7 @@ impl MockDownstream {
                                     idempotency_key: key.clone(),
                                     fencing_token: token,
                                     body: body.clone(),
+                                    traceparent,
                                 });
                                 let (status, delay, gated, known) = {
                                     let b = behaviour.lock().unwrap();

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod console;
 pub mod downstream;
 pub mod metrics;
+pub mod otlp;
 pub mod patroni;
 pub mod postgres;
 pub mod process;

@@ -1,0 +1,342 @@
+//! OpenTelemetry traces from real `fencehook serve` processes to a small
+//! OTLP/HTTP receiver in the harness: a delivery's spans under the PSP's
+//! trace, the downstream's `traceparent`, trace ids in JSON log lines, and a
+//! collector that is dead or stalled changing no answer.
+
+use std::time::Duration;
+
+use fencehook::metrics::TRACE_SPANS_DROPPED_TOTAL;
+use serde_json::Value;
+
+use crate::helpers::downstream::MockDownstream;
+use crate::helpers::otlp::{Collector, ReceivedSpan};
+use crate::helpers::process::ServeProcess;
+use crate::helpers::{client, closed_port, payment, wait_for, TestContext, SECRET};
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_ID: &str = "00f067aa0ba902b7";
+
+fn traceparent() -> String {
+    format!("00-{TRACE_ID}-{PARENT_ID}-01")
+}
+
+fn env(ctx: &TestContext, extra: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_DB_POOL_SIZE", "4".to_owned()),
+        ("FENCEHOOK_LOG_FORMAT", "json".to_owned()),
+        // Spans leave a tenth of a second after they end, not five.
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+/// What the PSP's request carried, and what came back.
+struct Sent {
+    status: u16,
+    body: Value,
+    signature: String,
+    text: String,
+}
+
+/// Signs and posts `payload` to the generic provider, with `headers` added.
+async fn deliver(base: &str, payload: &Value, headers: &[(&str, &str)]) -> Sent {
+    deliver_signed(base, payload, SECRET, headers).await
+}
+
+async fn deliver_signed(
+    base: &str,
+    payload: &Value,
+    secret: &str,
+    headers: &[(&str, &str)],
+) -> Sent {
+    let text = payload.to_string();
+    let id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+    let ts = crate::helpers::now();
+    let signature = fencehook::providers::standard::sign(secret, &id, ts, text.as_bytes()).unwrap();
+    let mut req = hyper::Request::post(format!("{base}/webhooks/generic"))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", &signature)
+        .header("user-agent", "psp-test/1");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::from(text.clone())))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(30), client().request(req))
+        .await
+        .expect("an answer within 30 s")
+        .expect("an answer");
+    let status = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    Sent {
+        status,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        signature,
+        text,
+    }
+}
+
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|s| s.name == name).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_with_a_traceparent_yields_its_spans_under_that_trace_and_the_downstream_joins_it(
+) {
+    let ctx = TestContext::new().await;
+    let collector = Collector::start().await;
+    let downstream = MockDownstream::start().await;
+    let app = ServeProcess::start(&env(
+        &ctx,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+            ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+        ],
+    ))
+    .await;
+    // Exported at zero before any span was dropped.
+    let dropped = app.metric(TRACE_SPANS_DROPPED_TOTAL, &[]).await;
+    assert_eq!(dropped, 0.0);
+    let p = payment("pay_traced", 1250);
+    let sent = deliver(&app.base, &p, &[("traceparent", &traceparent())]).await;
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    assert_eq!(sent.body["result"], "processed");
+
+    let spans = collector
+        .wait_for(
+            "the delivery and downstream spans",
+            Duration::from_secs(20),
+            |s| !named(s, "POST /webhooks/{provider}").is_empty() && !named(s, "POST").is_empty(),
+        )
+        .await;
+    // The default encoding.
+    assert!(collector
+        .content_types()
+        .iter()
+        .all(|t| t.starts_with("application/x-protobuf")));
+    let server = named(&spans, "POST /webhooks/{provider}")[0].clone();
+    assert_eq!(server.trace_id, TRACE_ID, "the PSP's trace");
+    assert_eq!(server.parent_span_id, PARENT_ID, "under the PSP's span");
+    assert_eq!(server.kind, 2, "a server span");
+    assert_eq!(server.attr("http.request.method"), Some("POST"));
+    assert_eq!(server.attr("http.route"), Some("/webhooks/{provider}"));
+    assert_eq!(server.attr("url.path"), Some("/webhooks/generic"));
+    assert_eq!(server.attr("http.response.status_code"), Some("200"));
+    assert_eq!(server.attr("user_agent.original"), Some("psp-test/1"));
+    assert_eq!(server.attr("fencehook.provider"), Some("generic"));
+    assert_eq!(server.attr("fencehook.result"), Some("processed"));
+    assert_eq!(server.attr("fencehook.transaction_id"), Some("pay_traced"));
+    assert_eq!(
+        server.resource.get("service.name").map(String::as_str),
+        Some("fencehook")
+    );
+
+    let verify = named(&spans, "fencehook.verify")[0];
+    assert_eq!(verify.trace_id, TRACE_ID);
+    assert_eq!(
+        verify.parent_span_id, server.span_id,
+        "verify is the delivery's child"
+    );
+    assert_eq!(verify.attr("fencehook.verified"), Some("true"));
+
+    let call = named(&spans, "POST")[0];
+    assert_eq!(call.trace_id, TRACE_ID);
+    assert_eq!(call.kind, 3, "a client span");
+    assert_eq!(call.attr("http.response.status_code"), Some("200"));
+    // The downstream saw this trace, under the client span.
+    let calls = downstream.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0].traceparent.as_deref(),
+        Some(format!("00-{TRACE_ID}-{}-01", call.span_id).as_str()),
+        "the downstream's parent is the client span"
+    );
+
+    // No secret, signature or body in any attribute.
+    for s in &spans {
+        for (k, v) in &s.attributes {
+            assert!(
+                !v.contains(&sent.signature) && !v.contains(SECRET) && !v.contains(&sent.text),
+                "{}: {k} = {v}",
+                s.name
+            );
+            assert!(!v.contains("1250"), "{}: {k} = {v}: no amount", s.name);
+        }
+    }
+
+    // The delivery's log line leads to the trace.
+    let line = app.log_lines("\"message\":\"delivery\"");
+    let line: Value = serde_json::from_str(line.last().expect("a delivery line")).unwrap();
+    assert_eq!(line["trace_id"], TRACE_ID);
+    assert_eq!(line["span_id"], server.span_id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_json_exports_reach_the_collector_and_a_delivery_without_traceparent_starts_its_own_trace(
+) {
+    let ctx = TestContext::new().await;
+    let collector = Collector::start().await;
+    let app = ServeProcess::start(&env(
+        &ctx,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".to_owned()),
+            ("OTEL_SERVICE_NAME", "payments-webhooks".to_owned()),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment.name=test".to_owned(),
+            ),
+        ],
+    ))
+    .await;
+    let sent = deliver(&app.base, &payment("pay_json", 100), &[]).await;
+    assert_eq!(sent.status, 200);
+    let spans = collector
+        .wait_for("the delivery span", Duration::from_secs(20), |s| {
+            !named(s, "POST /webhooks/{provider}").is_empty()
+        })
+        .await;
+    assert!(collector
+        .content_types()
+        .iter()
+        .all(|t| t.starts_with("application/json")));
+    let server = named(&spans, "POST /webhooks/{provider}")[0];
+    assert_eq!(server.parent_span_id, "", "a root span");
+    assert_eq!(server.trace_id.len(), 32);
+    assert_ne!(server.trace_id, "0".repeat(32));
+    assert_eq!(
+        server.resource.get("service.name").map(String::as_str),
+        Some("payments-webhooks")
+    );
+    assert_eq!(
+        server
+            .resource
+            .get("deployment.environment.name")
+            .map(String::as_str),
+        Some("test")
+    );
+    // A refused delivery is traced too, with its answer.
+    let other = "whsec_b3RoZXItc2VjcmV0LW5vdC10aGUtcHJvdmlkZXJzLW9uZQ==";
+    let bad = deliver_signed(&app.base, &payment("pay_json", 100), other, &[]).await;
+    assert_eq!(bad.status, 401, "{}", bad.body);
+    let spans = collector
+        .wait_for(
+            "the refused delivery's span",
+            Duration::from_secs(20),
+            |s| {
+                named(s, "POST /webhooks/{provider}")
+                    .iter()
+                    .any(|s| s.attr("fencehook.result") == Some("unauthorized"))
+            },
+        )
+        .await;
+    let refused = named(&spans, "POST /webhooks/{provider}")
+        .into_iter()
+        .find(|s| s.attr("fencehook.result") == Some("unauthorized"))
+        .unwrap();
+    assert_eq!(refused.attr("http.response.status_code"), Some("401"));
+    assert_eq!(refused.status, 0, "a 4xx is not the server's error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_collector_changes_no_answer_and_its_lost_spans_are_counted() {
+    let ctx = TestContext::new().await;
+    let dead = format!("http://127.0.0.1:{}", closed_port().await);
+    let downstream = MockDownstream::start().await;
+    let app = ServeProcess::start(&env(
+        &ctx,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", dead),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000".to_owned()),
+            ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+        ],
+    ))
+    .await;
+    let p = payment("pay_dead_collector", 700);
+    let first = deliver(&app.base, &p, &[("traceparent", &traceparent())]).await;
+    assert_eq!(
+        (first.status, first.body["result"].as_str()),
+        (200, Some("processed"))
+    );
+    let again = deliver(&app.base, &p, &[]).await;
+    assert_eq!(
+        (again.status, again.body["result"].as_str()),
+        (200, Some("duplicate"))
+    );
+    assert_eq!(ctx.payments().await, 1);
+    assert_eq!(downstream.calls().len(), 1);
+    wait_for(
+        "the failed exports counted",
+        Duration::from_secs(20),
+        || async {
+            app.metric(TRACE_SPANS_DROPPED_TOTAL, &[("reason", "export_failed")])
+                .await
+                > 0.0
+        },
+    )
+    .await;
+    assert!(!app
+        .log_lines("could not export spans to the trace collector")
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_collector_holds_up_no_delivery_drops_and_counts_spans_and_bounds_the_shutdown() {
+    let ctx = TestContext::new().await;
+    let stalled = Collector::stalled().await;
+    let mut app = ServeProcess::start(&env(
+        &ctx,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", stalled.endpoint()),
+            // The export hangs far longer than the test: only the queue
+            // bound and the shutdown bound can end it.
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "600000".to_owned()),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "8".to_owned()),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4".to_owned()),
+            ("FENCEHOOK_SHUTDOWN_TIMEOUT_MS", "2000".to_owned()),
+        ],
+    ))
+    .await;
+    for i in 0..20 {
+        let sent = deliver(&app.base, &payment(&format!("pay_stall_{i}"), 100), &[]).await;
+        assert_eq!(sent.status, 200, "{}", sent.body);
+        assert_eq!(sent.body["result"], "processed");
+    }
+    assert_eq!(ctx.payments().await, 20);
+    wait_for(
+        "spans dropped on a full queue",
+        Duration::from_secs(20),
+        || async {
+            app.metric(TRACE_SPANS_DROPPED_TOTAL, &[("reason", "queue_full")])
+                .await
+                > 0.0
+        },
+    )
+    .await;
+    // Shutdown gives up on the stalled export at the drain bound (2 s).
+    let t = std::time::Instant::now();
+    app.signal("TERM");
+    let status = app
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("exits although the collector never answers");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "exited after {:?}",
+        t.elapsed()
+    );
+    assert!(!app
+        .log_lines("were not exported within FENCEHOOK_SHUTDOWN_TIMEOUT_MS")
+        .is_empty());
+}
