@@ -13,7 +13,9 @@
 #   (c) inbox mode: accepting with no workers (the accept rate), then `fencehook work` (8
 #       workers) draining what was accepted (the drain rate); and, at a steady 500 deliveries/s
 #       with serve's own 4 workers, how long from accept to booked (the lag percentiles);
-#   (d) memory per idle keep-alive connection: 1,000 of them opened on one instance.
+#   (d) memory per idle keep-alive connection: 1,000 of them opened on one instance;
+#   (e) what tracing costs: Redis leases at k = 1 with OpenTelemetry tracing off, then on
+#       (every trace sampled, exported over OTLP/HTTP to a local sink that discards it).
 #
 # Each run gets its own database (no run slows another with its rows) and Redis key prefix.
 # Writes docs/benchmarks.md (machine, commands, tables, targets) and docs/benchmarks.svg; raw
@@ -168,6 +170,45 @@ for backend in redis postgres unique-only; do
     drop_db "$backend-k$k"
   done
 done
+
+say "== (e) tracing: Redis leases, k=1, off then on (100 % sampled, to a local sink that discards) =="
+# The sink: an OTLP/HTTP endpoint that reads each export and answers 200 (keep-alive), as a
+# collector that keeps up would. Its port is the first line it prints.
+python3 - >"$OUT/otlp-sink.port" 2>"$OUT/otlp-sink.log" <<'EOF' &
+import http.server
+class Sink(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+EOF
+SINK_PID=$!
+PIDS+=("$SINK_PID")
+deadline=$((SECONDS + 10))
+until [[ -s $OUT/otlp-sink.port ]]; do
+  ((SECONDS < deadline)) || die "the OTLP sink did not start: $(cat "$OUT/otlp-sink.log")"
+  sleep 0.1
+done
+SINK_PORT=$(head -n1 "$OUT/otlp-sink.port")
+for tracing in off on; do
+  extra=()
+  [[ $tracing == on ]] && extra=(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SINK_PORT" OTEL_TRACES_SAMPLER=always_on)
+  start_serve "traces-$tracing" "$BIN" redis "${extra[@]}"
+  drive "traces-$tracing" 1
+  dropped=$(curl -s "http://127.0.0.1:$INSTANCE_ADMIN_PORT/metrics" |
+    awk '/^fencehook_trace_spans_dropped_total/ {n += $2} END {print n + 0}')
+  echo "{\"spans_dropped\": $dropped}" >"$OUT/traces-$tracing.json"
+  stop_serve
+  drop_db "traces-$tracing"
+done
+kill -TERM "$SINK_PID" 2>/dev/null || true
 
 say "== (c) inbox: accepting ${DURATION}s with no workers, then fencehook work draining =="
 start_serve inbox "$BIN" redis FENCEHOOK_MODE=inbox FENCEHOOK_WORKERS=0
