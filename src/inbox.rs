@@ -55,6 +55,8 @@ use crate::metrics::{InboxAttempt, Metrics};
 use crate::processor::{Outcome, Processor};
 use crate::store::inbox::{Accepted, Settle, Taken, ToAccept, Unreadable, CHANNEL};
 use crate::store::{Store, StoreError};
+use crate::telemetry::spans;
+use tracing::Instrument;
 
 /// How soon a worker tries a store or lease backend again after it failed.
 const BACKEND_RETRY: Duration = Duration::from_secs(1);
@@ -232,11 +234,14 @@ impl Inbox {
         psp_event_id: Option<&str>,
         body: &str,
     ) -> Result<Accepted, Error> {
+        // The accept's span (the caller's): the workers' attempts join it.
+        let trace_context = crate::telemetry::propagation::current();
         let item = ToAccept {
             event: ev.clone(),
             fingerprint: ev.fingerprint(),
             psp_event_id: psp_event_id.map(str::to_owned),
             body: body.to_owned(),
+            trace_context,
         };
         let (answer, answered) = oneshot::channel();
         let accepted = match self.batcher.send(Pending { item, answer }).await {
@@ -248,7 +253,10 @@ impl Inbox {
             // The batcher is gone (only while the runtime shuts down).
             None => {
                 let fp = ev.fingerprint();
-                self.store.accept(ev, &fp, psp_event_id, body).await?
+                let trace_context = crate::telemetry::propagation::current();
+                self.store
+                    .accept(ev, &fp, psp_event_id, body, trace_context.as_deref())
+                    .await?
             }
         };
         if accepted == Accepted::New {
@@ -429,9 +437,15 @@ impl Inbox {
     /// One attempt at one event: what its row should record.
     async fn attempt(&self, taken: Taken) -> (Taken, Settle) {
         let age = age_of(taken.age_from);
+        let span = spans::inbox_attempt(
+            &taken.event,
+            taken.attempts + 1,
+            taken.trace_context.as_deref(),
+        );
         let outcome = self
             .processor
             .process_after(&taken.event, taken.row.clone())
+            .instrument(span)
             .await;
         let (settle, counted) = self.settle_for(&taken, age, outcome);
         self.metrics.inbox_attempts(counted).increment(1);

@@ -37,6 +37,8 @@ use crate::metrics::{DownstreamResult, InflightWait, Metrics};
 use crate::store::{
     Applied, Claimed, Finalized, LeasedApply, ParentRefusal, PaymentRow, Store, StoreError,
 };
+use crate::telemetry::spans;
+use tracing::Instrument;
 
 /// The answer for one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,7 +190,7 @@ impl Processor {
     }
 
     pub async fn process(&self, ev: &CanonicalEvent) -> Result<Outcome, Error> {
-        let row = self.lookup(ev).await?;
+        let row = self.lookup(ev).instrument(spans::fast_path()).await?;
         self.process_after(ev, row).await
     }
 
@@ -221,7 +223,14 @@ impl Processor {
         let mut wait = InflightWaiting::new(self.inflight_wait);
         let mut waited = false;
         let mut guard = loop {
-            match self.lease.acquire(&key).await? {
+            let span = spans::lease_acquire();
+            let acquired = self.lease.acquire(&key).instrument(span.clone()).await?;
+            let token = match &acquired {
+                Acquire::Acquired(guard) => Some(guard.token()),
+                Acquire::Held { .. } => None,
+            };
+            spans::lease_acquired(&span, token);
+            match acquired {
                 Acquire::Acquired(guard) => break guard,
                 Acquire::Held { remaining } => {
                     waited = true;
@@ -237,13 +246,18 @@ impl Processor {
         }
         let current = row.map(|r| r.status);
         let result = self.under_lease(&mut guard, ev, &fp, current).await;
-        guard.release().await;
+        let token = guard.token();
+        guard
+            .release()
+            .instrument(spans::lease_release(token))
+            .await;
         result
     }
 
     /// Another holder has the lease: `Break` with the answer when the
     /// in-flight wait is over or the holder's outcome settles this event;
     /// otherwise, after a pause, `Continue` with the row as it is now.
+    #[tracing::instrument(name = "fencehook.wait_for_holder", level = "info", skip_all)]
     async fn wait_for_holder(
         &self,
         ev: &CanonicalEvent,
@@ -311,7 +325,10 @@ impl Processor {
                 hook(ev).await;
             }
             let started = Instant::now();
-            let written = conn.apply_leased(ev, fp, fence_floor, t).await?;
+            let written = conn
+                .apply_leased(ev, fp, fence_floor, t)
+                .instrument(spans::commit_leased())
+                .await?;
             drop(conn);
             let (token, now) = match written {
                 LeasedApply::Held { remaining } => {
@@ -558,7 +575,11 @@ impl Processor {
                 return Ok(self.lease_lost(guard, reason));
             }
             let refused = match &self.downstream {
-                None => match conn.apply(ev, fp, token, t).await? {
+                None => match conn
+                    .apply(ev, fp, token, t)
+                    .instrument(spans::commit(token))
+                    .await?
+                {
                     Applied::Committed {
                         status,
                         over_returned,
@@ -571,7 +592,11 @@ impl Processor {
                     Applied::Parent(refusal) => Err(refusal),
                     Applied::NotWritten(row) => Ok(row),
                 },
-                Some(downstream) => match conn.claim(ev, fp, token, t).await? {
+                Some(downstream) => match conn
+                    .claim(ev, fp, token, t)
+                    .instrument(spans::claim(token))
+                    .await?
+                {
                     Claimed::Claimed {
                         payment_id,
                         event,
@@ -666,7 +691,9 @@ impl Processor {
                 // says nothing, and the step may have been executed: the
                 // reservation stays for the next delivery to finish.
                 if matches!(e, DownstreamError::Status { .. }) {
-                    self.release(payment_id, event, token, t).await;
+                    self.release(payment_id, event, token, t)
+                        .instrument(spans::give_back(token))
+                        .await;
                 }
                 return Err(e.into());
             },
@@ -682,7 +709,11 @@ impl Processor {
                 hook(event).await;
             }
             failpoint_before_finalize();
-            return match conn.finalize(payment_id, event, token, t).await? {
+            return match conn
+                .finalize(payment_id, event, token, t)
+                .instrument(spans::finalize(token))
+                .await?
+            {
                 Finalized::Applied(status) => {
                     if over_returned {
                         self.over_returned(event);
@@ -720,6 +751,7 @@ impl Processor {
 
     /// The lease ended before we finished: counted once, answered `lease_lost`.
     fn lease_lost(&self, guard: &LeaseGuard, reason: LostReason) -> Outcome {
+        spans::lease_lost(guard.token(), &reason.to_string());
         guard.report_lost(reason);
         Outcome::LeaseLost {
             token: guard.token(),

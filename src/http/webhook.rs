@@ -337,7 +337,8 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
             Item::Event(ev) if state.health.refuses_bookings() => Answer::unavailable(Some(ev.transaction_id)),
             Item::Event(ev) if state.inbox.is_some() => {
                 let inbox = state.inbox.as_ref().expect("checked");
-                match inbox.accept(&ev, psp_event_id, received).await {
+                let accepting = spans::inbox_accept(&ev);
+                match inbox.accept(&ev, psp_event_id, received).instrument(accepting).await {
                     Ok(Accepted::New) => Answer::with_transaction(WebhookResult::Accepted, ev.transaction_id),
                     Ok(Accepted::Duplicate) => Answer::with_transaction(WebhookResult::Duplicate, ev.transaction_id),
                     Ok(Accepted::Mismatch) => Answer::with_transaction(WebhookResult::PayloadMismatch, ev.transaction_id),
@@ -351,7 +352,7 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                     }
                 }
             }
-            Item::Event(ev) => match state.processor.process(&ev).await {
+            Item::Event(ev) => match state.processor.process(&ev).instrument(spans::process(&ev)).await {
                 // In a batch, a refund its payment cannot give must not hold
                 // up the other items: it is recorded, and the batch goes on.
                 Ok(Outcome::RefundRejected(why)) if provider.is_batch() => {

@@ -64,6 +64,22 @@ pub struct ToAccept {
     pub fingerprint: String,
     pub psp_event_id: Option<String>,
     pub body: String,
+    /// The W3C trace context it was accepted under (tracing on), kept for
+    /// the workers' attempts ([`crate::telemetry::propagation`]).
+    pub trace_context: Option<String>,
+}
+
+/// What `events.canonical` holds: the canonical event and, beside it, the
+/// trace context it was accepted under. Kept in the event's own JSON rather
+/// than a column of its own, so that inbox mode runs on every schema it ran
+/// on (a column would need a migration first); the workers read the event
+/// with serde, which passes over the extra key.
+#[derive(Debug, Serialize)]
+struct Stored<'a> {
+    #[serde(flatten)]
+    event: &'a CanonicalEvent,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_context: Option<&'a str>,
 }
 
 /// What an accept statement returned for one event.
@@ -120,6 +136,8 @@ pub struct Taken {
     /// What its age (`FENCEHOOK_MAX_AGE_SECS`) counts from: its last replay,
     /// or its acceptance.
     pub age_from: OffsetDateTime,
+    /// The trace context it was accepted under, if it was traced.
+    pub trace_context: Option<String>,
     /// When it was taken (the database's clock): a `next_attempt_at` past it
     /// means what it waits for was booked during the attempt (V11's trigger).
     pub taken_at: OffsetDateTime,
@@ -311,7 +329,7 @@ macro_rules! unflushed {
 /// value for all of them: `now()` is the statement's), each with its
 /// payments row as the fast-path lookup reads it; and, in the same
 /// statement, the events `$3` of the worker's previous take (lock `$4`)
-/// recorded done ([`DONE`]'s update; their ids in the last column). One row
+/// recorded done ([`DONE`]'s update; their ids in column 12). One row
 /// per event taken, or one row of NULLs besides the done ids when none is
 /// due. Its commit is not waited for (`unflushed!`). Unprepared: see the
 /// module's rules.
@@ -333,7 +351,8 @@ taken AS (
     "
 SELECT t.id, t.canonical, t.attempts, t.received_at, t.locked_until,
        p.id, p.kind, p.status, p.fingerprint, p.fence, t.age_from, now(),
-       (SELECT array_agg(id) FROM done)
+       (SELECT array_agg(id) FROM done),
+       t.canonical->>'trace_context'
   FROM unflushed LEFT JOIN (taken t LEFT JOIN payments p
        ON p.provider = t.provider AND p.transaction_id = t.transaction_id) ON true"
 );
@@ -426,6 +445,7 @@ impl Store {
         fingerprint: &str,
         psp_event_id: Option<&str>,
         body: &str,
+        trace_context: Option<&str>,
     ) -> Result<Accepted, StoreError> {
         let client = self.writer().await?;
         let stmt = client.prepare_cached(ACCEPT).await?;
@@ -442,7 +462,10 @@ impl Store {
                     &delivery_id,
                     &psp_event_id,
                     &fingerprint,
-                    &Json(ev),
+                    &Json(Stored {
+                        event: ev,
+                        trace_context,
+                    }),
                     &body,
                     &ev.event_type.object().as_str(),
                     &ev.amount_minor,
@@ -544,6 +567,7 @@ impl Store {
                     &item.fingerprint,
                     item.psp_event_id.as_deref(),
                     &item.body,
+                    item.trace_context.as_deref(),
                 )
             }))
             .await;
@@ -593,7 +617,12 @@ impl Store {
         let fingerprint = col(|i| Some(i.fingerprint.clone()));
         let canonical = items
             .iter()
-            .map(|i| serde_json::to_string(&i.event))
+            .map(|i| {
+                serde_json::to_string(&Stored {
+                    event: &i.event,
+                    trace_context: i.trace_context.as_deref(),
+                })
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| StoreError::Corrupt(format!("an event that does not serialize: {e}")))?;
         let body = col(|i| Some(i.body.clone()));
@@ -1017,6 +1046,7 @@ fn taken_row(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
         row: payment_at(row, 5)?,
         age_from: row.try_get(10)?,
         taken_at: row.try_get(11)?,
+        trace_context: row.try_get(13)?,
     })
 }
 

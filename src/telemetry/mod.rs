@@ -46,6 +46,12 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
+/// The unit tests of span structure install the tracing layer themselves.
+#[cfg(test)]
+pub(crate) fn enable_for_tests() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
 /// Spans dropped since start for `reason` (0 with tracing off).
 pub fn spans_dropped(reason: SpanDrop) -> u64 {
     DROPS.get().map_or(0, |d| d.get(reason))

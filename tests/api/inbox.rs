@@ -936,6 +936,7 @@ fn to_accept(tx: &str, amount: i64) -> ToAccept {
         fingerprint: event.fingerprint(),
         psp_event_id: None,
         body: format!("{{\"amount\":{amount}}}"),
+        trace_context: None,
         event,
     }
 }
@@ -950,7 +951,7 @@ async fn a_batched_accept_answers_each_event_as_it_would_be_answered_alone() {
         let store = store.clone();
         async move {
             store
-                .accept(&item.event, &item.fingerprint, None, &item.body)
+                .accept(&item.event, &item.fingerprint, None, &item.body, None)
                 .await
                 .unwrap()
         }

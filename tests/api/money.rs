@@ -665,13 +665,14 @@ async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
             fingerprint: event.fingerprint(),
             psp_event_id: None,
             body: format!("{{\"amount\":{amount}}}"),
+            trace_context: None,
             event,
         }
     };
     for tx in ["tx_b_declined", "tx_b_declined_2"] {
         let first = item(tx, EventKind::PaymentFailed, 1000);
         store
-            .accept(&first.event, &first.fingerprint, None, &first.body)
+            .accept(&first.event, &first.fingerprint, None, &first.body, None)
             .await
             .unwrap();
         ctx.db()

@@ -149,6 +149,55 @@ async fn a_delivery_with_a_traceparent_yields_its_spans_under_that_trace_and_the
     );
     assert_eq!(verify.attr("fencehook.verified"), Some("true"));
 
+    // The story of the item, under the delivery: the fast-path read, the
+    // lease, the claim, the call, the finalize, the release.
+    let spans = collector
+        .wait_for("the item's spans", Duration::from_secs(20), |s| {
+            [
+                "fencehook.process",
+                "fencehook.lease.release",
+                "fencehook.finalize",
+            ]
+            .iter()
+            .all(|n| !named(s, n).is_empty())
+        })
+        .await;
+    let process = named(&spans, "fencehook.process")[0];
+    assert_eq!(process.parent_span_id, server.span_id);
+    assert_eq!(process.attr("fencehook.transaction_id"), Some("pay_traced"));
+    assert_eq!(
+        process.attr("fencehook.event_type"),
+        Some("payment.succeeded")
+    );
+    let acquire = named(&spans, "fencehook.lease.acquire")[0];
+    assert_eq!(acquire.attr("fencehook.lease.result"), Some("acquired"));
+    let token = acquire
+        .attr("fencehook.fencing_token")
+        .expect("the token")
+        .to_owned();
+    for name in [
+        "fencehook.fast_path",
+        "fencehook.lease.acquire",
+        "fencehook.claim",
+        "POST",
+        "fencehook.finalize",
+        "fencehook.lease.release",
+    ] {
+        let span = named(&spans, name);
+        assert_eq!(span.len(), 1, "one {name}");
+        assert_eq!(span[0].trace_id, TRACE_ID, "{name}");
+        assert_eq!(
+            span[0].parent_span_id, process.span_id,
+            "{name} is the item's child"
+        );
+        if name != "fencehook.fast_path" {
+            assert_eq!(
+                span[0].attr("fencehook.fencing_token"),
+                Some(token.as_str()),
+                "{name}"
+            );
+        }
+    }
     let call = named(&spans, "POST")[0];
     assert_eq!(call.trace_id, TRACE_ID);
     assert_eq!(call.kind, 3, "a client span");
@@ -210,6 +259,19 @@ async fn http_json_exports_reach_the_collector_and_a_delivery_without_traceparen
         .content_types()
         .iter()
         .all(|t| t.starts_with("application/json")));
+    // Without a downstream: one transaction claims, books and finalizes.
+    let spans = collector
+        .wait_for("the commit span", Duration::from_secs(20), |s| {
+            !named(s, "fencehook.commit").is_empty() && !named(s, "fencehook.process").is_empty()
+        })
+        .await;
+    let commit = named(&spans, "fencehook.commit")[0];
+    assert_eq!(
+        commit.parent_span_id,
+        named(&spans, "fencehook.process")[0].span_id
+    );
+    assert!(commit.attr("fencehook.fencing_token").is_some());
+    assert!(named(&spans, "fencehook.claim").is_empty());
     let server = named(&spans, "POST /webhooks/{provider}")[0];
     assert_eq!(server.parent_span_id, "", "a root span");
     assert_eq!(server.trace_id.len(), 32);
@@ -339,4 +401,71 @@ async fn a_stalled_collector_holds_up_no_delivery_drops_and_counts_spans_and_bou
     assert!(!app
         .log_lines("were not exported within FENCEHOOK_SHUTDOWN_TIMEOUT_MS")
         .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_attempts_join_the_trace_their_event_was_accepted_under_linked_to_the_accept() {
+    let ctx = TestContext::new().await;
+    let collector = Collector::start().await;
+    let downstream = MockDownstream::start().await;
+    let app = ServeProcess::start(&env(
+        &ctx,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+            ("FENCEHOOK_MODE", "inbox".to_owned()),
+            ("FENCEHOOK_WORKERS", "2".to_owned()),
+            ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+        ],
+    ))
+    .await;
+    let sent = deliver(
+        &app.base,
+        &payment("pay_inbox_traced", 300),
+        &[("traceparent", &traceparent())],
+    )
+    .await;
+    assert_eq!(
+        (sent.status, sent.body["result"].as_str()),
+        (200, Some("accepted"))
+    );
+    let spans = collector
+        .wait_for("the accept and the attempt", Duration::from_secs(30), |s| {
+            !named(s, "fencehook.inbox.attempt").is_empty() && !named(s, "POST").is_empty()
+        })
+        .await;
+    let server = named(&spans, "POST /webhooks/{provider}")[0];
+    let accept = named(&spans, "fencehook.inbox.accept")[0];
+    assert_eq!(accept.trace_id, TRACE_ID);
+    assert_eq!(accept.parent_span_id, server.span_id);
+    let attempt = named(&spans, "fencehook.inbox.attempt")[0];
+    assert_eq!(
+        attempt.trace_id, TRACE_ID,
+        "the attempt joins the PSP's trace"
+    );
+    assert_eq!(attempt.parent_span_id, accept.span_id);
+    assert_eq!(
+        attempt.links,
+        vec![(TRACE_ID.to_owned(), accept.span_id.clone())],
+        "linked to the accept"
+    );
+    assert_eq!(attempt.attr("fencehook.inbox.attempt"), Some("1"));
+    assert_eq!(
+        attempt.attr("fencehook.transaction_id"),
+        Some("pay_inbox_traced")
+    );
+    // The worker's downstream call carries the same trace.
+    let call = named(&spans, "POST")[0];
+    assert_eq!(call.trace_id, TRACE_ID);
+    wait_for("the downstream call", Duration::from_secs(10), || async {
+        !downstream.calls().is_empty()
+    })
+    .await;
+    assert_eq!(
+        downstream.calls()[0].traceparent.as_deref(),
+        Some(format!("00-{TRACE_ID}-{}-01", call.span_id).as_str())
+    );
+    wait_for("the payment booked", Duration::from_secs(10), || async {
+        ctx.payment("pay_inbox_traced").await.map(|p| p.0) == Some("succeeded".to_owned())
+    })
+    .await;
 }
