@@ -13,7 +13,7 @@ use super::{bad, ConfigError};
 #[derive(Debug, Clone, Args)]
 pub struct TraceArgs {
     /// OTLP/HTTP base URL of the trace collector (http:// or https://);
-    /// spans go to <URL>/v1/traces. Tracing is off unless this or
+    /// spans go to `<URL>/v1/traces`. Tracing is off unless this or
     /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set.
     #[arg(
         long = "otel-exporter-otlp-endpoint",

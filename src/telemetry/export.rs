@@ -13,13 +13,75 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use opentelemetry::Context;
+use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::metrics::SpanDrop;
+
+/// The exporter's HTTP client: hyper's pooled client (the service's own)
+/// over rustls with ring and Mozilla's roots, so an `https://` collector
+/// needs no OpenSSL and no CA bundle on the host. Each request, the
+/// collector's answer included, is bounded by the export timeout.
+#[derive(Debug, Clone)]
+pub struct CollectorClient {
+    inner: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    timeout: Duration,
+}
+
+/// A collector answers an export with a few bytes; a larger body is not read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+impl CollectorClient {
+    pub fn new(timeout: Duration) -> Result<CollectorClient, String> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
+            .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot set up TLS: {e}"))?
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(CollectorClient {
+            inner: Client::builder(TokioExecutor::new()).build(https),
+            timeout,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for CollectorClient {
+    async fn send_bytes(
+        &self,
+        request: http::Request<Bytes>,
+    ) -> Result<http::Response<Bytes>, HttpError> {
+        let (parts, body) = request.into_parts();
+        let request = http::Request::from_parts(parts, Full::new(body));
+        let exchange = async {
+            let response = self.inner.request(request).await?;
+            let (parts, body) = response.into_parts();
+            let body = Limited::new(body, MAX_ANSWER_BYTES)
+                .collect()
+                .await?
+                .to_bytes();
+            Ok::<_, HttpError>(http::Response::from_parts(parts, body))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| format!("no answer within {} ms", self.timeout.as_millis()))?
+    }
+}
 
 /// Spans dropped since start, by reason; read by `/metrics`.
 #[derive(Debug, Default)]

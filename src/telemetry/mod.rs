@@ -7,7 +7,7 @@
 //! a span, every span callsite is disabled once, and a span costs a branch.
 //! Log lines never carry spans (their layer filters them out), so a log line
 //! reads the same with tracing on or off, save the `trace_id`/`span_id` a
-//! JSON line gains inside a traced delivery ([`logs`]).
+//! JSON line gains inside a traced delivery (`telemetry/logs.rs`).
 //!
 //! Export: [`export`] (a bounded queue, one tokio task, drops counted).
 //! W3C trace context in and out: [`propagation`].
@@ -136,7 +136,7 @@ fn tracer_provider(cfg: &TraceConfig) -> Result<(SdkTracerProvider, export::Flus
     let resource = resource(cfg);
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        .with_http_client(collector_client(cfg.timeout)?)
+        .with_http_client(export::CollectorClient::new(cfg.timeout)?)
         .with_endpoint(cfg.endpoint.to_string())
         .with_protocol(match cfg.protocol {
             OtlpProtocol::Protobuf => opentelemetry_otlp::Protocol::HttpBinary,
@@ -145,7 +145,7 @@ fn tracer_provider(cfg: &TraceConfig) -> Result<(SdkTracerProvider, export::Flus
         .with_timeout(cfg.timeout)
         .with_headers(cfg.headers.iter().cloned().collect())
         .build()
-        .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}"))?;
+        .map_err(|e| format!("OTEL_EXPORTER_OTLP_*: {e}"))?;
     exporter.set_resource(&resource);
     let drops = DROPS.get_or_init(Default::default).clone();
     let (batcher, flusher) = export::batcher(
@@ -193,30 +193,4 @@ pub(crate) fn sampler(s: Sampler) -> opentelemetry_sdk::trace::Sampler {
     } else {
         root
     }
-}
-
-/// The exporter's HTTP client: hyper's pooled client (the service's own)
-/// over rustls with ring and Mozilla's roots, so an `https://` collector
-/// needs no OpenSSL and no CA bundle on the host.
-fn collector_client(
-    timeout: Duration,
-) -> Result<
-    opentelemetry_http::hyper::HyperClient<
-        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    >,
-    String,
-> {
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(timeout));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
-        .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot set up TLS: {e}"))?
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(opentelemetry_http::hyper::HyperClient::new(
-        https, timeout, None,
-    ))
 }
