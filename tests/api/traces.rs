@@ -470,3 +470,105 @@ async fn inbox_attempts_join_the_trace_their_event_was_accepted_under_linked_to_
     })
     .await;
 }
+
+/// `fencehook <command>` with `env` over a clean environment: exit code,
+/// stdout, stderr.
+fn run(command: &str, env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.arg(command);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FENCEHOOK_")
+            || k.starts_with("OTEL_")
+            || k == "DATABASE_URL"
+            || k == "REDIS_URL"
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("FENCEHOOK_GENERIC_SECRET", SECRET)
+        .env("FENCEHOOK_LISTEN", "127.0.0.1:0")
+        .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:0")
+        // Nothing answers there: a start that got past its settings would
+        // wait for it, and the test would see no exit.
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // A start that got past its settings waits for the database: bounded,
+    // so that such a regression fails instead of hanging.
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > end {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn check_config_says_where_traces_go_and_refuses_a_bad_trace_setting_in_one_line_naming_it() {
+    let (code, out, err) = run("check-config", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.trim_end().ends_with("traces off"), "{out}");
+    let (code, out, err) = run(
+        "check-config",
+        &[(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "https://user:pw@otel.example:4318",
+        )],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.trim_end()
+            .ends_with("traces to https://otel.example:4318/v1/traces"),
+        "{out}"
+    );
+    assert!(!out.contains("pw"), "{out}");
+    for (setting, value) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_TRACES_SAMPLER_ARG", "2"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "otel:4318"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "no-equals-sign"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+    ] {
+        let mut env = vec![(setting, value)];
+        if setting == "OTEL_TRACES_SAMPLER_ARG" {
+            env.push(("OTEL_TRACES_SAMPLER", "traceidratio"));
+        }
+        let (code, _, err) = run("check-config", &env);
+        assert_eq!(code, 2, "{setting}={value}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!("fencehook: invalid configuration: {setting}: ")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn serve_stops_at_start_on_a_bad_trace_setting_with_one_line_naming_it() {
+    let (code, _, err) = run(
+        "serve",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("fencehook: invalid configuration: OTEL_TRACES_SAMPLER: "),
+        "{err}"
+    );
+}

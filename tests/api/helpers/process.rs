@@ -166,6 +166,7 @@ fn fencehook_command(command: &str) -> Command {
 fn clean_env(mut cmd: Command) -> Command {
     for (k, _) in std::env::vars() {
         if k.starts_with("FENCEHOOK_")
+            || k.starts_with("OTEL_")
             || k == "DATABASE_URL"
             || k == "REDIS_URL"
             || k == "FAILPOINTS"
