@@ -241,7 +241,7 @@ impl Inbox {
             fingerprint: ev.fingerprint(),
             psp_event_id: psp_event_id.map(str::to_owned),
             body: body.to_owned(),
-            trace_context,
+            trace_context: trace_context.clone(),
         };
         let (answer, answered) = oneshot::channel();
         let accepted = match self.batcher.send(Pending { item, answer }).await {
@@ -253,7 +253,6 @@ impl Inbox {
             // The batcher is gone (only while the runtime shuts down).
             None => {
                 let fp = ev.fingerprint();
-                let trace_context = crate::telemetry::propagation::current();
                 self.store
                     .accept(ev, &fp, psp_event_id, body, trace_context.as_deref())
                     .await?
