@@ -228,16 +228,14 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Audit(args) => {
-            match tools::audit::run(&args.db.database_url, args.answers.as_deref()).await {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("fencehook: {e}");
-                    ExitCode::from(2)
-                }
+        Command::Audit(args) => match tools::audit::run(&args).await {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("fencehook: {e}");
+                ExitCode::from(2)
             }
-        }
+        },
         Command::Inspect(args) => exit(tools::ops::inspect(&args).await),
         Command::Replay(args) => exit(tools::ops::replay(&args).await),
         Command::Events(args) => exit(tools::ops::events(&args).await),

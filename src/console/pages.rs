@@ -22,6 +22,7 @@ use super::{
 use crate::http::state::State;
 use crate::http::Body;
 use crate::providers::major_units;
+use crate::store::audit::{AuditRun, LastAudit};
 use crate::store::console::{
     Cursor, DeadGroup, EventList, Page, PaymentLine, PaymentSearch, QuarantineSummary,
     EVENT_STATUSES, PAYMENT_STATUSES,
@@ -263,9 +264,65 @@ pub struct Overview {
     pub quarantine: QuarantineSummary,
     pub refund_rejections: Vec<(String, f64)>,
     pub over_returned: f64,
-    /// The audit is a command (`fencehook audit`); its results are not stored.
-    pub audit: &'static str,
+    /// The last run `fencehook audit` recorded.
+    pub audit: AuditView,
     pub latest: Vec<PaymentLine>,
+}
+
+/// A recorded audit older than this is shown as stale: the timer that runs
+/// it (docs/operations.md) has stopped, or never started.
+pub const AUDIT_STALE_AFTER_SECS: i64 = 24 * 3600;
+
+/// The audit's last result, as the overview shows it.
+#[derive(Debug, Serialize)]
+pub struct AuditView {
+    /// `recorded` (see `last_run`), `never` (no run recorded yet),
+    /// `not_migrated` (the schema is before V14: nowhere to record one), or
+    /// `unreadable` (the record could not be read).
+    pub state: &'static str,
+    pub last_run: Option<AuditRun>,
+    /// The last run is older than [`AUDIT_STALE_AFTER_SECS`].
+    pub stale: bool,
+    /// What an operator does about it, when there is anything to do.
+    pub note: Option<&'static str>,
+}
+
+impl AuditView {
+    fn unreadable() -> AuditView {
+        AuditView {
+            state: "unreadable",
+            last_run: None,
+            stale: false,
+            note: Some("the last recorded audit could not be read (the log says why)"),
+        }
+    }
+}
+
+impl From<LastAudit> for AuditView {
+    fn from(last: LastAudit) -> AuditView {
+        match last {
+            LastAudit::Ran(run) => AuditView {
+                state: "recorded",
+                stale: run.age_seconds > AUDIT_STALE_AFTER_SECS,
+                note: (run.age_seconds > AUDIT_STALE_AFTER_SECS).then_some(
+                    "older than a day: is the timer that runs `fencehook audit` still running?",
+                ),
+                last_run: Some(*run),
+            },
+            LastAudit::Never => AuditView {
+                state: "never",
+                last_run: None,
+                stale: false,
+                note: Some("no audit has been recorded: `fencehook audit` records each run; run it periodically (a systemd timer or cron) to keep this fresh"),
+            },
+            LastAudit::BeforeMigration => AuditView {
+                state: "not_migrated",
+                last_run: None,
+                stale: false,
+                note: Some("no audit can be recorded: the schema is before migration V14 (run `fencehook migrate`)"),
+            },
+        }
+    }
 }
 
 /// The samples of one metric in a Prometheus exposition: (labels, value).
@@ -318,6 +375,15 @@ async fn overview(state: &State, console: &Console, ask: &Ask, session: &Session
         .await
         .map_err(|e| unavailable(ask, session, &e))?
         .rows;
+    // The audit's record is one panel of the overview: if it cannot be read
+    // (a row written by hand that does not parse), the rest is still shown.
+    let audit = match console.store.last_audit().await {
+        Ok(last) => last.into(),
+        Err(e) => {
+            tracing::error!(error = %crate::error::chain(&e), "console: the last audit run could not be read");
+            AuditView::unreadable()
+        }
+    };
     let lag_sum = total(&text, &format!("{}_sum", m::INBOX_LAG_SECONDS));
     let lag_count = total(&text, &format!("{}_count", m::INBOX_LAG_SECONDS));
     let refusals = state.recent.refusals();
@@ -340,7 +406,7 @@ async fn overview(state: &State, console: &Console, ask: &Ask, session: &Session
             .filter_map(|(labels, v)| Some((label(&labels, "reason")?.to_owned(), v)))
             .collect(),
         over_returned: total(&text, m::PAYMENTS_OVER_RETURNED_TOTAL),
-        audit: "not recorded by the service: run `fencehook audit` (it exits non-zero on any violation)",
+        audit,
         latest,
     };
     Ok(show(ask, &view, |v| views::overview(session, v)))

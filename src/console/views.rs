@@ -10,7 +10,8 @@ use time::OffsetDateTime;
 
 use super::auth::{Role, Session};
 use super::pages::{
-    encode_segment, EventsView, Overview, PaymentView, RefusalsView, ReplayView, SearchView,
+    encode_segment, AuditView, EventsView, Overview, PaymentView, RefusalsView, ReplayView,
+    SearchView,
 };
 use crate::providers::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
@@ -45,7 +46,9 @@ a { color:var(--accent); }
 .badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600; background:#e7eaf0; }
 .s-succeeded, .s-done { background:#dcf3e4; color:#17683a; }
 .s-failed { background:#fbe3d4; color:#8a3b0c; }
-.s-dead { background:#f9d7d9; color:#9b1c25; }
+.s-dead, .s-violations { background:#f9d7d9; color:#9b1c25; }
+.s-clean { background:#dcf3e4; color:#17683a; }
+.s-stale { background:#fff1c2; color:#7a5600; }
 .s-queued { background:#e3ebfb; color:#23489c; }
 .s-processing { background:#fff1c2; color:#7a5600; }
 .summary { background:#fff; border:1px solid var(--line); border-radius:6px; padding:12px 16px; display:grid; grid-template-columns: max-content 1fr; gap:4px 18px; }
@@ -87,6 +90,19 @@ pub fn when(t: &OffsetDateTime) -> String {
         .unwrap_or(&text)
         .trim_end_matches('Z');
     format!("{} UTC", text.replacen('T', " ", 1))
+}
+
+/// How long ago, for people: the largest whole unit (`42 seconds ago`,
+/// `3 minutes ago`, `2 hours ago`, `5 days ago`).
+pub fn ago(secs: i64) -> String {
+    let secs = secs.max(0);
+    let (n, unit) = match secs {
+        0..=119 => (secs, "second"),
+        120..=7_199 => (secs / 60, "minute"),
+        7_200..=172_799 => (secs / 3600, "hour"),
+        _ => (secs / 86_400, "day"),
+    };
+    format!("{n} {unit}{} ago", if n == 1 { "" } else { "s" })
 }
 
 fn when_unix(secs: i64) -> String {
@@ -246,10 +262,53 @@ pub fn overview(session: &Session, v: &Overview) -> Markup {
             h2 { "Latest payments" }
             (payments_table(&v.latest))
             h2 { "Audit" }
-            p.muted { (v.audit) }
+            (audit_panel(&v.audit))
             @if let Some(at) = v.quarantine.last_seen_at { p.muted { "Last quarantined item seen " (when(&at)) "." } }
         },
     )
+}
+
+/// The last recorded run of `fencehook audit`: when, clean or the checks
+/// it found violated, its warnings; or why there is none.
+fn audit_panel(a: &AuditView) -> Markup {
+    html! {
+        @if let Some(run) = &a.last_run {
+            p.audit-result {
+                @if run.clean { (badge("clean")) } @else { span class="badge s-violations" { "VIOLATIONS" } }
+                @if a.stale { " " (badge("stale")) }
+                " last run finished " (when(&run.finished_at)) " (" (ago(run.age_seconds)) ")"
+                @if let Some(host) = &run.host { " on " code { (host) } }
+                ", took " (run.duration_ms) " ms, read " (run.payments) " payments and "
+                (run.ledger_entries) " ledger entries"
+                @if run.with_answers { ", with a load run's answers" }
+                "."
+            }
+            @if let Some(note) = a.note { p.warn { (note) } }
+            @if !run.clean {
+                table {
+                    thead { tr { th { "Violated check" } th.num { "Offenders" } } }
+                    tbody {
+                        @for c in run.checks.iter().filter(|c| c.violations > 0) {
+                            tr {
+                                td.mono { (c.name) }
+                                td.num { (c.violations) @if c.at_least { " or more" } }
+                            }
+                        }
+                    }
+                }
+                p.muted { "Run " code { "fencehook audit" } " to list the offenders." }
+            }
+            table {
+                thead { tr { th { "Warning (not a violation)" } th.num { "Count" } } }
+                tbody {
+                    tr { td { "Payments that gave back more than came in (disputes past the amount)" } td.num { (run.over_returned_payments) } }
+                    tr { td { "Refunds from before refunds named their payment (not checked against one)" } td.num { (run.legacy_refunds) } }
+                }
+            }
+        } @else {
+            p.warn { (a.note.unwrap_or("no audit has been recorded")) }
+        }
+    }
 }
 
 pub fn search(session: &Session, v: &SearchView) -> Markup {
@@ -531,4 +590,93 @@ pub fn refusals(session: &Session, v: &RefusalsView) -> Markup {
             (refusals_table(&v.refusals))
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::audit::{AuditRun, CheckCount, LastAudit};
+
+    fn run(age_seconds: i64, violations: i64) -> AuditRun {
+        AuditRun {
+            id: 7,
+            finished_at: OffsetDateTime::UNIX_EPOCH,
+            age_seconds,
+            duration_ms: 12,
+            clean: violations == 0,
+            checks: vec![
+                CheckCount {
+                    name: "one_row_per_transaction".into(),
+                    violations: 0,
+                    at_least: false,
+                },
+                CheckCount {
+                    name: "money_out_within_money_in".into(),
+                    violations,
+                    at_least: violations >= 20,
+                },
+            ],
+            over_returned_payments: 3,
+            legacy_refunds: 0,
+            payments: 10,
+            ledger_entries: 9,
+            host: Some("<fh1>".into()),
+            version: "0.1.0".into(),
+            with_answers: false,
+        }
+    }
+
+    #[test]
+    fn ages_read_in_the_largest_whole_unit() {
+        assert_eq!(ago(0), "0 seconds ago");
+        assert_eq!(ago(1), "1 second ago");
+        assert_eq!(ago(119), "119 seconds ago");
+        assert_eq!(ago(120), "2 minutes ago");
+        assert_eq!(ago(7_199), "119 minutes ago");
+        assert_eq!(ago(7_200), "2 hours ago");
+        assert_eq!(ago(90_000), "25 hours ago");
+        assert_eq!(ago(172_800), "2 days ago");
+        assert_eq!(ago(-5), "0 seconds ago", "a clock a little ahead");
+    }
+
+    #[test]
+    fn the_audit_panel_names_each_violated_check_marks_a_day_old_run_stale_and_escapes_the_host() {
+        let fresh: AuditView = LastAudit::Ran(Box::new(run(60, 0))).into();
+        assert!(!fresh.stale);
+        let html = audit_panel(&fresh).into_string();
+        assert!(
+            html.contains("s-clean") && !html.contains("s-stale"),
+            "{html}"
+        );
+        assert!(
+            html.contains("&lt;fh1&gt;") && !html.contains("<fh1>"),
+            "{html}"
+        );
+
+        let old: AuditView = LastAudit::Ran(Box::new(run(86_401, 25))).into();
+        assert!(old.stale);
+        let html = audit_panel(&old).into_string();
+        assert!(
+            html.contains("VIOLATIONS") && html.contains("s-stale"),
+            "{html}"
+        );
+        assert!(html.contains("money_out_within_money_in"), "{html}");
+        assert!(
+            !html.contains("one_row_per_transaction"),
+            "only violated checks: {html}"
+        );
+        assert!(html.contains("25 or more"), "{html}");
+
+        let never: AuditView = LastAudit::Never.into();
+        assert_eq!(never.state, "never");
+        let html = audit_panel(&never).into_string();
+        assert!(
+            html.contains("no audit has been recorded") && html.contains("fencehook audit"),
+            "{html}"
+        );
+        let before: AuditView = LastAudit::BeforeMigration.into();
+        assert!(audit_panel(&before)
+            .into_string()
+            .contains("fencehook migrate"));
+    }
 }

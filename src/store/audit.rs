@@ -6,10 +6,26 @@
 //! service gave; the `audit --answers` tool (in the binary) reads them from a
 //! load run and asks [`missing_terminal_rows`] about them (and, for inbox
 //! mode's `accepted`, [`missing_rows_or_events`]).
+//!
+//! # The record of runs (`audit_runs`, migration V14)
+//!
+//! The audit is a command, so the service cannot know what it found unless
+//! it is written down: [`record`] adds one row per run (whether it was
+//! clean, each check's count, the warnings, the totals) and keeps the newest
+//! [`KEPT_RUNS`]; the console's overview reads the newest ([`Store::last_audit`]).
+//! Recording is the audit's only write, on a connection of its own after
+//! every check has read its snapshot, so a database the audit may not write
+//! (a standby, a schema before V14) is still audited.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use tokio_postgres::error::SqlState;
 
 use crate::db::tls::Target;
 use crate::db::PoolBuildError;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// One invariant and what violated it.
 #[derive(Debug, Clone)]
@@ -324,6 +340,186 @@ async fn offenders(
         }
     }
     Ok(out)
+}
+
+/// Runs of the audit `audit_runs` keeps: the newest; each recording
+/// deletes the older ones in its own transaction.
+pub const KEPT_RUNS: i64 = 100;
+
+/// One check of a run, counted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckCount {
+    pub name: String,
+    /// Offenders found (0: the check holds).
+    pub violations: i64,
+    /// The check stopped counting at the offenders the audit lists
+    /// ([`SHOWN_VIOLATIONS`]): there may be more than `violations`.
+    pub at_least: bool,
+}
+
+impl CheckCount {
+    pub fn of(c: &Check) -> CheckCount {
+        CheckCount {
+            name: c.name.to_owned(),
+            violations: i64::try_from(c.total).unwrap_or(i64::MAX),
+            // The database checks count what they list (at most
+            // SHOWN_VIOLATIONS); at that number, there may be more.
+            at_least: c.total >= SHOWN_VIOLATIONS && c.total == c.violations.len(),
+        }
+    }
+}
+
+/// What one run of the audit found, to be recorded.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub checks: Vec<CheckCount>,
+    pub over_returned_payments: i64,
+    pub legacy_refunds: i64,
+    pub payments: i64,
+    pub ledger_entries: i64,
+    /// How long the audit's reads took.
+    pub duration: Duration,
+    /// The host that ran it, when its name could be read.
+    pub host: Option<String>,
+    /// The run also checked a load run's answers (`--answers`).
+    pub with_answers: bool,
+}
+
+impl RunSummary {
+    /// No check violated (warnings do not count).
+    pub fn clean(&self) -> bool {
+        self.checks.iter().all(|c| c.violations == 0)
+    }
+}
+
+/// What became of a run's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// Written as run `id`; runs past [`KEPT_RUNS`] deleted.
+    Recorded { id: i64 },
+    /// Nothing written: the schema is before migration V14 (no `audit_runs`).
+    BeforeMigration,
+}
+
+/// Records `run` in `audit_runs` and deletes all but the newest
+/// [`KEPT_RUNS`], in one transaction. A database that refuses the write (a
+/// standby, a role without the grant) is an error, for the caller to report.
+pub async fn record(url: &str, run: &RunSummary) -> Result<Recording, StoreError> {
+    let mut client = connect(url).await?;
+    let tx = client.transaction().await?;
+    let checks = serde_json::to_value(&run.checks)
+        .map_err(|e| StoreError::Corrupt(format!("audit checks as JSON: {e}")))?;
+    let duration_ms = i64::try_from(run.duration.as_millis()).unwrap_or(i64::MAX);
+    let inserted = tx
+        .query_one(
+            "INSERT INTO audit_runs (duration_ms, clean, checks, over_returned_payments,
+                                     legacy_refunds, payments, ledger_entries, host, version,
+                                     with_answers)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             RETURNING id",
+            &[
+                &duration_ms,
+                &run.clean(),
+                &checks,
+                &run.over_returned_payments,
+                &run.legacy_refunds,
+                &run.payments,
+                &run.ledger_entries,
+                &run.host,
+                &env!("CARGO_PKG_VERSION"),
+                &run.with_answers,
+            ],
+        )
+        .await;
+    let id: i64 = match inserted {
+        Ok(row) => row.get(0),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+            return Ok(Recording::BeforeMigration)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tx.execute(
+        "DELETE FROM audit_runs
+          WHERE id <= (SELECT id FROM audit_runs ORDER BY id DESC OFFSET $1 LIMIT 1)",
+        &[&KEPT_RUNS],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Recording::Recorded { id })
+}
+
+/// A recorded run of the audit, as the console shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditRun {
+    pub id: i64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub finished_at: OffsetDateTime,
+    /// Seconds since it finished, by the database's clock (the one that
+    /// stamped it).
+    pub age_seconds: i64,
+    pub duration_ms: i64,
+    pub clean: bool,
+    /// Every check run, in the order the audit printed them.
+    pub checks: Vec<CheckCount>,
+    pub over_returned_payments: i64,
+    pub legacy_refunds: i64,
+    pub payments: i64,
+    pub ledger_entries: i64,
+    pub host: Option<String>,
+    pub version: String,
+    pub with_answers: bool,
+}
+
+/// The newest recorded run of the audit.
+#[derive(Debug, Clone)]
+pub enum LastAudit {
+    Ran(Box<AuditRun>),
+    /// `audit_runs` is empty: no audit has recorded a run.
+    Never,
+    /// The schema is before migration V14: there is nowhere a run is recorded.
+    BeforeMigration,
+}
+
+impl Store {
+    /// The newest run `fencehook audit` recorded (one probe of the primary key).
+    pub async fn last_audit(&self) -> Result<LastAudit, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT id, finished_at, extract(epoch FROM now() - finished_at)::int8,
+                        duration_ms, clean, checks, over_returned_payments, legacy_refunds,
+                        payments, ledger_entries, host, version, with_answers
+                   FROM audit_runs ORDER BY id DESC LIMIT 1",
+                &[],
+            )
+            .await;
+        let row = match row {
+            Ok(Some(row)) => row,
+            Ok(None) => return Ok(LastAudit::Never),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+                return Ok(LastAudit::BeforeMigration)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let checks: serde_json::Value = row.get(5);
+        let checks = serde_json::from_value(checks)
+            .map_err(|e| StoreError::Corrupt(format!("audit_runs.checks: {e}")))?;
+        Ok(LastAudit::Ran(Box::new(AuditRun {
+            id: row.get(0),
+            finished_at: row.get(1),
+            age_seconds: row.get(2),
+            duration_ms: row.get(3),
+            clean: row.get(4),
+            checks,
+            over_returned_payments: row.get(6),
+            legacy_refunds: row.get(7),
+            payments: row.get(8),
+            ledger_entries: row.get(9),
+            host: row.get(10),
+            version: row.get(11),
+            with_answers: row.get(12),
+        })))
+    }
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client, StoreError> {

@@ -1,11 +1,17 @@
 //! `fencehook audit`: the database invariants, one line per check, and with
 //! `--answers FILE` the answers of a load run held against the database.
+//! The result is recorded in the database (unless `--no-record`), for the
+//! console's overview; a run that cannot record it is still an audit: it
+//! prints and exits as the checks say, and one line says why nothing was
+//! recorded.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::time::Instant;
 
 use clap::Args;
 use fencehook::config::DbArgs;
-use fencehook::store::audit;
+use fencehook::store::audit::{self, CheckCount, Recording, RunSummary};
+use fencehook::store::StoreError;
 
 use super::answers;
 
@@ -20,37 +26,33 @@ pub struct AuditArgs {
     /// payments row; every `accepted` a committed row (any status) and event.
     #[arg(long, value_name = "FILE")]
     pub answers: Option<PathBuf>,
+    /// Only read: do not record the result in the database (for a standby
+    /// or a read-only role; the console then shows the last run recorded).
+    #[arg(long)]
+    pub no_record: bool,
 }
 
 /// Runs the audit and prints one line per check; `Ok(true)` when clean.
 /// With `answers`, the answers file is read first, so a bad file stops the
-/// audit before anything is printed as "clean".
-pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, String> {
-    let answers = answers
+/// audit before anything is printed as "clean". Then records the result
+/// (best effort: see the module).
+pub async fn run(args: &AuditArgs) -> Result<bool, String> {
+    let database_url = args.db.database_url.as_str();
+    let answers = args
+        .answers
+        .as_deref()
         .map(answers::read_answers)
         .transpose()
         .map_err(|e| e.to_string())?;
-    let mut checks = audit::run(database_url).await.map_err(|e| {
-        format!(
-            "audit could not read the database: {}",
-            fencehook::error::chain(&e)
-        )
-    })?;
+    let started = Instant::now();
+    let mut checks = audit::run(database_url).await.map_err(unreadable)?;
     if let Some(answers) = &answers {
-        let answer_checks = answers::check(database_url, answers).await.map_err(|e| {
-            format!(
-                "audit could not read the database: {}",
-                fencehook::error::chain(&e)
-            )
-        })?;
+        let answer_checks = answers::check(database_url, answers)
+            .await
+            .map_err(unreadable)?;
         checks.extend(answer_checks);
     }
-    let (payments, entries) = audit::totals(database_url).await.map_err(|e| {
-        format!(
-            "audit could not read the database: {}",
-            fencehook::error::chain(&e)
-        )
-    })?;
+    let (payments, entries) = audit::totals(database_url).await.map_err(unreadable)?;
     println!("audit: {payments} payments, {entries} ledger entries");
     if let Some(answers) = &answers {
         print!(
@@ -81,12 +83,9 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
         }
         clean &= c.total == 0;
     }
-    let (legacy, legacy_count) = audit::legacy_refunds(database_url).await.map_err(|e| {
-        format!(
-            "audit could not read the database: {}",
-            fencehook::error::chain(&e)
-        )
-    })?;
+    let (legacy, legacy_count) = audit::legacy_refunds(database_url)
+        .await
+        .map_err(unreadable)?;
     if legacy_count > 0 {
         println!(
             "  note: {legacy_count} refund(s) were booked before refunds named their payment; they are not checked against one:"
@@ -95,12 +94,9 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
             println!("      {r}");
         }
     }
-    let (over, over_count) = audit::over_returned(database_url).await.map_err(|e| {
-        format!(
-            "audit could not read the database: {}",
-            fencehook::error::chain(&e)
-        )
-    })?;
+    let (over, over_count) = audit::over_returned(database_url)
+        .await
+        .map_err(unreadable)?;
     if over_count > 0 {
         println!(
             "  warning: {over_count} payment(s) gave back more than came in (disputes booked past the amount; the money is gone):"
@@ -109,9 +105,52 @@ pub async fn run(database_url: &str, answers: Option<&Path>) -> Result<bool, Str
             println!("      {p}");
         }
     }
+    let summary = RunSummary {
+        checks: checks.iter().map(CheckCount::of).collect(),
+        over_returned_payments: over_count,
+        legacy_refunds: legacy_count,
+        payments,
+        ledger_entries: entries,
+        duration: started.elapsed(),
+        host: host_name(),
+        with_answers: answers.is_some(),
+    };
+    if args.no_record {
+        println!("audit: not recorded (--no-record)");
+    } else {
+        match audit::record(database_url, &summary).await {
+            Ok(Recording::Recorded { id }) => {
+                println!("audit: recorded as run {id} (the console's overview shows it)");
+            }
+            Ok(Recording::BeforeMigration) => eprintln!(
+                "audit: not recorded: the schema has no audit_runs table (migration V14); run `fencehook migrate`"
+            ),
+            Err(e) => eprintln!(
+                "audit: not recorded: {} (`--no-record` only reads)",
+                fencehook::error::chain(&e)
+            ),
+        }
+    }
     println!(
         "audit: {}",
         if clean { "clean" } else { "VIOLATIONS FOUND" }
     );
     Ok(clean)
+}
+
+/// The error line of an audit that could not read what it checks (exit 2).
+fn unreadable(e: StoreError) -> String {
+    format!(
+        "audit could not read the database: {}",
+        fencehook::error::chain(&e)
+    )
+}
+
+/// This host's name, for the record of the run (Linux's, else `$HOSTNAME`).
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
 }

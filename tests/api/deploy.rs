@@ -390,7 +390,24 @@ fn the_systemd_units_run_the_right_command_outlast_the_drain_and_verify() {
         "the owner's URL, and only there"
     );
 
-    for unit in [&serve, &work, &migrate] {
+    let audit = service_section("fencehook-audit.service");
+    assert_eq!(unit_value(&audit, "Type"), ["oneshot"]);
+    assert_eq!(
+        unit_value(&audit, "ExecStart"),
+        ["/usr/local/bin/fencehook audit"]
+    );
+    assert_eq!(
+        unit_value(&audit, "EnvironmentFile"),
+        ["/etc/fencehook/fencehook.env"],
+        "serve's role records the run"
+    );
+    let timer = deploy_file("fencehook-audit.timer");
+    assert!(
+        timer.lines().any(|l| l.trim() == "OnCalendar=hourly"),
+        "more often than the console's day before a run is stale: {timer}"
+    );
+
+    for unit in [&serve, &work, &migrate, &audit] {
         assert_eq!(unit_value(unit, "User"), ["fencehook"]);
         assert_eq!(unit_value(unit, "ProtectSystem"), ["strict"]);
         assert_eq!(unit_value(unit, "NoNewPrivileges"), ["yes"]);
@@ -399,7 +416,7 @@ fn the_systemd_units_run_the_right_command_outlast_the_drain_and_verify() {
     systemd_analyze_verify();
 }
 
-/// `systemd-analyze verify` of the three units. It checks that ExecStart's
+/// `systemd-analyze verify` of the units and the audit's timer. It checks that ExecStart's
 /// binary exists, so the built binary is bind-mounted at /usr/local/bin in a
 /// private mount namespace (root and `unshare` needed); skipped with a
 /// message where that cannot be done. Without systemd-analyze it fails.
@@ -408,6 +425,8 @@ fn systemd_analyze_verify() {
         "fencehook.service",
         "fencehook-work.service",
         "fencehook-migrate.service",
+        "fencehook-audit.service",
+        "fencehook-audit.timer",
     ]
     .iter()
     .map(|u| deploy_path(u))

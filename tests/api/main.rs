@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod audit;
 mod chaos;
 mod cluster;
 mod console;
