@@ -243,6 +243,9 @@ pub fn overview(session: &Session, v: &Overview) -> Markup {
             @if v.inbox.dead > 0 {
                 p.warn { (v.inbox.dead) " dead event(s) wait for a replay: " a href="/console/events?status=dead" { "see them grouped by error" } }
             }
+            @if v.audit.last_run.as_ref().is_some_and(|r| !r.clean) {
+                p.error { "The last audit found violations: " a href="#audit" { "see which checks" } }
+            }
             h2 { "Answers of this instance, last " (v.answers_minutes) " minutes" }
             table {
                 thead { tr { th { "Provider" } th { "Result" } th.num { "Answers" } } }
@@ -261,7 +264,7 @@ pub fn overview(session: &Session, v: &Overview) -> Markup {
             p { a href="/console/refusals" { "All refusals kept" } }
             h2 { "Latest payments" }
             (payments_table(&v.latest))
-            h2 { "Audit" }
+            h2 id="audit" { "Audit" }
             (audit_panel(&v.audit))
             @if let Some(at) = v.quarantine.last_seen_at { p.muted { "Last quarantined item seen " (when(&at)) "." } }
         },

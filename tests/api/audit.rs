@@ -139,6 +139,7 @@ async fn each_audit_run_is_recorded_and_the_overview_shows_the_last_clean_or_vio
         "{html}"
     );
     assert!(!html.contains("s-stale"), "{html}");
+    assert!(!html.contains("The last audit found violations"), "{html}");
 
     // A violation planted behind the service's back: the audit exits 1,
     // prints it as before, and the overview shows the check and its count.
@@ -180,6 +181,10 @@ async fn each_audit_run_is_recorded_and_the_overview_shows_the_last_clean_or_vio
     assert!(
         html.contains("VIOLATIONS") && html.contains("money_out_within_money_in"),
         "{html}"
+    );
+    assert!(
+        html.contains("The last audit found violations"),
+        "said at the top: {html}"
     );
     assert!(
         !html.contains("<td class=\"mono\">one_row_per_transaction"),
