@@ -83,8 +83,11 @@ async fn statement_timeout_does_not_cancel_a_commit_waiting_for_a_synchronous_st
     name_standby(&admin, Some("fake_standby")).await;
 
     // A statement that commits by itself, and an explicit COMMIT, each on a
-    // session whose statement_timeout is 200 ms.
-    let options = "-c statement_timeout=200 -c application_name=waiter";
+    // session whose statement_timeout is 1.5 s: long enough that the INSERT
+    // itself finishes within it on a loaded machine (at 200 ms a CI run's
+    // INSERT was cancelled before it reached its commit), short beside the
+    // wait below.
+    let options = "-c statement_timeout=1500 -c application_name=waiter";
     let implicit = tokio::spawn({
         let writer = session(&url, options).await;
         async move { writer.execute("INSERT INTO t VALUES (1)", &[]).await }
@@ -102,7 +105,8 @@ async fn statement_timeout_does_not_cancel_a_commit_waiting_for_a_synchronous_st
         waiting_for_standby(&admin, "waiter").await == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Past every statement timeout: the statements began before they waited.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         waiting_for_standby(&admin, "waiter").await,
         2,

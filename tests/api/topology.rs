@@ -381,6 +381,32 @@ async fn writable_session(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// Waits until a new session starts read-only. The postmaster signals every
+/// running backend as it reloads, before it forks a new one: once a new
+/// session sees the setting, each pooled connection applies it before its
+/// next statement. (Delivering right after `pg_reload_conf()` raced the
+/// postmaster: a CI run's delivery was booked by a backend not yet told.)
+async fn read_only_seen_by_new_sessions(url: &str) {
+    wait_for(
+        "new sessions start read-only",
+        Duration::from_secs(20),
+        || async {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let row = client
+                .query_one("SHOW default_transaction_read_only", &[])
+                .await
+                .unwrap();
+            row.get::<_, String>(0) == "on"
+        },
+    )
+    .await;
+}
+
 async fn fencehook_backends(admin: &tokio_postgres::Client) -> Vec<i32> {
     admin
         .query(
@@ -432,6 +458,7 @@ async fn a_node_that_becomes_read_only_is_answered_503_its_connections_dropped_a
         .batch_execute("SELECT pg_reload_conf()")
         .await
         .unwrap();
+    read_only_seen_by_new_sessions(&url).await;
     let second = payment("pay_during", 200);
     wait_for(
         "a delivery refused by the read-only node",
