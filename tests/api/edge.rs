@@ -160,7 +160,9 @@ async fn past_max_connections_a_new_connection_gets_a_quick_503_while_the_admin_
             b"POST /webhooks/generic HTTP/1.1\r\nhost: fencehook\r\ncontent-length: 0\r\n\r\n",
         )
         .await;
-    let (reply, closed) = read_until_closed(&mut ninth, Duration::from_secs(2)).await;
+    // The refusal is written (and the socket half-closed) at once; the
+    // margin is for a loaded machine, not for the server.
+    let (reply, closed) = read_until_closed(&mut ninth, Duration::from_secs(5)).await;
     assert!(
         reply.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
         "{reply:?}"
@@ -168,9 +170,20 @@ async fn past_max_connections_a_new_connection_gets_a_quick_503_while_the_admin_
     assert!(reply.contains("\r\nRetry-After: 1\r\n"), "{reply:?}");
     assert!(reply.contains("\r\nConnection: close\r\n"), "{reply:?}");
     assert!(closed, "closed right after the 503");
-    assert_eq!(open(), 8.0, "the eight idle ones are open");
-    let (status, body) = app.get_admin("/readyz").await;
+    // Each accepted connection is counted by its own task, which the
+    // scheduler may run after the refusal's: the gauge is waited for.
+    wait_for(
+        "the eight idle ones are counted open",
+        Duration::from_secs(5),
+        || async { open() == 8.0 },
+    )
+    .await;
+    // /healthz, not /readyz: what is asserted is that the admin listener
+    // still accepts and answers, not how fast the database probe is on a
+    // loaded machine.
+    let (status, body) = app.get_admin("/healthz").await;
     assert_eq!(status, 200, "the admin listener has its own cap: {body}");
+    assert_eq!(open(), 8.0, "the eight idle ones are still open");
     assert_eq!(
         app.metric(
             "fencehook_connections_refused_total",
