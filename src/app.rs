@@ -23,6 +23,7 @@ use crate::inbox::Inbox;
 use crate::lease::{Lease, LeaseError};
 use crate::metrics::{Listener, Metrics, Reload};
 use crate::processor::Processor;
+use crate::startup::Role;
 use crate::store::migrate::MigrateError;
 use crate::store::{Store, StoreError};
 
@@ -111,15 +112,6 @@ struct AdminServer {
     addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
-}
-
-/// Which command the rooms are built for; [`Parts::build`] says what differs.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    /// `fencehook serve`: the listeners, and the inbox's workers in inbox mode.
-    Serve,
-    /// `fencehook work`: the inbox's workers, no listeners.
-    Work,
 }
 
 /// The rooms `serve` and `work` both run on, built once from the
