@@ -2,6 +2,8 @@
 //! port 0 and get the real server. `run_until_stopped(shutdown)` serves until
 //! the given future resolves — shutdown is a parameter, not a global, so
 //! several apps in one test process never stop each other.
+//! `Workers::build(config)` is `fencehook work`'s: the same rooms, built by
+//! the same constructor (`Parts::build`), without the listeners.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,6 +23,7 @@ use crate::inbox::Inbox;
 use crate::lease::{Lease, LeaseError};
 use crate::metrics::{Listener, Metrics, Reload};
 use crate::processor::Processor;
+use crate::startup::Role;
 use crate::store::migrate::MigrateError;
 use crate::store::{Store, StoreError};
 
@@ -111,6 +114,87 @@ struct AdminServer {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The rooms `serve` and `work` both run on, built once from the
+/// configuration: the metrics registry, the store and the lease backend,
+/// the processor with its downstream call, the health probes and the
+/// scheduled prune. Pools connect lazily: nothing here needs the database up.
+struct Parts {
+    metrics: Metrics,
+    store: Store,
+    processor: Processor,
+    health: Arc<Health>,
+    prune: Option<Prune>,
+    /// Whether events are booked by inbox workers (always, for `work`).
+    inbox_mode: bool,
+}
+
+impl Parts {
+    /// What differs between the roles: `work` verifies no signatures, so it
+    /// registers no provider's metrics, and it is the inbox whatever
+    /// `FENCEHOOK_MODE` says.
+    fn build(
+        cfg: &Config,
+        role: Role,
+        processor_with: impl FnOnce(Processor) -> Processor,
+    ) -> Result<Parts, AppError> {
+        let inbox_mode = role == Role::Work || cfg.inbox.mode == Mode::Inbox;
+        let names: Vec<String> = match role {
+            Role::Serve => cfg.providers.iter().map(|p| p.name.clone()).collect(),
+            Role::Work => Vec::new(),
+        };
+        let metrics = Metrics::new(&names);
+        let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
+        let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
+        let downstream = cfg
+            .downstream_url
+            .clone()
+            .map(|u| Downstream::new(u, cfg.downstream_timeout, metrics.clone()));
+        let processor = processor_with(Processor::new(
+            store.clone(),
+            lease.clone(),
+            metrics.clone(),
+            cfg.inflight_wait,
+            downstream,
+        ));
+        let prune = Prune::of(cfg, &store, &metrics);
+        let health = Arc::new(
+            Health::new(
+                store.clone(),
+                lease,
+                metrics.clone(),
+                cfg.lease.max_hold,
+                cfg.lease.fence_key_ttl,
+                inbox_mode,
+            )
+            .requiring_sync_replication(cfg.require_sync_replication)
+            .needing_schema(schema_needed(cfg)),
+        );
+        Ok(Parts {
+            metrics,
+            store,
+            processor,
+            health,
+            prune,
+            inbox_mode,
+        })
+    }
+
+    /// The inbox of this configuration: workers book with the sync processor
+    /// minus its in-flight wait, and own a taken event for one lease TTL past
+    /// the last renewal of its lock (renewed every third of it, as the lease is),
+    /// so a dead worker's events are taken again about when its leases expire.
+    fn inbox(&self, cfg: &Config) -> Arc<Inbox> {
+        Arc::new(Inbox::new(
+            self.store.clone(),
+            self.processor.without_inflight_wait(),
+            self.metrics.clone(),
+            cfg.inbox.clone(),
+            cfg.db.clone(),
+            cfg.lease.ttl,
+        ))
+    }
+}
+
 impl App {
     /// Builds the rooms, binds the admin listener and serves it at once, then
     /// (with `FENCEHOOK_MIGRATE_ON_START`) waits for PostgreSQL and migrates,
@@ -135,39 +219,17 @@ impl App {
         processor_with: impl FnOnce(Processor) -> Processor,
     ) -> Result<App, AppError> {
         let hangup = listen_for_sighup();
-        let names: Vec<String> = cfg.providers.iter().map(|p| p.name.clone()).collect();
-        let metrics = Metrics::new(&names);
-        // Pools connect lazily: nothing here needs the database up.
-        let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
-        let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
-        let downstream = cfg
-            .downstream_url
-            .clone()
-            .map(|u| Downstream::new(u, cfg.downstream_timeout, metrics.clone()));
-        let processor = processor_with(Processor::new(
-            store.clone(),
-            lease.clone(),
-            metrics.clone(),
-            cfg.inflight_wait,
-            downstream,
-        ));
-        let inbox_mode = cfg.inbox.mode == Mode::Inbox;
-        let inbox = inbox_mode.then(|| Arc::new(inbox_of(&cfg, &store, &processor, &metrics)));
-        let prune = Prune::of(&cfg, &store, &metrics);
-        let console =
-            crate::console::Console::new(&cfg.console, store.clone(), &metrics, inbox_mode);
-        let health = Arc::new(
-            Health::new(
-                store,
-                lease,
-                metrics.clone(),
-                cfg.lease.max_hold,
-                cfg.lease.fence_key_ttl,
-                inbox_mode,
-            )
-            .requiring_sync_replication(cfg.require_sync_replication)
-            .needing_schema(schema_needed(&cfg)),
-        );
+        let parts = Parts::build(&cfg, Role::Serve, processor_with)?;
+        let inbox = parts.inbox_mode.then(|| parts.inbox(&cfg));
+        let Parts {
+            metrics,
+            store,
+            processor,
+            health,
+            prune,
+            inbox_mode,
+        } = parts;
+        let console = crate::console::Console::new(&cfg.console, store, &metrics, inbox_mode);
         let mut limits = Limits::public(&cfg, metrics.clone());
         limits.max_connections = fit_open_files(&cfg);
         let allow_published_secrets = cfg.allow_published_secrets;
@@ -350,21 +412,6 @@ async fn reload_on_sighup(
     }
 }
 
-/// The inbox of this configuration: workers book with the sync processor
-/// minus its in-flight wait, and own a taken event for one lease TTL past
-/// the last renewal of its lock (renewed every third of it, as the lease is),
-/// so a dead worker's events are taken again about when its leases expire.
-fn inbox_of(cfg: &Config, store: &Store, processor: &Processor, metrics: &Metrics) -> Inbox {
-    Inbox::new(
-        store.clone(),
-        processor.without_inflight_wait(),
-        metrics.clone(),
-        cfg.inbox.clone(),
-        cfg.db.clone(),
-        cfg.lease.ttl,
-    )
-}
-
 /// `fencehook work`: inbox workers alone, no listeners.
 pub struct Workers {
     hangup: Option<Signal>,
@@ -382,39 +429,13 @@ impl Workers {
         if cfg.migrate_on_start {
             crate::startup::migrate_when_reachable(&cfg.db.url).await?;
         }
-        let metrics = Metrics::new(&[]);
-        let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
-        let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
-        let downstream = cfg
-            .downstream_url
-            .clone()
-            .map(|u| Downstream::new(u, cfg.downstream_timeout, metrics.clone()));
-        let processor = Processor::new(
-            store.clone(),
-            lease.clone(),
-            metrics.clone(),
-            cfg.inflight_wait,
-            downstream,
-        );
-        let inbox = Arc::new(inbox_of(&cfg, &store, &processor, &metrics));
-        let prune = Prune::of(&cfg, &store, &metrics);
-        let health = Arc::new(
-            Health::new(
-                store,
-                lease,
-                metrics,
-                cfg.lease.max_hold,
-                cfg.lease.fence_key_ttl,
-                true,
-            )
-            .requiring_sync_replication(cfg.require_sync_replication)
-            .needing_schema(schema_needed(&cfg)),
-        );
+        let parts = Parts::build(&cfg, Role::Work, |p| p)?;
+        let inbox = parts.inbox(&cfg);
         Ok(Workers {
             hangup,
-            prune,
+            prune: parts.prune,
             inbox,
-            health,
+            health: parts.health,
             workers: cfg.inbox.workers.max(1),
             drain: cfg.shutdown_timeout,
         })

@@ -6,8 +6,13 @@
 //! store → answer. Each room below depends only on the rooms after it in this
 //! list (and on [`domain`], [`config`], [`metrics`], [`error`]):
 //!
-//! - [`app`]: `App::build(config)`, `port()`, `run_until_stopped(shutdown)`:
-//!   wires the rooms together; nothing imports it.
+//! - [`app`]: `App::build(config)`, `port()`, `run_until_stopped(shutdown)`,
+//!   and `Workers::build(config)` for `fencehook work`: one constructor
+//!   wires the rooms both run on; nothing imports it.
+//! - [`startup`]: how `serve` and `work` start (telemetry first, the
+//!   settings validated and logged, the backends that do not answer said)
+//!   and the start before the database (waiting for PostgreSQL with a
+//!   backoff before migrating).
 //! - [`http`]: accept loops ([`http::serve`]: connection caps, head limits,
 //!   the drain bound), the webhook route, the admin route, the handlers'
 //!   [`http::state::State`], the sampling of refusal log lines
@@ -30,8 +35,6 @@
 //!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
 //!   scripts ([`lease::redis`]; the master asked of Redis Sentinel in
 //!   [`lease::sentinel`]) and the PostgreSQL backend.
-//! - [`startup`]: the start before the database (waiting for PostgreSQL
-//!   with a backoff before migrating).
 //! - [`store`]: fenced writes returning outcome enums, SQLSTATE
 //!   classification, migrations ([`store::migrate`]), the invariant
 //!   checks of `fencehook audit` ([`store::audit`]), the drain figures

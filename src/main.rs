@@ -1,29 +1,20 @@
-//! Thin: parse the command line, start telemetry, run the command until a
-//! signal. The service is the `fencehook` library; the other commands' code
-//! lives in `tools/`, a module tree of this binary only.
+//! Thin: parse the command line, start telemetry, build the app (or the
+//! workers), run it until a signal. The service is the `fencehook` library
+//! (how `serve` and `work` start: `fencehook::startup`); the other commands'
+//! code lives in `tools/`, a module tree of this binary only.
 
 mod tools;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use fencehook::app::App;
-use fencehook::config::{DbArgs, LogFormat, ServeArgs};
+use fencehook::app::{App, AppError, Workers};
+use fencehook::config::ServeArgs;
+use fencehook::startup::{self, Role};
 use tools::audit::AuditArgs;
 use tools::load::LoadArgs;
+use tools::migrate::MigrateArgs;
 use tools::send::SendArgs;
-
-/// `fencehook migrate`.
-#[derive(clap::Args)]
-struct MigrateArgs {
-    #[command(flatten)]
-    db: DbArgs,
-    /// Create the database named in DATABASE_URL when it does not exist
-    /// (without it, a missing database is an error: a typo must not become
-    /// a new, empty database).
-    #[arg(long)]
-    create_database: bool,
-}
 
 /// Payment-webhook receiver that applies every payment exactly once.
 #[derive(Parser)]
@@ -106,164 +97,79 @@ fn hide_env_values(cmd: clap::Command) -> clap::Command {
 
 async fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::CheckConfig(args) => {
-            // A person's command: plain lines, whatever FENCEHOOK_LOG_FORMAT says.
-            for warning in unknown_settings() {
-                eprintln!("fencehook: warning: {warning}");
-            }
-            match args.validate() {
-                Ok(cfg) => {
-                    for warning in cfg.warnings() {
-                        eprintln!("fencehook: warning: {warning}");
-                    }
-                    let names: Vec<&str> = cfg.providers.iter().map(|p| p.name.as_str()).collect();
-                    println!(
-                        "configuration ok: providers [{}], lease backend {:?} (ttl {} ms, renew every {} ms), downstream {}, traces {}",
-                        names.join(", "),
-                        cfg.lease.backend,
-                        cfg.lease.ttl.as_millis(),
-                        cfg.lease.renew_interval().as_millis(),
-                        cfg.downstream_url.as_ref().map_or("none".to_owned(), fencehook::config::redacted_url),
-                        cfg.traces.as_ref().map_or("off".to_owned(), |t| format!("to {}", t.target())),
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("fencehook: invalid configuration: {e}");
-                    ExitCode::from(2)
-                }
-            }
-        }
-        Command::Serve(args) => {
-            let telemetry = match start_telemetry(&args).await {
-                Ok(t) => t,
-                Err(code) => return code,
-            };
-            for warning in unknown_settings() {
-                tracing::warn!("{warning}");
-            }
-            let cfg = match args.validate() {
-                Ok(cfg) => cfg,
-                Err(e) => {
-                    eprintln!("fencehook: invalid configuration: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            for warning in cfg.warnings() {
-                tracing::warn!("{warning}");
-            }
-            log_targets(&cfg);
-            if let Err(e) = fencehook::lease::redis::verify_tls(&cfg.lease).await {
-                eprintln!("fencehook: invalid configuration: {e}");
-                return ExitCode::from(2);
-            }
+        Command::CheckConfig(args) => tools::check_config::run(&args, &unknown_settings()),
+        Command::Serve(args) => run_until_signal(&args, Role::Serve).await,
+        Command::Work(args) => run_until_signal(&args, Role::Work).await,
+        Command::Migrate(args) => tools::migrate::run(&args).await,
+        Command::Audit(args) => exit(tools::audit::run(&args).await),
+        Command::Inspect(args) => exit(tools::ops::inspect(&args).await),
+        Command::Replay(args) => exit(tools::ops::replay(&args).await),
+        Command::Events(args) => exit(tools::ops::events(&args).await),
+        Command::Prune(args) => exit(tools::ops::prune(&args).await),
+        Command::Send(args) => exit(tools::send::send(&args).await.map(|(status, body)| {
+            println!("{status} {body}");
+            (200..300).contains(&status)
+        })),
+        // Ctrl-C stops launching; deliveries in flight end and are reported.
+        Command::Load(args) => exit(
+            tools::load::command(&args, ctrl_c())
+                .await
+                .map_err(|e| e.to_string()),
+        ),
+    }
+}
+
+/// `serve` or `work` until SIGTERM or SIGINT: telemetry first, then the
+/// settings (exit 2 naming a bad one), then the build (exit 1 when it
+/// fails), then the run and its drain, which also bounds the last export of
+/// spans (FENCEHOOK_SHUTDOWN_TIMEOUT_MS).
+async fn run_until_signal(args: &ServeArgs, role: Role) -> ExitCode {
+    let telemetry = match startup::telemetry(args).await {
+        Ok(t) => t,
+        Err(e) => return invalid_configuration(&e),
+    };
+    let cfg = match startup::settings(args, role, &unknown_settings()).await {
+        Ok(cfg) => cfg,
+        Err(e) => return invalid_configuration(&e),
+    };
+    let drain = std::time::Duration::from_millis(args.shutdown_timeout_ms);
+    match role {
+        Role::Serve => {
             let app = match App::build(cfg).await {
                 Ok(app) => app,
-                Err(e) => {
-                    eprintln!("fencehook: cannot start: {}", fencehook::error::chain(&e));
-                    return ExitCode::FAILURE;
-                }
+                Err(e) => return cannot_start(&e),
             };
-            warn_unreachable(&app.state().health).await;
+            startup::warn_unreachable(&app.state().health).await;
             tracing::info!(
                 port = app.port(),
                 admin_port = app.admin_port(),
                 "fencehook serving"
             );
-            let drain = drain_bound(&args);
             app.run_until_stopped(shutdown_signal()).await;
-            telemetry.shutdown(drain).await;
-            ExitCode::SUCCESS
         }
-        Command::Work(args) => {
-            let telemetry = match start_telemetry(&args).await {
-                Ok(t) => t,
-                Err(code) => return code,
-            };
-            for warning in unknown_settings() {
-                tracing::warn!("{warning}");
-            }
-            let cfg = match args.validate_for_workers() {
-                Ok(cfg) => cfg,
-                Err(e) => {
-                    eprintln!("fencehook: invalid configuration: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            log_targets(&cfg);
-            if let Err(e) = fencehook::lease::redis::verify_tls(&cfg.lease).await {
-                eprintln!("fencehook: invalid configuration: {e}");
-                return ExitCode::from(2);
-            }
-            let workers = match fencehook::app::Workers::build(cfg).await {
+        Role::Work => {
+            let workers = match Workers::build(cfg).await {
                 Ok(w) => w,
-                Err(e) => {
-                    eprintln!("fencehook: cannot start: {}", fencehook::error::chain(&e));
-                    return ExitCode::FAILURE;
-                }
+                Err(e) => return cannot_start(&e),
             };
             tracing::info!("fencehook working");
-            let drain = drain_bound(&args);
             workers.run_until_stopped(shutdown_signal()).await;
-            telemetry.shutdown(drain).await;
-            ExitCode::SUCCESS
         }
-        Command::Migrate(args) => {
-            // No trace settings: cannot fail.
-            let _ = fencehook::telemetry::install(LogFormat::Text, "info", None);
-            use fencehook::store::migrate::{self, MissingDatabase};
-            let missing = if args.create_database {
-                MissingDatabase::Create
-            } else {
-                MissingDatabase::Refuse
-            };
-            match migrate::run(&args.db.database_url, missing).await {
-                Ok(applied) => {
-                    println!("migrate: {} migration(s) applied", applied.len());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("fencehook: migrate failed: {}", fencehook::error::chain(&e));
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Audit(args) => match tools::audit::run(&args).await {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::FAILURE,
-            Err(e) => {
-                eprintln!("fencehook: {e}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Inspect(args) => exit(tools::ops::inspect(&args).await),
-        Command::Replay(args) => exit(tools::ops::replay(&args).await),
-        Command::Events(args) => exit(tools::ops::events(&args).await),
-        Command::Prune(args) => exit(tools::ops::prune(&args).await),
-        Command::Send(args) => match tools::send::send(&args).await {
-            Ok((status, body)) => {
-                println!("{status} {body}");
-                if (200..300).contains(&status) {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-            Err(e) => {
-                eprintln!("fencehook: {e}");
-                ExitCode::from(2)
-            }
-        },
-        // Ctrl-C stops launching; deliveries in flight end and are reported.
-        Command::Load(args) => match tools::load::command(&args, ctrl_c()).await {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::FAILURE,
-            Err(e) => {
-                eprintln!("fencehook: {e}");
-                ExitCode::from(2)
-            }
-        },
     }
+    telemetry.shutdown(drain).await;
+    ExitCode::SUCCESS
+}
+
+/// A bad setting: one line naming it, exit 2.
+fn invalid_configuration(e: &str) -> ExitCode {
+    eprintln!("fencehook: invalid configuration: {e}");
+    ExitCode::from(2)
+}
+
+/// The build failed (a listener that cannot bind, a failed migration): exit 1.
+fn cannot_start(e: &AppError) -> ExitCode {
+    eprintln!("fencehook: cannot start: {}", fencehook::error::chain(e));
+    ExitCode::FAILURE
 }
 
 /// Exit 0 when the command did what was asked, 1 when it found nothing, 2
@@ -335,11 +241,8 @@ fn bad_arguments(e: clap::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// The warnings about variables that look like settings but are none:
-/// unknown `FENCEHOOK_*` ones and near misses of any setting
-/// (`DATABSE_URL`). A typo would otherwise leave a default silently in force.
-/// `serve` and `work` log them (as JSON with `FENCEHOOK_LOG_FORMAT=json`, so
-/// that every start line parses), `check-config` prints them.
+/// The warnings about variables that look like settings but are none
+/// ([`startup::unknown_settings`]), given every command's setting variables.
 fn unknown_settings() -> Vec<String> {
     let cmd = Cli::command();
     let mut known: Vec<String> = cmd
@@ -350,81 +253,7 @@ fn unknown_settings() -> Vec<String> {
         .collect();
     known.sort();
     known.dedup();
-    fencehook::config::misspelt_settings(&known, std::env::vars())
-        .into_iter()
-        .map(|(name, near)| {
-            let renamed = fencehook::config::RENAMED_SETTINGS
-                .iter()
-                .find(|(old, _)| *old == name);
-            match (renamed, near) {
-                (Some((_, new)), _) => format!("{name} is ignored: it was renamed to {new}"),
-                (None, Some(near)) => {
-                    format!("{name} is not a setting and is ignored; did you mean {near}?")
-                }
-                (None, None) => format!("unknown setting {name} is ignored"),
-            }
-        })
-        .collect()
-}
-
-/// The start log says where the data goes: which database and which Redis
-/// (never a password), the lease backend and the mode.
-fn log_targets(cfg: &fencehook::config::Config) {
-    tracing::info!(
-        database = %fencehook::config::database_target(&cfg.db.url),
-        redis = %cfg.lease.redis_target(),
-        lease_backend = cfg.lease.backend.as_str(),
-        mode = ?cfg.inbox.mode,
-        providers = ?cfg.providers.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
-        "fencehook starting"
-    );
-}
-
-/// A backend that does not answer at start is said at once, not when the
-/// first delivery fails: the process still starts (it recovers by itself
-/// when the backend comes back; `/readyz` says 503 meanwhile).
-async fn warn_unreachable(health: &fencehook::health::Health) {
-    let probe = health.probe().await;
-    if let Err(e) = &probe.postgres {
-        tracing::warn!(error = %e, "PostgreSQL is not ready at start (unreachable, or takes no writes); deliveries answer 503 until it is");
-    }
-    if let Err(e) = &probe.lease {
-        tracing::warn!(error = %e, "the lease backend does not answer at start; deliveries answer 503 until it does");
-    }
-    if let (Ok(()), Err(e)) = (&probe.postgres, &probe.schema) {
-        tracing::warn!(error = %e, "the schema is older than this binary needs; /readyz says 503 until it is migrated");
-    }
-}
-
-/// Log lines and, when an OTLP endpoint is set, traces; before anything
-/// else, so that every start line is in the chosen format. A bad trace
-/// setting stops the start here, naming it (exit 2).
-async fn start_telemetry(args: &ServeArgs) -> Result<fencehook::telemetry::Telemetry, ExitCode> {
-    let traces = args.traces.validate().map_err(|e| {
-        eprintln!("fencehook: invalid configuration: {e}");
-        ExitCode::from(2)
-    })?;
-    let telemetry = fencehook::telemetry::install(args.log_format, &args.log, traces.as_ref())
-        .map_err(|e| {
-            eprintln!("fencehook: invalid configuration: {e}");
-            ExitCode::from(2)
-        })?;
-    if let Some(t) = &traces {
-        tracing::info!(
-            collector = %t.target(),
-            protocol = ?t.protocol,
-            sampler = ?t.sampler,
-            service_name = %t.service_name,
-            "tracing on: spans exported over OTLP/HTTP"
-        );
-    }
-    Ok(telemetry)
-}
-
-/// FENCEHOOK_SHUTDOWN_TIMEOUT_MS: the drain bound, which also bounds the
-/// last export of spans.
-fn drain_bound(args: &ServeArgs) -> std::time::Duration {
-    std::time::Duration::from_millis(args.shutdown_timeout_ms)
+    startup::unknown_settings(&known)
 }
 
 async fn shutdown_signal() {

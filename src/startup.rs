@@ -1,4 +1,10 @@
-//! `serve` and `work` start before their database: when PostgreSQL does not
+//! How `serve` and `work` start, in this order: log lines (and traces) in
+//! the chosen format first, so that every start line is in it
+//! ([`telemetry`]); then the settings, validated, with where the data goes
+//! logged ([`settings`]); once built, the backends that do not answer yet
+//! are said ([`warn_unreachable`]).
+//!
+//! Both start before their database: when PostgreSQL does not
 //! answer yet (a host booting, a failover under way, an orchestrator starting
 //! everything at once), the migration step waits for it with a backoff
 //! instead of ending the process. Meanwhile `serve`'s admin listener already
@@ -10,14 +16,124 @@
 
 use std::time::{Duration, Instant};
 
+use crate::config::{Config, ServeArgs};
+use crate::health::Health;
 use crate::store::migrate::{self, MigrateError};
 use crate::store::{classify, DbErrorKind};
+use crate::telemetry::Telemetry;
 
 /// First pause after a failed try; doubled after each, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The wait is logged when it starts and then at most this often, not once a try.
 const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// The two long-running commands, which start alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `fencehook serve`: the listeners, and the inbox's workers in inbox mode.
+    Serve,
+    /// `fencehook work`: the inbox's workers, no listeners.
+    Work,
+}
+
+/// Log lines and, when an OTLP endpoint is set, traces; before anything
+/// else, so that every start line is in the chosen format. An `Err` is a
+/// bad trace setting, named (the command exits 2).
+pub async fn telemetry(args: &ServeArgs) -> Result<Telemetry, String> {
+    let traces = args.traces.validate().map_err(|e| e.to_string())?;
+    let telemetry = crate::telemetry::install(args.log_format, &args.log, traces.as_ref())?;
+    if let Some(t) = &traces {
+        tracing::info!(
+            collector = %t.target(),
+            protocol = ?t.protocol,
+            sampler = ?t.sampler,
+            service_name = %t.service_name,
+            "tracing on: spans exported over OTLP/HTTP"
+        );
+    }
+    Ok(telemetry)
+}
+
+/// The settings of `role`, validated once telemetry is up: `unknown` (the
+/// variables that look like settings but are none) and the configuration's
+/// own warnings are logged (`work` has no providers or admin listener to
+/// warn about), then where the data goes, then the Redis TLS is checked
+/// against its node. An `Err` is one line naming the bad setting (the
+/// command exits 2).
+pub async fn settings(args: &ServeArgs, role: Role, unknown: &[String]) -> Result<Config, String> {
+    for warning in unknown {
+        tracing::warn!("{warning}");
+    }
+    let cfg = match role {
+        Role::Serve => args.validate(),
+        Role::Work => args.validate_for_workers(),
+    }
+    .map_err(|e| e.to_string())?;
+    if role == Role::Serve {
+        for warning in cfg.warnings() {
+            tracing::warn!("{warning}");
+        }
+    }
+    log_targets(&cfg);
+    crate::lease::redis::verify_tls(&cfg.lease)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+/// The start log says where the data goes: which database and which Redis
+/// (never a password), the lease backend and the mode.
+fn log_targets(cfg: &Config) {
+    tracing::info!(
+        database = %crate::config::database_target(&cfg.db.url),
+        redis = %cfg.lease.redis_target(),
+        lease_backend = cfg.lease.backend.as_str(),
+        mode = ?cfg.inbox.mode,
+        providers = ?cfg.providers.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        "fencehook starting"
+    );
+}
+
+/// A backend that does not answer at start is said at once, not when the
+/// first delivery fails: the process still starts (it recovers by itself
+/// when the backend comes back; `/readyz` says 503 meanwhile).
+pub async fn warn_unreachable(health: &Health) {
+    let probe = health.probe().await;
+    if let Err(e) = &probe.postgres {
+        tracing::warn!(error = %e, "PostgreSQL is not ready at start (unreachable, or takes no writes); deliveries answer 503 until it is");
+    }
+    if let Err(e) = &probe.lease {
+        tracing::warn!(error = %e, "the lease backend does not answer at start; deliveries answer 503 until it does");
+    }
+    if let (Ok(()), Err(e)) = (&probe.postgres, &probe.schema) {
+        tracing::warn!(error = %e, "the schema is older than this binary needs; /readyz says 503 until it is migrated");
+    }
+}
+
+/// The warnings about variables that look like settings but are none,
+/// given every setting's variable (`known`): unknown `FENCEHOOK_*` ones,
+/// renamed ones and near misses of any setting (`DATABSE_URL`). A typo would
+/// otherwise leave a default silently in force. `serve` and `work` log them
+/// (as JSON with `FENCEHOOK_LOG_FORMAT=json`, so that every start line
+/// parses), `check-config` prints them.
+pub fn unknown_settings(known: &[String]) -> Vec<String> {
+    crate::config::misspelt_settings(known, std::env::vars())
+        .into_iter()
+        .map(|(name, near)| {
+            let renamed = crate::config::RENAMED_SETTINGS
+                .iter()
+                .find(|(old, _)| *old == name);
+            match (renamed, near) {
+                (Some((_, new)), _) => format!("{name} is ignored: it was renamed to {new}"),
+                (None, Some(near)) => {
+                    format!("{name} is not a setting and is ignored; did you mean {near}?")
+                }
+                (None, None) => format!("unknown setting {name} is ignored"),
+            }
+        })
+        .collect()
+}
 
 /// Whether `e` says the database is not reachable (yet), as opposed to a
 /// refusal that retrying will not cure.

@@ -1,5 +1,6 @@
 //! The tools the `fencehook` binary carries beside the service: they play a
-//! PSP (`send`, `load`), check what the service did (`audit`), or let an
+//! PSP (`send`, `load`), check what the service did (`audit`), check its
+//! settings (`check-config`) or prepare its database (`migrate`), or let an
 //! operator look at and act on the inbox (`inspect`, `replay`, `events`,
 //! `prune`). This module
 //! tree belongs to the binary, not to the library: the service cannot import
@@ -7,6 +8,8 @@
 
 pub mod answers;
 pub mod audit;
+pub mod check_config;
 pub mod load;
+pub mod migrate;
 pub mod ops;
 pub mod send;
