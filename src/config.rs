@@ -762,7 +762,7 @@ impl DbArgs {
         // Also reads sslrootcert: a file that is missing or holds no
         // certificate stops the start here, not at the first connection.
         crate::db::tls::Target::parse(&self.database_url)
-            .map_err(|e| bad("DATABASE_URL", crate::error::chain(&e)))?;
+            .map_err(|e| bad("DATABASE_URL", crate::report::chain(&e)))?;
         if self.db_pool_size == 0 {
             return Err(bad("FENCEHOOK_DB_POOL_SIZE", "must be at least 1"));
         }

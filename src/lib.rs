@@ -47,7 +47,9 @@
 //! - [`telemetry`]: the process's log lines and, when an OTLP endpoint is
 //!   set, OpenTelemetry traces: the span list ([`telemetry::spans`]), W3C
 //!   trace context in and out ([`telemetry::propagation`]), the export queue.
-//! - [`error`]: the processing error and the one-line cause chain for logs.
+//! - [`error`]: the processing error (lease, store or downstream), which
+//!   `http::answer` maps to 503.
+//! - [`report`]: the one-line cause chain for logs, below every room.
 //!
 //! The operator and demo tools (`send`, `load`, `audit`'s printing and its
 //! answers file) are **not** in this library: they live under `src/tools/`,
@@ -74,6 +76,7 @@ pub mod lease;
 pub mod metrics;
 pub mod processor;
 pub mod providers;
+pub mod report;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

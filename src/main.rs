@@ -160,7 +160,7 @@ async fn run(cli: Cli) -> ExitCode {
             let app = match App::build(cfg).await {
                 Ok(app) => app,
                 Err(e) => {
-                    eprintln!("fencehook: cannot start: {}", fencehook::error::chain(&e));
+                    eprintln!("fencehook: cannot start: {}", fencehook::report::chain(&e));
                     return ExitCode::FAILURE;
                 }
             };
@@ -198,7 +198,7 @@ async fn run(cli: Cli) -> ExitCode {
             let workers = match fencehook::app::Workers::build(cfg).await {
                 Ok(w) => w,
                 Err(e) => {
-                    eprintln!("fencehook: cannot start: {}", fencehook::error::chain(&e));
+                    eprintln!("fencehook: cannot start: {}", fencehook::report::chain(&e));
                     return ExitCode::FAILURE;
                 }
             };
@@ -223,7 +223,10 @@ async fn run(cli: Cli) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("fencehook: migrate failed: {}", fencehook::error::chain(&e));
+                    eprintln!(
+                        "fencehook: migrate failed: {}",
+                        fencehook::report::chain(&e)
+                    );
                     ExitCode::FAILURE
                 }
             }

@@ -165,7 +165,7 @@ fn bad_request(ask: &Ask, session: &Session, message: &str) -> Response<Body> {
 }
 
 fn unavailable(ask: &Ask, session: &Session, e: &crate::store::StoreError) -> Response<Body> {
-    tracing::error!(error = %crate::error::chain(e), path = %ask.path, "console: database error");
+    tracing::error!(error = %crate::report::chain(e), path = %ask.path, "console: database error");
     failure(
         ask,
         Some(session),
@@ -380,7 +380,7 @@ async fn overview(state: &State, console: &Console, ask: &Ask, session: &Session
     let audit = match console.store.last_audit().await {
         Ok(last) => last.into(),
         Err(e) => {
-            tracing::error!(error = %crate::error::chain(&e), "console: the last audit run could not be read");
+            tracing::error!(error = %crate::report::chain(&e), "console: the last audit run could not be read");
             AuditView::unreadable()
         }
     };

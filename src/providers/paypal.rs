@@ -702,7 +702,7 @@ async fn fetch(client: &HttpClient, url: &str) -> Result<Arc<CertificateInfo>, R
         let resp = client
             .request(req)
             .await
-            .map_err(|e| unavailable(crate::error::chain(&e)))?;
+            .map_err(|e| unavailable(crate::report::chain(&e)))?;
         if resp.status() != http::StatusCode::OK {
             return Err(unavailable(format!("answered {}", resp.status())));
         }

@@ -211,7 +211,7 @@ impl ApiConfirm {
                 .client
                 .request(req)
                 .await
-                .map_err(|e| unavailable(crate::error::chain(&e)))?;
+                .map_err(|e| unavailable(crate::report::chain(&e)))?;
             let status = resp.status();
             let body = Limited::new(resp.into_body(), MAX_EVENT_BYTES)
                 .collect()

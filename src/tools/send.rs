@@ -432,10 +432,10 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
             if e.is_connect() {
                 format!(
                     "cannot reach {uri}: {} (is `fencehook serve` running there?)",
-                    fencehook::error::chain(&e)
+                    fencehook::report::chain(&e)
                 )
             } else {
-                format!("POST {uri}: {}", fencehook::error::chain(&e))
+                format!("POST {uri}: {}", fencehook::report::chain(&e))
             }
         })?;
     let status = resp.status().as_u16();

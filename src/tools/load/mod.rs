@@ -353,7 +353,7 @@ impl Plan {
         let database_url = match &args.database_url {
             Some(url) if args.inbox => {
                 fencehook::db::tls::Target::parse(url)
-                    .map_err(|e| bad("database-url", fencehook::error::chain(&e)))?;
+                    .map_err(|e| bad("database-url", fencehook::report::chain(&e)))?;
                 Some(Secret(url.clone()))
             }
             _ => None,
@@ -750,7 +750,7 @@ async fn send_once(shared: &Shared, signed: &Signed, target: usize) -> (Answer, 
             .client
             .request(request)
             .await
-            .map_err(|e| fencehook::error::chain(&e))?;
+            .map_err(|e| fencehook::report::chain(&e))?;
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
@@ -761,7 +761,7 @@ async fn send_once(shared: &Shared, signed: &Signed, target: usize) -> (Answer, 
             .into_body()
             .collect()
             .await
-            .map_err(|e| fencehook::error::chain(&e))?
+            .map_err(|e| fencehook::report::chain(&e))?
             .to_bytes();
         Ok::<_, String>((status, retry_after, body))
     };
