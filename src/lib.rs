@@ -38,6 +38,9 @@
 //!   of an inbox-mode `fencehook load` ([`store::drain`]) and the PayPal
 //!   transmission ids bound to their bodies ([`store::transmissions`]).
 //! - [`downstream`]: the optional business call that leaves the database.
+//! - [`outbound`]: the outgoing HTTP clients (the downstream call's, the
+//!   PayPal certificate and API fetches', the OTLP exporter's), below the
+//!   edge, the downstream call, the providers and telemetry.
 //! - [`health`]: readiness probes and the gauges sampled in the background.
 //! - [`db`]: the PostgreSQL pool builder the store and the lease backend share,
 //!   and every connection's TLS (`sslmode`, `sslrootcert`: [`db::tls`]).
@@ -74,6 +77,7 @@ pub mod http;
 pub mod inbox;
 pub mod lease;
 pub mod metrics;
+pub mod outbound;
 pub mod processor;
 pub mod providers;
 pub mod report;

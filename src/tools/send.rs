@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
-use fencehook::http::client;
+use fencehook::outbound;
 use fencehook::providers::keys::RsaSigner;
 pub use fencehook::providers::psp::{Credentials, Delivery, Notice, PspError};
 use fencehook::providers::{Provider, SchemeKind};
@@ -425,7 +425,7 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
     let req = req
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("bad request for {uri}: {e}"))?;
-    let resp = client::new(Duration::from_secs(5))
+    let resp = outbound::new(Duration::from_secs(5))
         .request(req)
         .await
         .map_err(|e| {

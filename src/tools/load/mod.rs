@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use clap::Args;
 use fencehook::domain::EventKind;
-use fencehook::http::client::{self, HttpClient};
+use fencehook::outbound::{self, HttpClient};
 use fencehook::providers::SchemeKind;
 use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full};
@@ -570,7 +570,7 @@ pub async fn run(
         })?),
         None => None,
     };
-    let client = client::new(plan.request_timeout);
+    let client = outbound::new(plan.request_timeout);
     let (events, rx) = mpsc::unbounded_channel();
     let started = Instant::now();
     let stats = Stats::new(plan.endpoints.len(), plan.provider.clone(), answers);
