@@ -12,6 +12,7 @@ use clap::{Args, ValueEnum};
 
 use crate::providers::{self, Provider};
 
+pub mod console;
 mod traces;
 pub use traces::{OtlpProtocol, Sampler, SamplerRoot, TraceArgs, TraceConfig};
 
@@ -166,7 +167,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub inbox: InboxArgs,
     #[command(flatten)]
-    pub console: crate::console::settings::ConsoleArgs,
+    pub console: console::ConsoleArgs,
     #[command(flatten)]
     pub traces: TraceArgs,
 }
@@ -752,7 +753,7 @@ pub struct Config {
     pub require_sync_replication: bool,
     pub inbox: InboxConfig,
     /// The operator console (`/console` on the admin listener); off by default.
-    pub console: crate::console::settings::ConsoleConfig,
+    pub console: console::ConsoleConfig,
     /// OpenTelemetry traces; `None`: off (no OTLP endpoint set).
     pub traces: Option<TraceConfig>,
 }
