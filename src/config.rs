@@ -12,6 +12,7 @@ use clap::{Args, ValueEnum};
 
 use crate::providers::{self, Provider};
 
+pub mod console;
 mod traces;
 pub use traces::{OtlpProtocol, Sampler, SamplerRoot, TraceArgs, TraceConfig};
 
@@ -166,7 +167,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub inbox: InboxArgs,
     #[command(flatten)]
-    pub console: crate::console::settings::ConsoleArgs,
+    pub console: console::ConsoleArgs,
     #[command(flatten)]
     pub traces: TraceArgs,
 }
@@ -752,7 +753,7 @@ pub struct Config {
     pub require_sync_replication: bool,
     pub inbox: InboxConfig,
     /// The operator console (`/console` on the admin listener); off by default.
-    pub console: crate::console::settings::ConsoleConfig,
+    pub console: console::ConsoleConfig,
     /// OpenTelemetry traces; `None`: off (no OTLP endpoint set).
     pub traces: Option<TraceConfig>,
 }
@@ -762,7 +763,7 @@ impl DbArgs {
         // Also reads sslrootcert: a file that is missing or holds no
         // certificate stops the start here, not at the first connection.
         crate::db::tls::Target::parse(&self.database_url)
-            .map_err(|e| bad("DATABASE_URL", crate::error::chain(&e)))?;
+            .map_err(|e| bad("DATABASE_URL", crate::report::chain(&e)))?;
         if self.db_pool_size == 0 {
             return Err(bad("FENCEHOOK_DB_POOL_SIZE", "must be at least 1"));
         }
@@ -971,30 +972,15 @@ impl ServeArgs {
                 ));
             }
         }
-        let sentinel = self.redis_ha.sentinel(self.redis_url.as_deref())?;
-        let redis_url = self
-            .redis_url
-            .clone()
-            .unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned());
-        // One URL, or a comma-separated list of Redis Cluster seed nodes; all
-        // TLS or none.
-        let nodes: Vec<&str> = redis_url.split(',').map(str::trim).collect();
-        for node in &nodes {
-            if !node.starts_with("redis://") && !node.starts_with("rediss://") {
-                return Err(bad(
-                    "REDIS_URL",
-                    format!("`{node}` is not a redis:// or rediss:// URL"),
-                ));
+        // Only the Redis backend reads the Redis settings: with postgres (or
+        // unique-only) REDIS_URL, the sentinels and the TLS files are not
+        // looked at, so a malformed or stale one does not stop the start.
+        let (redis_url, sentinel, redis_tls) = match self.lease_backend {
+            LeaseBackendKind::Redis => self.redis_lease()?,
+            LeaseBackendKind::Postgres | LeaseBackendKind::UniqueOnly => {
+                (self.redis_url_or_default(), None, RedisTls::default())
             }
-        }
-        let tls_url = nodes.iter().any(|n| n.starts_with("rediss://"));
-        if tls_url && !nodes.iter().all(|n| n.starts_with("rediss://")) {
-            return Err(bad(
-                "REDIS_URL",
-                "mixes redis:// and rediss://: every node is TLS or none",
-            ));
-        }
-        let redis_tls = self.redis_ha.tls(tls_url && sentinel.is_none())?;
+        };
         if self.lease_ttl_ms < 150 {
             return Err(bad("FENCEHOOK_LEASE_TTL_MS", "must be at least 150 ms"));
         }
@@ -1056,6 +1042,41 @@ impl ServeArgs {
             fence_key_ttl,
             lease_timeout,
         })
+    }
+
+    /// `REDIS_URL` as given (checked only for the Redis backend), or the
+    /// default.
+    fn redis_url_or_default(&self) -> String {
+        self.redis_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned())
+    }
+
+    /// The Redis backend's settings, checked: the URL (or the cluster's seed
+    /// nodes), the sentinels and the TLS files.
+    fn redis_lease(&self) -> Result<(String, Option<SentinelConfig>, RedisTls), ConfigError> {
+        let sentinel = self.redis_ha.sentinel(self.redis_url.as_deref())?;
+        let redis_url = self.redis_url_or_default();
+        // One URL, or a comma-separated list of Redis Cluster seed nodes; all
+        // TLS or none.
+        let nodes: Vec<&str> = redis_url.split(',').map(str::trim).collect();
+        for node in &nodes {
+            if !node.starts_with("redis://") && !node.starts_with("rediss://") {
+                return Err(bad(
+                    "REDIS_URL",
+                    format!("`{node}` is not a redis:// or rediss:// URL"),
+                ));
+            }
+        }
+        let tls_url = nodes.iter().any(|n| n.starts_with("rediss://"));
+        if tls_url && !nodes.iter().all(|n| n.starts_with("rediss://")) {
+            return Err(bad(
+                "REDIS_URL",
+                "mixes redis:// and rediss://: every node is TLS or none",
+            ));
+        }
+        let redis_tls = self.redis_ha.tls(tls_url && sentinel.is_none())?;
+        Ok((redis_url, sentinel, redis_tls))
     }
 }
 
@@ -1438,6 +1459,37 @@ mod tests {
             let err = parse(args).expect_err(setting);
             assert_eq!(err.setting, setting, "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn the_postgres_lease_backend_reads_no_redis_setting() {
+        // With the Redis backend each of these stops the start (above and
+        // in the sentinel and TLS tests); with PostgreSQL none is read.
+        for redis in [
+            &["--redis-url", "http://x"][..],
+            &["--redis-url", "rediss://x:6380,redis://y:6380"][..],
+            &[
+                "--redis-url",
+                "redis://x",
+                "--redis-sentinels",
+                "s:26379",
+                "--redis-sentinel-master",
+                "m",
+            ][..],
+            &["--redis-ca-file", "/nonexistent/ca.pem"][..],
+            &[][..],
+        ] {
+            let args: Vec<&str> = ["--lease-backend", "postgres"]
+                .into_iter()
+                .chain(redis.iter().copied())
+                .collect();
+            let cfg = parse(&args).unwrap_or_else(|e| panic!("{redis:?}: {e}"));
+            assert_eq!(cfg.lease.backend, LeaseBackendKind::Postgres);
+            assert!(cfg.lease.sentinel.is_none(), "{redis:?}");
+            assert!(cfg.lease.redis_tls.ca.is_none(), "{redis:?}");
+        }
+        let err = parse(&["--lease-backend", "redis", "--redis-url", "http://x"]).unwrap_err();
+        assert_eq!(err.setting, "REDIS_URL");
     }
 
     fn pem_file(dir: &std::path::Path, name: &str, body: &str) -> String {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 
-use crate::http::client::{self, HttpClient};
+use crate::outbound::{self, HttpClient};
 
 use crate::domain::CanonicalEvent;
 use crate::metrics::{DownstreamResult, Metrics};
@@ -47,7 +47,7 @@ pub struct Downstream {
 impl Downstream {
     pub fn new(url: hyper::Uri, timeout: Duration, metrics: Metrics) -> Downstream {
         Downstream {
-            client: client::new(timeout),
+            client: outbound::new(timeout),
             url,
             timeout,
             metrics,

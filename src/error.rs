@@ -1,9 +1,9 @@
 //! The processing error. It knows nothing about HTTP: `http::answer` maps
 //! every variant to 503 (never a 2xx, never a duplicate).
 //!
-//! Error types here and in the other modules print only their own message in
-//! `Display` and return their cause from `source()`; [`chain`] joins the two
-//! for a log line, so no cause is printed twice.
+//! Like every error type in the crate, it prints only its own message in
+//! `Display` and returns its cause from `source()`; [`crate::report::chain`]
+//! joins the two for a log line.
 
 use crate::downstream::DownstreamError;
 use crate::lease::LeaseError;
@@ -30,16 +30,4 @@ impl Error {
             Error::Downstream(_) => "downstream",
         }
     }
-}
-
-/// `error: cause: cause …` — the whole chain on one line, for logs.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cur = c.source();
-    }
-    out
 }

@@ -185,7 +185,7 @@ impl Health {
                 checks
             }
             Ok(Err(e)) => {
-                let e = crate::error::chain(&e);
+                let e = crate::report::chain(&e);
                 (Err(e), Err(UNKNOWN.to_owned()), Err(UNKNOWN.to_owned()))
             }
             Err(_) => (
@@ -195,7 +195,7 @@ impl Health {
             ),
         };
         let lease = match lease {
-            Ok(r) => r.map_err(|e| crate::error::chain(&e)),
+            Ok(r) => r.map_err(|e| crate::report::chain(&e)),
             Err(_) => Err("timed out".to_owned()),
         };
         self.set_backend_up(postgres.is_ok(), lease.is_ok());
@@ -273,7 +273,7 @@ impl Health {
         match tokio::time::timeout(PROBE_TIMEOUT, self.lease.prune(self.counter_idle)).await {
             Ok(Ok(n)) => n,
             Ok(Err(e)) => {
-                tracing::debug!(error = %crate::error::chain(&e), "lease prune failed");
+                tracing::debug!(error = %crate::report::chain(&e), "lease prune failed");
                 0
             }
             Err(_) => 0,

@@ -176,7 +176,7 @@ impl Notifier {
                 while notifier.pending.swap(false, Ordering::SeqCst) {
                     if let Err(e) = notifier.store.notify_inbox().await {
                         // Workers elsewhere find the event at their next poll.
-                        tracing::debug!(error = %crate::error::chain(&e), "inbox NOTIFY not sent");
+                        tracing::debug!(error = %crate::report::chain(&e), "inbox NOTIFY not sent");
                     }
                 }
                 notifier.sending.store(false, Ordering::SeqCst);
@@ -330,7 +330,7 @@ impl Inbox {
                     }
                 }
                 Err(e) => {
-                    tracing::debug!(worker = n, error = %crate::error::chain(&e), "cannot take work");
+                    tracing::debug!(worker = n, error = %crate::report::chain(&e), "cannot take work");
                     tokio::select! {
                         () = tokio::time::sleep(BACKEND_RETRY) => {}
                         _ = stop.changed() => {}
@@ -370,7 +370,7 @@ impl Inbox {
         tracing::warn!(event = event.id, error = %event.error,
             "an event this binary cannot read is dead; replay it with a binary that can");
         if let Err(e) = self.store.settle_unreadable(event).await {
-            tracing::warn!(event = event.id, error = %crate::error::chain(&e),
+            tracing::warn!(event = event.id, error = %crate::report::chain(&e),
                 "could not record an unreadable event dead; it will be taken again");
         }
     }
@@ -414,7 +414,7 @@ impl Inbox {
                     // recorded, and the rescue hands them on once it runs
                     // out (the lifecycle then finds what was booked).
                     Err(e) => {
-                        tracing::debug!(error = %crate::error::chain(&e), "could not renew the lock of taken events");
+                        tracing::debug!(error = %crate::report::chain(&e), "could not renew the lock of taken events");
                     }
                 }
             }
@@ -526,7 +526,7 @@ impl Inbox {
             }
             Err(Error::Downstream(e)) => {
                 let attempt = taken.attempts as u32 + 1;
-                let error = crate::error::chain(&e);
+                let error = crate::report::chain(&e);
                 if attempt >= self.cfg.max_attempts || too_old {
                     (Settle::Dead { error, spent: true }, InboxAttempt::Dead)
                 } else {
@@ -537,7 +537,7 @@ impl Inbox {
                     (Settle::Retry { delay, error }, InboxAttempt::Retry)
                 }
             }
-            Err(e) => requeue(BACKEND_RETRY, crate::error::chain(&e)),
+            Err(e) => requeue(BACKEND_RETRY, crate::report::chain(&e)),
         }
     }
 
@@ -567,7 +567,7 @@ impl Inbox {
                 return;
             }
             if let Err(e) = self.listen_once(&mut stop).await {
-                tracing::debug!(error = %crate::error::chain(&e), "inbox listener lost its connection");
+                tracing::debug!(error = %crate::report::chain(&e), "inbox listener lost its connection");
             }
             tokio::select! {
                 () = tokio::time::sleep(BACKEND_RETRY) => {}
@@ -630,7 +630,7 @@ fn report_settle(taken: &Taken, settle: &Settle, recorded: Result<bool, &StoreEr
         Err(e) => {
             // The event stays `processing` until its lock runs out; then a
             // worker takes it again and the lifecycle finds what was done.
-            tracing::warn!(event = taken.id, error = %crate::error::chain(e),
+            tracing::warn!(event = taken.id, error = %crate::report::chain(e),
                 "could not record an attempt's result; the event will be taken again");
         }
     }
@@ -680,7 +680,7 @@ pub async fn prune_on_schedule(
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %crate::error::chain(&e), "scheduled prune failed; tried again at the next interval");
+                tracing::warn!(error = %crate::report::chain(&e), "scheduled prune failed; tried again at the next interval");
             }
         }
     }

@@ -4,7 +4,11 @@
 //!
 //! Data flows one way: HTTP edge → provider adapter → processor → lease +
 //! store → answer. Each room below depends only on the rooms after it in this
-//! list (and on [`domain`], [`config`], [`metrics`], [`error`]):
+//! list, except three pairs that lean on each other: [`console`] and [`http`]
+//! (the admin route serves the console, which answers with the edge's `Body`
+//! and JSON helper), [`telemetry`] and [`metrics`] (the counts of dropped
+//! spans), [`config`] and [`db`] (`DATABASE_URL` is checked with
+//! [`db::tls`]'s parser; the pool reads [`config::DbConfig`]).
 //!
 //! - [`app`]: `App::build(config)`, `port()`, `run_until_stopped(shutdown)`,
 //!   and `Workers::build(config)` for `fencehook work`: one constructor
@@ -21,16 +25,16 @@
 //! - [`console`]: the operator console on the admin listener (`/console`):
 //!   sign-in and roles, the pages (search, a payment's timeline, inbox events,
 //!   refusals) as HTML or JSON, and the replays, which are the CLI's.
-//! - [`providers`]: one file per scheme, each a [`providers::Scheme`]:
-//!   its settings, signature check and payload mapping to a
-//!   [`domain::CanonicalEvent`], the body its PSP expects, and the PSP's
-//!   side the tools play (a delivery built and signed as the PSP does);
-//!   `providers/mod.rs` lists the schemes once. The providers file is read
-//!   in `providers/file.rs`; PayPal's optional fetch-to-confirm API client
-//!   is `providers/paypal_api.rs`.
+//! - [`inbox`]: inbox mode (`FENCEHOOK_MODE=inbox`): a delivery's events
+//!   stored in one statement at accept, then booked by workers (`serve`'s
+//!   and `fencehook work`'s) through the processor, retried with backoff,
+//!   pruned once done.
 //! - [`processor`]: the state machine of one event (fast path → lease →
 //!   fenced claim → business step → fenced finalize → release), returning an
 //!   [`processor::Outcome`].
+//! - [`error`]: the processing error (lease, store or downstream), which
+//!   `http::answer` maps to 503.
+//! - [`health`]: readiness probes and the gauges sampled in the background.
 //! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
 //!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
 //!   scripts ([`lease::redis`]; the master asked of Redis Sentinel in
@@ -41,22 +45,32 @@
 //!   of an inbox-mode `fencehook load` ([`store::drain`]) and the PayPal
 //!   transmission ids bound to their bodies ([`store::transmissions`]).
 //! - [`downstream`]: the optional business call that leaves the database.
-//! - [`health`]: readiness probes and the gauges sampled in the background.
-//! - [`db`]: the PostgreSQL pool builder the store and the lease backend share,
-//!   and every connection's TLS (`sslmode`, `sslrootcert`: [`db::tls`]).
-//! - [`domain`]: the canonical event, its kinds and fingerprint, row statuses.
-//! - [`config`]: settings (env + flags), defaults, cross-field validation.
-//! - [`metrics`]: metric names, label values as enums, the per-app registry.
 //! - [`telemetry`]: the process's log lines and, when an OTLP endpoint is
 //!   set, OpenTelemetry traces: the span list ([`telemetry::spans`]), W3C
 //!   trace context in and out ([`telemetry::propagation`]), the export queue.
-//! - [`error`]: the processing error and the one-line cause chain for logs.
+//! - [`metrics`]: metric names, label values as enums, the per-app registry.
+//! - [`config`]: settings (env + flags), defaults, cross-field validation;
+//!   the traces' and the console's settings too ([`config::console`]).
+//! - [`db`]: the PostgreSQL pool builder the store and the lease backend share,
+//!   and every connection's TLS (`sslmode`, `sslrootcert`: [`db::tls`]).
+//! - [`providers`]: one file per scheme, each a [`providers::Scheme`]:
+//!   its settings, signature check and payload mapping to a
+//!   [`domain::CanonicalEvent`], the body its PSP expects, and the PSP's
+//!   side the tools play (a delivery built and signed as the PSP does);
+//!   `providers/mod.rs` lists the schemes once. The providers file is read
+//!   in `providers/file.rs`; PayPal's optional fetch-to-confirm API client
+//!   is `providers/paypal_api.rs`.
+//! - [`outbound`]: the outgoing HTTP clients (the downstream call's, the
+//!   PayPal certificate and API fetches', the OTLP exporter's), below the
+//!   edge, the downstream call, the providers and telemetry.
+//! - [`domain`]: the canonical event, its kinds and fingerprint, row statuses.
+//! - [`report`]: the one-line cause chain for logs, below every room.
 //!
 //! The operator and demo tools (`send`, `load`, `audit`'s printing and its
 //! answers file) are **not** in this library: they live under `src/tools/`,
 //! a module tree of the `fencehook` binary (declared in `main.rs`), so no
-//! service module can import them and their dependencies (`hdrhistogram`,
-//! `humantime`) never reach the service.
+//! service module can import them, nor uses their own dependencies
+//! (`hdrhistogram`, `humantime`; the one binary links them).
 //!
 //! Test seams (`Hooks`, `App::build_with_hooks`, `LeaseGuard::abandon`, the
 //! `fail` failpoints) exist only with the `test-support` feature.
@@ -75,8 +89,10 @@ pub mod http;
 pub mod inbox;
 pub mod lease;
 pub mod metrics;
+pub mod outbound;
 pub mod processor;
 pub mod providers;
+pub mod report;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -168,7 +168,7 @@ fn invalid_configuration(e: &str) -> ExitCode {
 
 /// The build failed (a listener that cannot bind, a failed migration): exit 1.
 fn cannot_start(e: &AppError) -> ExitCode {
-    eprintln!("fencehook: cannot start: {}", fencehook::error::chain(e));
+    eprintln!("fencehook: cannot start: {}", fencehook::report::chain(e));
     ExitCode::FAILURE
 }
 

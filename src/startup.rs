@@ -178,7 +178,7 @@ pub async fn migrate_when_reachable(url: &str) -> Result<Vec<String>, MigrateErr
                     tracing::warn!(
                         tries,
                         waited_secs = started.elapsed().as_secs(),
-                        error = %crate::error::chain(&e),
+                        error = %crate::report::chain(&e),
                         "PostgreSQL does not answer; waiting for it before migrating (/readyz says 503 meanwhile)"
                     );
                     logged = Some(Instant::now());

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use super::settings::{ConsoleConfig, Token};
+use crate::config::console::{ConsoleConfig, Token};
 
 /// A session's life from sign-in.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -244,7 +244,7 @@ mod tests {
         std::fs::write(&p, byte.to_string().repeat(40)).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let t = super::super::settings::read_tokens(Some(&p), None)
+        let t = crate::config::console::read_tokens(Some(&p), None)
             .unwrap()
             .0
             .unwrap();

@@ -6,7 +6,8 @@
 //! none, and the Content-Security-Policy allows none), and the same data as
 //! JSON for `Accept: application/json`.
 //!
-//! - [`settings`]: the token files (off unless one is set) and the cookie flag.
+//! - [`crate::config::console`]: the token files (off unless one is set) and
+//!   the cookie flag; settings, so they live in the config room.
 //! - [`auth`]: roles, sessions (MACed cookies), CSRF tokens, the throttle of
 //!   failed sign-ins.
 //! - [`recent`]: the answers and refusals this instance gave lately (memory,
@@ -36,13 +37,11 @@
 pub mod auth;
 pub mod pages;
 pub mod recent;
-pub mod settings;
 pub mod views;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -53,8 +52,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use metrics::Counter;
 
 use self::auth::{Role, Session, Throttle, Tokens, COOKIE, SESSION_LIFETIME};
-use self::settings::ConsoleConfig;
-use crate::http::state::State;
+use self::recent::Recent;
+use crate::config::console::{read_tokens, ConsoleConfig};
 use crate::http::{Body, PeerAddr};
 use crate::metrics::{Metrics, CONSOLE_REPLAYS_TOTAL, CONSOLE_SIGNINS_TOTAL};
 use crate::store::Store;
@@ -180,7 +179,7 @@ impl Console {
     /// checks leaves the tokens in force and says why; new tokens sign out
     /// every session made with the old ones.
     pub fn reload_tokens(&self) {
-        match settings::read_tokens(self.viewer_file.as_deref(), self.operator_file.as_deref()) {
+        match read_tokens(self.viewer_file.as_deref(), self.operator_file.as_deref()) {
             Ok((viewer, operator)) => {
                 self.tokens.replace(viewer, operator);
                 tracing::info!("SIGHUP: console token files re-read; sessions of replaced tokens are signed out");
@@ -205,16 +204,29 @@ pub fn is_console_path(path: &str) -> bool {
     path == "/console" || path.starts_with("/console/")
 }
 
+/// What the console reads of the listener's shared state, handed in by the
+/// admin route: the console does not import the edge's `State`, which holds
+/// the console.
+#[derive(Clone, Copy)]
+pub struct Shared<'a> {
+    /// The console, when it is served (`None`: `/console` is 404).
+    pub console: Option<&'a Console>,
+    /// The app's registry (the overview reads its figures).
+    pub metrics: &'a Metrics,
+    /// The answers and refusals of late, fed by the webhook handler.
+    pub recent: &'a Recent,
+}
+
 /// Serves a request under `/console` (the admin route sends them here).
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    let Some(console) = state.console() else {
+pub async fn handle(state: Shared<'_>, req: Request<Incoming>) -> Response<Body> {
+    let Some(console) = state.console else {
         return crate::http::json(
             StatusCode::NOT_FOUND,
             serde_json::json!({"result": "not_found"}),
         );
     };
     let mut resp = match Ask::read(req, console.secure_cookie).await {
-        Ok(ask) => pages::route(&state, console, ask).await,
+        Ok(ask) => pages::route(state, console, ask).await,
         Err(resp) => resp,
     };
     let headers = resp.headers_mut();

@@ -17,9 +17,9 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use super::auth::{Role, Session};
 use super::recent::{AnswerCount, Refusal};
 use super::{
-    authenticate, may_write, now_unix, session_cookie, views, Ask, Console, ReplayScope, SignIn,
+    authenticate, may_write, now_unix, session_cookie, views, Ask, Console, ReplayScope, Shared,
+    SignIn,
 };
-use crate::http::state::State;
 use crate::http::Body;
 use crate::providers::major_units;
 use crate::store::audit::{AuditRun, LastAudit};
@@ -38,7 +38,7 @@ const BODIES_SHOWN: usize = 50;
 const BODY_BYTES: i32 = 64 * 1024;
 
 /// Where a request goes.
-pub async fn route(state: &State, console: &Console, ask: Ask) -> Response<Body> {
+pub async fn route(state: Shared<'_>, console: &Console, ask: Ask) -> Response<Body> {
     let path = ask.path.trim_end_matches('/').to_owned();
     let segments: Vec<&str> = path.split('/').skip(2).collect();
     match (&ask.method, segments.as_slice()) {
@@ -165,7 +165,7 @@ fn bad_request(ask: &Ask, session: &Session, message: &str) -> Response<Body> {
 }
 
 fn unavailable(ask: &Ask, session: &Session, e: &crate::store::StoreError) -> Response<Body> {
-    tracing::error!(error = %crate::error::chain(e), path = %ask.path, "console: database error");
+    tracing::error!(error = %crate::report::chain(e), path = %ask.path, "console: database error");
     failure(
         ask,
         Some(session),
@@ -352,7 +352,7 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-async fn overview(state: &State, console: &Console, ask: &Ask, session: &Session) -> Answer {
+async fn overview(state: Shared<'_>, console: &Console, ask: &Ask, session: &Session) -> Answer {
     use crate::metrics as m;
     let text = state.metrics.render();
     let inbox = console
@@ -380,7 +380,7 @@ async fn overview(state: &State, console: &Console, ask: &Ask, session: &Session
     let audit = match console.store.last_audit().await {
         Ok(last) => last.into(),
         Err(e) => {
-            tracing::error!(error = %crate::error::chain(&e), "console: the last audit run could not be read");
+            tracing::error!(error = %crate::report::chain(&e), "console: the last audit run could not be read");
             AuditView::unreadable()
         }
     };
@@ -879,7 +879,7 @@ pub struct RefusalsView {
     pub refusals: Vec<Refusal>,
 }
 
-fn refusals(state: &State, ask: &Ask, session: &Session) -> Response<Body> {
+fn refusals(state: Shared<'_>, ask: &Ask, session: &Session) -> Response<Body> {
     let view = RefusalsView {
         kept_at_most: super::recent::MAX_REFUSALS,
         refusals: state.recent.refusals(),

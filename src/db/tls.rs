@@ -564,7 +564,7 @@ mod tests {
         .err()
         .unwrap();
         assert!(matches!(e, UrlError::RootCertRead(..)), "{e}");
-        let text = crate::error::chain(&e);
+        let text = crate::report::chain(&e);
         assert!(
             text.contains("/nonexistent/ca.pem") && !text.contains("secret"),
             "{text}"

@@ -13,7 +13,12 @@ use super::{json, Body};
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     match (req.method(), req.uri().path()) {
         (_, path) if crate::console::is_console_path(path) => {
-            crate::console::handle(state, req).await
+            let shared = crate::console::Shared {
+                console: state.console(),
+                metrics: &state.metrics,
+                recent: &state.recent,
+            };
+            crate::console::handle(shared, req).await
         }
         (&Method::GET, "/healthz") => json(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, "/readyz") => readyz(&state).await,

@@ -15,7 +15,6 @@
 
 pub mod admin;
 pub mod answer;
-pub mod client;
 pub mod log_sample;
 pub mod state;
 pub mod webhook;

@@ -347,7 +347,7 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                             state.health.nudge();
                         }
                         tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
-                            kind = e.kind(), error = %crate::error::chain(&e), "could not accept; answered 503");
+                            kind = e.kind(), error = %crate::report::chain(&e), "could not accept; answered 503");
                         Answer::unavailable(Some(ev.transaction_id))
                     }
                 }
@@ -370,7 +370,7 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
                         state.health.nudge();
                     }
                     tracing::error!(provider = %provider.name, transaction_id = %ev.transaction_id,
-                        kind = e.kind(), error = %crate::error::chain(&e), "item failed; answered 503");
+                        kind = e.kind(), error = %crate::report::chain(&e), "item failed; answered 503");
                     Answer::unavailable(Some(ev.transaction_id))
                 }
             },
@@ -405,7 +405,7 @@ async fn paypal_gate(
     };
     let unavailable = |e: crate::error::Error, what: &str| {
         tracing::error!(provider = %provider.name, kind = e.kind(),
-            error = %crate::error::chain(&e), "could not {what}; answered 503");
+            error = %crate::report::chain(&e), "could not {what}; answered 503");
         refused(Kind::VerificationUnavailable, Answer::unavailable(None))
     };
     // Anyone holding one set of PayPal's headers can send these as fast as
@@ -494,7 +494,7 @@ async fn cancel_or_refund(state: &State, ev: CanonicalEvent) -> Result<Item, Ans
         Ok(_) => Ok(Item::Event(ev)),
         Err(e) => {
             tracing::error!(provider = %ev.provider, transaction_id = %ev.transaction_id,
-                kind = e.kind(), error = %crate::error::chain(&e), "could not look up the payment of a CANCEL_OR_REFUND; answered 503");
+                kind = e.kind(), error = %crate::report::chain(&e), "could not look up the payment of a CANCEL_OR_REFUND; answered 503");
             Err(Answer::unavailable(Some(ev.transaction_id)))
         }
     }
@@ -540,7 +540,7 @@ async fn quarantine(
             }
         }
         Err(e) => {
-            tracing::error!(provider = %provider.name, error = %crate::error::chain(&e),
+            tracing::error!(provider = %provider.name, error = %crate::report::chain(&e),
                 "could not quarantine a batch item; answered 503");
             Answer::unavailable(transaction_id)
         }

@@ -81,7 +81,7 @@ impl Heartbeat {
                 }
                 Err(e) => {
                     self.metrics.renew_error().increment(1);
-                    tracing::debug!(error = %crate::error::chain(&e), transaction_id = %self.key.transaction_id, "renewal failed");
+                    tracing::debug!(error = %crate::report::chain(&e), transaction_id = %self.key.transaction_id, "renewal failed");
                     // A timed-out renewal used its whole budget: try again at once.
                     let pause = if matches!(e, super::LeaseError::Timeout(_)) {
                         Duration::from_millis(10)

@@ -77,10 +77,6 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -98,6 +94,7 @@ pub use super::scheme::TransmissionKey;
 use super::scheme::{Item, Reject, Scheme, SettingError, Setup};
 use super::settings::Settings;
 use crate::domain::{CanonicalEvent, EventKind};
+use crate::outbound::{self, HttpsClient};
 
 pub const TRANSMISSION_ID_HEADER: &str = "paypal-transmission-id";
 pub const TRANSMISSION_TIME_HEADER: &str = "paypal-transmission-time";
@@ -157,7 +154,6 @@ impl Default for Window {
 pub const CONFIRM_OFFLINE: &str = "offline";
 pub const CONFIRM_API: &str = "api";
 
-pub(super) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
 
 #[derive(Clone)]
@@ -167,7 +163,7 @@ pub struct Paypal {
     window: Window,
     cache: Arc<CertCache>,
     fetches: Arc<Semaphore>,
-    client: HttpClient,
+    client: HttpsClient,
     /// `confirm = "api"`: each new event is fetched from PayPal's API first.
     confirm: Option<Arc<ApiConfirm>>,
 }
@@ -353,7 +349,7 @@ impl Paypal {
             cache: Arc::default(),
             fetches: Arc::new(Semaphore::new(MAX_CONCURRENT_FETCHES)),
             confirm: None,
-            client: http_client(FETCH_TIMEOUT).map_err(|e| ("cert_url_prefixes", e))?,
+            client: outbound::https(FETCH_TIMEOUT).map_err(|e| ("cert_url_prefixes", e))?,
         })
     }
 
@@ -674,22 +670,7 @@ pub(super) fn check_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// An HTTP(S) client for PayPal's hosts, following no redirect.
-pub(super) fn http_client(connect_timeout: Duration) -> Result<HttpClient, String> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
-        .map_err(|e| format!("cannot set up TLS: {e}"))?
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new()).build(https))
-}
-
-async fn fetch(client: &HttpClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
+async fn fetch(client: &HttpsClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
     let unavailable = |why: String| Reject::Unavailable(format!("PAYPAL-CERT-URL: {why}"));
     let uri: http::Uri = url
         .parse()
@@ -702,7 +683,7 @@ async fn fetch(client: &HttpClient, url: &str) -> Result<Arc<CertificateInfo>, R
         let resp = client
             .request(req)
             .await
-            .map_err(|e| unavailable(crate::error::chain(&e)))?;
+            .map_err(|e| unavailable(crate::report::chain(&e)))?;
         if resp.status() != http::StatusCode::OK {
             return Err(unavailable(format!("answered {}", resp.status())));
         }

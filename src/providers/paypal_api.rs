@@ -30,8 +30,9 @@ use serde_json::Value;
 use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
-use super::paypal::{check_prefix, http_client, parse_event, HttpClient};
+use super::paypal::{check_prefix, parse_event};
 use super::scheme::{Item, Reject};
+use crate::outbound::{self, HttpsClient};
 
 /// PayPal's live REST API (sandbox: `https://api-m.sandbox.paypal.com/`).
 pub const DEFAULT_API_URL: &str = "https://api-m.paypal.com/";
@@ -56,7 +57,7 @@ pub struct ApiConfirm {
     api_url: String,
     /// `Basic base64(client_id:client_secret)`; never logged.
     basic: String,
-    client: HttpClient,
+    client: HttpsClient,
     token: Mutex<Option<(String, Instant)>>,
     calls: Semaphore,
 }
@@ -82,7 +83,7 @@ impl ApiConfirm {
                 B64.encode(format!("{}:{}", s.client_id, s.client_secret))
             ),
             api_url: s.api_url,
-            client: http_client(CALL_TIMEOUT).map_err(|e| ("api_url", e))?,
+            client: outbound::https(CALL_TIMEOUT).map_err(|e| ("api_url", e))?,
             token: Mutex::new(None),
             calls: Semaphore::new(MAX_CONCURRENT_CALLS),
         })
@@ -211,7 +212,7 @@ impl ApiConfirm {
                 .client
                 .request(req)
                 .await
-                .map_err(|e| unavailable(crate::error::chain(&e)))?;
+                .map_err(|e| unavailable(crate::report::chain(&e)))?;
             let status = resp.status();
             let body = Limited::new(resp.into_body(), MAX_EVENT_BYTES)
                 .collect()

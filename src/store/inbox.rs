@@ -554,7 +554,7 @@ impl Store {
                     alone.clear();
                 }
                 Err(e) => {
-                    tracing::debug!(events = batch.len(), error = %crate::error::chain(&e),
+                    tracing::debug!(events = batch.len(), error = %crate::report::chain(&e),
                         "a batched accept failed; accepting its events one by one");
                 }
             }
@@ -726,7 +726,7 @@ impl Store {
             taken.push(taken_row(row).map_err(|e| Unreadable {
                 id,
                 locked_until,
-                error: crate::error::chain(&e),
+                error: crate::report::chain(&e),
             }));
         }
         Ok(Took { done, taken })

@@ -15,10 +15,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use opentelemetry::Context;
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -27,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::metrics::SpanDrop;
+use crate::outbound::{self, HttpsClient};
 
 /// The exporter's HTTP client: hyper's pooled client (the service's own)
 /// over rustls with ring and Mozilla's roots, so an `https://` collector
@@ -34,7 +31,7 @@ use crate::metrics::SpanDrop;
 /// collector's answer included, is bounded by the export timeout.
 #[derive(Debug, Clone)]
 pub struct CollectorClient {
-    inner: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    inner: HttpsClient,
     timeout: Duration,
 }
 
@@ -43,18 +40,9 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 impl CollectorClient {
     pub fn new(timeout: Duration) -> Result<CollectorClient, String> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(Arc::new(rustls::crypto::ring::default_provider()))
-            .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot set up TLS: {e}"))?
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
         Ok(CollectorClient {
-            inner: Client::builder(TokioExecutor::new()).build(https),
+            inner: outbound::https(timeout)
+                .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}"))?,
             timeout,
         })
     }

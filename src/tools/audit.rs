@@ -127,7 +127,7 @@ pub async fn run(args: &AuditArgs) -> Result<bool, String> {
             ),
             Err(e) => eprintln!(
                 "audit: not recorded: {} (`--no-record` only reads)",
-                fencehook::error::chain(&e)
+                fencehook::report::chain(&e)
             ),
         }
     }
@@ -142,7 +142,7 @@ pub async fn run(args: &AuditArgs) -> Result<bool, String> {
 fn unreadable(e: StoreError) -> String {
     format!(
         "audit could not read the database: {}",
-        fencehook::error::chain(&e)
+        fencehook::report::chain(&e)
     )
 }
 

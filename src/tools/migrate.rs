@@ -33,7 +33,7 @@ pub async fn run(args: &MigrateArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("fencehook: migrate failed: {}", fencehook::error::chain(&e));
+            eprintln!("fencehook: migrate failed: {}", fencehook::report::chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -103,11 +103,11 @@ fn store(db: &DbArgs) -> Result<Store, String> {
     let cfg = db
         .validate()
         .map_err(|e| format!("invalid configuration: {e}"))?;
-    Store::new(&cfg).map_err(|e| fencehook::error::chain(&e))
+    Store::new(&cfg).map_err(|e| fencehook::report::chain(&e))
 }
 
 fn db_error(e: impl std::error::Error + 'static) -> String {
-    format!("database: {}", fencehook::error::chain(&e))
+    format!("database: {}", fencehook::report::chain(&e))
 }
 
 pub async fn inspect(args: &InspectArgs) -> Result<bool, String> {

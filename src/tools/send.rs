@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
-use fencehook::http::client;
+use fencehook::outbound;
 use fencehook::providers::keys::RsaSigner;
 pub use fencehook::providers::psp::{Credentials, Delivery, Notice, PspError};
 use fencehook::providers::{Provider, SchemeKind};
@@ -425,17 +425,17 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
     let req = req
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("bad request for {uri}: {e}"))?;
-    let resp = client::new(Duration::from_secs(5))
+    let resp = outbound::new(Duration::from_secs(5))
         .request(req)
         .await
         .map_err(|e| {
             if e.is_connect() {
                 format!(
                     "cannot reach {uri}: {} (is `fencehook serve` running there?)",
-                    fencehook::error::chain(&e)
+                    fencehook::report::chain(&e)
                 )
             } else {
-                format!("POST {uri}: {}", fencehook::error::chain(&e))
+                format!("POST {uri}: {}", fencehook::report::chain(&e))
             }
         })?;
     let status = resp.status().as_u16();

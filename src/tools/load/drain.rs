@@ -119,7 +119,7 @@ impl Drain {
         timeout: Duration,
     ) -> Drain {
         let mut d = Drain::new(&RunFigures::default(), DrainEnd::Error, waited, timeout);
-        d.error = Some(fencehook::error::chain(error));
+        d.error = Some(fencehook::report::chain(error));
         d
     }
 }

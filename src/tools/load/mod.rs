@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use clap::Args;
 use fencehook::domain::EventKind;
-use fencehook::http::client::{self, HttpClient};
+use fencehook::outbound::{self, HttpClient};
 use fencehook::providers::SchemeKind;
 use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full};
@@ -353,7 +353,7 @@ impl Plan {
         let database_url = match &args.database_url {
             Some(url) if args.inbox => {
                 fencehook::db::tls::Target::parse(url)
-                    .map_err(|e| bad("database-url", fencehook::error::chain(&e)))?;
+                    .map_err(|e| bad("database-url", fencehook::report::chain(&e)))?;
                 Some(Secret(url.clone()))
             }
             _ => None,
@@ -570,7 +570,7 @@ pub async fn run(
         })?),
         None => None,
     };
-    let client = client::new(plan.request_timeout);
+    let client = outbound::new(plan.request_timeout);
     let (events, rx) = mpsc::unbounded_channel();
     let started = Instant::now();
     let stats = Stats::new(plan.endpoints.len(), plan.provider.clone(), answers);
@@ -750,7 +750,7 @@ async fn send_once(shared: &Shared, signed: &Signed, target: usize) -> (Answer, 
             .client
             .request(request)
             .await
-            .map_err(|e| fencehook::error::chain(&e))?;
+            .map_err(|e| fencehook::report::chain(&e))?;
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
@@ -761,7 +761,7 @@ async fn send_once(shared: &Shared, signed: &Signed, target: usize) -> (Answer, 
             .into_body()
             .collect()
             .await
-            .map_err(|e| fencehook::error::chain(&e))?
+            .map_err(|e| fencehook::report::chain(&e))?
             .to_bytes();
         Ok::<_, String>((status, retry_after, body))
     };

@@ -5,8 +5,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 use bytes::Bytes;
+use fencehook::config::console::{read_tokens, ConsoleConfig};
 use fencehook::config::Config;
-use fencehook::console::settings::{read_tokens, ConsoleConfig};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 

@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use fencehook::app::App;
 use fencehook::config::{Config, DbConfig, InboxConfig, LeaseBackendKind, LeaseConfig, Mode};
-use fencehook::http::client::HttpClient;
 use fencehook::http::state::State;
+use fencehook::outbound::HttpClient;
 use fencehook::processor::hooks::Hooks;
 use fencehook::providers::{standard, Provider};
 use http_body_util::{BodyExt, Full};
@@ -351,7 +351,7 @@ fn with_dbname(url: &str, name: &str) -> String {
 }
 
 pub fn client() -> HttpClient {
-    fencehook::http::client::new(Duration::from_secs(5))
+    fencehook::outbound::new(Duration::from_secs(5))
 }
 
 /// An app running in this process.

@@ -214,7 +214,7 @@ pub struct PatroniCluster {
     dir: PathBuf,
     etcd_dir: PathBuf,
     etcd: Option<Child>,
-    http: fencehook::http::client::HttpClient,
+    http: fencehook::outbound::HttpClient,
 }
 
 impl PatroniCluster {
@@ -239,7 +239,7 @@ impl PatroniCluster {
             dir: dir.clone(),
             etcd_dir: etcd_dir.clone(),
             etcd: None,
-            http: fencehook::http::client::new(Duration::from_secs(5)),
+            http: fencehook::outbound::new(Duration::from_secs(5)),
         };
         let (client, peer) = (ports[0], ports[1]);
         cluster.start_etcd(client, peer);

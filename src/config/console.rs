@@ -1,4 +1,6 @@
 //! The console's settings: two token files and the cookie's `Secure` flag.
+//! They live in the config room (the console reads them from here), so the
+//! settings never import the console they configure.
 //! Read and checked at start (a bad file stops the start with one line
 //! naming its setting) and again on SIGHUP (a bad file then keeps the
 //! tokens in force).
@@ -8,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use sha2::{Digest, Sha256};
 
-use crate::config::ConfigError;
+use super::ConfigError;
 
 /// Shortest token accepted: 32 bytes, 256 bits when random.
 pub const MIN_TOKEN_BYTES: usize = 32;
