@@ -43,7 +43,9 @@
 //!   and every connection's TLS (`sslmode`, `sslrootcert`: [`db::tls`]).
 //! - [`domain`]: the canonical event, its kinds and fingerprint, row statuses.
 //! - [`config`]: settings (env + flags), defaults, cross-field validation.
-//! - [`metrics`]: metric names, label values as enums, the per-app registry.
+//! - [`metrics`]: one table of every metric (name, kind, labels, help:
+//!   `metrics/table.rs`), label values as enums, the per-app registry
+//!   derived from the table.
 //! - [`telemetry`]: the process's log lines and, when an OTLP endpoint is
 //!   set, OpenTelemetry traces: the span list ([`telemetry::spans`]), W3C
 //!   trace context in and out ([`telemetry::propagation`]), the export queue.
