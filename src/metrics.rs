@@ -658,7 +658,7 @@ mod tests {
         let text = Metrics::new(&["generic".to_owned()]).render();
         for r in WebhookResult::ALL {
             let series = format!(
-                r#"fencehook_webhooks_total{{provider="generic",result="{}"}} 0"#,
+                r#"{WEBHOOKS_TOTAL}{{provider="generic",result="{}"}} 0"#,
                 r.as_str()
             );
             assert!(text.contains(&series), "{series} missing");
@@ -666,17 +666,22 @@ mod tests {
         for o in InflightWait::ALL {
             assert!(text.contains(&format!(r#"outcome="{}"}} 0"#, o.as_str())));
         }
+        for r in LeaseAcquire::ALL {
+            let series = format!(r#"{LEASE_ACQUIRE_TOTAL}{{result="{}"}} 0"#, r.as_str());
+            assert!(text.contains(&series), "{series} missing");
+        }
+        for r in LeaseRenew::ALL {
+            let series = format!(r#"{LEASE_RENEW_TOTAL}{{result="{}"}} 0"#, r.as_str());
+            assert!(text.contains(&series), "{series} missing");
+        }
         for r in DownstreamResult::ALL {
             assert!(text.contains(&format!(
-                r#"fencehook_downstream_requests_total{{result="{}"}} 0"#,
+                r#"{DOWNSTREAM_TOTAL}{{result="{}"}} 0"#,
                 r.as_str()
             )));
         }
         for r in RejectReason::ALL {
-            let series = format!(
-                r#"fencehook_requests_rejected_total{{reason="{}"}} 0"#,
-                r.as_str()
-            );
+            let series = format!(r#"{REQUESTS_REJECTED_TOTAL}{{reason="{}"}} 0"#, r.as_str());
             assert!(text.contains(&series), "{series} missing");
         }
         for l in Listener::ALL {
