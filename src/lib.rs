@@ -48,7 +48,9 @@
 //! - [`telemetry`]: the process's log lines and, when an OTLP endpoint is
 //!   set, OpenTelemetry traces: the span list ([`telemetry::spans`]), W3C
 //!   trace context in and out ([`telemetry::propagation`]), the export queue.
-//! - [`metrics`]: metric names, label values as enums, the per-app registry.
+//! - [`metrics`]: one table of every metric (name, kind, labels, help:
+//!   `metrics/table.rs`), label values as enums, the per-app registry
+//!   derived from the table.
 //! - [`config`]: settings (env + flags), defaults, cross-field validation;
 //!   the traces' and the console's settings too ([`config::console`]).
 //! - [`db`]: the PostgreSQL pool builder the store and the lease backend share,

@@ -1,9 +1,10 @@
 //! Metric names, their label values, and the per-application registry.
 //!
 //! Names are part of fencehook's contract with the dashboards and alert rules
-//! in `deploy/`. Label values are enums, never loose strings: every value of
-//! a label is listed once (`ALL`), so each series is registered at zero from
-//! start and a new value cannot be forgotten.
+//! in `deploy/`; each is declared once, with its kind, labels and help text,
+//! in [`TABLE`], and the registry is derived from it. Label values are enums,
+//! never loose strings: every value of a label is listed once (`ALL`), so each
+//! series is registered at zero from start and a new value cannot be forgotten.
 //!
 //! Each [`App`](crate::app::App) owns its own Prometheus recorder instead of
 //! installing a process-global one: two instances built in one test process
@@ -11,53 +12,83 @@
 //! instance did. Every counter is registered at start, so it is exported at
 //! zero before the first event and `rate()`/alerts work at once.
 
+mod table;
+
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder, SharedString, Unit};
-
-use crate::domain::Rejection;
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-pub const WEBHOOKS_TOTAL: &str = "fencehook_webhooks_total";
-pub const WEBHOOK_DURATION_SECONDS: &str = "fencehook_webhook_duration_seconds";
-pub const LEASE_ACQUIRE_TOTAL: &str = "fencehook_lease_acquire_total";
-pub const LEASE_RENEW_TOTAL: &str = "fencehook_lease_renew_total";
-pub const LEASE_LOST_TOTAL: &str = "fencehook_lease_lost_total";
-pub const LEASE_HELD_SECONDS: &str = "fencehook_lease_held_seconds";
-pub const LEASE_RENEW_MARGIN_SECONDS: &str = "fencehook_lease_renew_margin_seconds";
-pub const LEASES_HELD: &str = "fencehook_leases_held";
-pub const FENCE_REJECTED_TOTAL: &str = "fencehook_fence_rejected_total";
-pub const FENCE_RESYNC_TOTAL: &str = "fencehook_fence_resync_total";
-pub const INFLIGHT_WAIT_TOTAL: &str = "fencehook_inflight_wait_total";
-pub const DOWNSTREAM_TOTAL: &str = "fencehook_downstream_requests_total";
-pub const DOWNSTREAM_DURATION_SECONDS: &str = "fencehook_downstream_duration_seconds";
-pub const DB_POOL_SIZE: &str = "fencehook_db_pool_size";
-pub const DB_POOL_AVAILABLE: &str = "fencehook_db_pool_available";
-pub const DB_POOL_WAITING: &str = "fencehook_db_pool_waiting";
-pub const BACKEND_UP: &str = "fencehook_backend_up";
-pub const DB_SYNCHRONOUS_REPLICATION: &str = "fencehook_db_synchronous_replication";
-pub const PAYMENTS_STUCK_PROCESSING: &str = "fencehook_payments_stuck_processing";
-pub const BUILD_INFO: &str = "fencehook_build_info";
-pub const REQUESTS_REJECTED_TOTAL: &str = "fencehook_requests_rejected_total";
-pub const STALE_EVENTS_TOTAL: &str = "fencehook_stale_events_total";
-pub const PROVIDERS_RELOADS_TOTAL: &str = "fencehook_providers_reloads_total";
-pub const INBOX_ROWS: &str = "fencehook_inbox_rows";
-pub const INBOX_LAG_SECONDS: &str = "fencehook_inbox_lag_seconds";
-pub const INBOX_ATTEMPTS_TOTAL: &str = "fencehook_inbox_attempts_total";
-pub const REFUND_REJECTED_TOTAL: &str = "fencehook_refund_rejected_total";
-pub const PAYMENTS_OVER_RETURNED_TOTAL: &str = "fencehook_payments_over_returned_total";
-pub const ITEMS_QUARANTINED_TOTAL: &str = "fencehook_items_quarantined_total";
-pub const CONNECTIONS_OPEN: &str = "fencehook_connections_open";
-pub const CONNECTIONS_REFUSED_TOTAL: &str = "fencehook_connections_refused_total";
-pub const ACCEPT_ERRORS_TOTAL: &str = "fencehook_accept_errors_total";
-pub const INBOX_STORED_BYTES: &str = "fencehook_inbox_stored_bytes";
-pub const PRUNED_TOTAL: &str = "fencehook_pruned_total";
-pub const CONSOLE_SIGNINS_TOTAL: &str = "fencehook_console_signins_total";
-pub const CONSOLE_REPLAYS_TOTAL: &str = "fencehook_console_replays_total";
-pub const TRACE_SPANS_DROPPED_TOTAL: &str = "fencehook_trace_spans_dropped_total";
+pub use self::table::*;
+use crate::domain::Rejection;
+
+/// One label's values: a label enum.
+pub trait LabelValue: Copy + Eq + Hash + Send + Sync + 'static {
+    /// Every value, for registering each series at zero.
+    fn values() -> &'static [Self];
+    /// The label value.
+    fn value(self) -> &'static str;
+}
+
+/// The values of all of a metric's labels, in the order [`TABLE`] names
+/// them: `()`, one label enum, or a pair.
+pub trait Labels: Copy + Eq + Hash + Send + Sync + 'static {
+    /// Every combination of values.
+    fn every() -> Vec<Self>;
+    fn values(self) -> Vec<&'static str>;
+}
+
+impl Labels for () {
+    fn every() -> Vec<()> {
+        vec![()]
+    }
+    fn values(self) -> Vec<&'static str> {
+        Vec::new()
+    }
+}
+
+impl<A: LabelValue> Labels for A {
+    fn every() -> Vec<A> {
+        A::values().to_vec()
+    }
+    fn values(self) -> Vec<&'static str> {
+        vec![self.value()]
+    }
+}
+
+impl<A: LabelValue, B: LabelValue> Labels for (A, B) {
+    fn every() -> Vec<(A, B)> {
+        A::values()
+            .iter()
+            .flat_map(|&a| B::values().iter().map(move |&b| (a, b)))
+            .collect()
+    }
+    fn values(self) -> Vec<&'static str> {
+        vec![self.0.value(), self.1.value()]
+    }
+}
+
+/// Makes enums that have `ALL` and `as_str` of their own (declared by the
+/// room that owns them) label values.
+macro_rules! label_values {
+    ($($name:ty),+ $(,)?) => {
+        $(impl $crate::metrics::LabelValue for $name {
+            fn values() -> &'static [Self] {
+                &<$name>::ALL
+            }
+            fn value(self) -> &'static str {
+                <$name>::as_str(self)
+            }
+        })+
+    };
+}
+pub(crate) use label_values;
+
+label_values!(Rejection);
 
 /// Declares a label enum: its variants, their label values, and `ALL`.
 macro_rules! label_enum {
@@ -79,12 +110,14 @@ macro_rules! label_enum {
                 }
             }
         }
+
+        label_values!($name);
     };
 }
 
 label_enum! {
     /// The `result` of an answer to a delivery: the body's `result`, the log
-    /// line's `result`, and the label of `fencehook_webhooks_total`.
+    /// line's `result`, and the label of [`WEBHOOKS_TOTAL`].
     WebhookResult {
         Processed => "processed",
         /// Inbox mode: durably queued for the workers.
@@ -115,7 +148,7 @@ label_enum! {
 
 label_enum! {
     /// Why a request on the public listener was not a delivery at all
-    /// (`fencehook_requests_rejected_total{reason}`): scans and probes, and
+    /// ([`REQUESTS_REJECTED_TOTAL`]`{reason}`): scans and probes, and
     /// signed headers lifted onto a body they were not sent with. A bounded
     /// label: the requested name or path is never one.
     RejectReason {
@@ -137,7 +170,7 @@ label_enum! {
 
 label_enum! {
     /// Why a finished span was not exported
-    /// (`fencehook_trace_spans_dropped_total{reason}`); see `telemetry::export`.
+    /// ([`TRACE_SPANS_DROPPED_TOTAL`]`{reason}`); see `telemetry::export`.
     SpanDrop {
         /// The export queue (`OTEL_BSP_MAX_QUEUE_SIZE`) was full: the
         /// collector is slower than the spans come, or down.
@@ -158,7 +191,7 @@ label_enum! {
 
 label_enum! {
     /// Why a connection was answered 503 and closed at once
-    /// (`fencehook_connections_refused_total{listener,reason}`).
+    /// ([`CONNECTIONS_REFUSED_TOTAL`]`{listener,reason}`).
     ConnectionRefusal {
         /// The listener had `FENCEHOOK_MAX_CONNECTIONS` open.
         MaxConnections => "max_connections",
@@ -168,7 +201,7 @@ label_enum! {
 }
 
 label_enum! {
-    /// `fencehook_providers_reloads_total{result}`: SIGHUP re-reading the providers file.
+    /// [`PROVIDERS_RELOADS_TOTAL`]`{result}`: SIGHUP re-reading the providers file.
     Reload {
         Ok => "ok",
         /// The file did not parse: the providers in force were kept.
@@ -178,7 +211,7 @@ label_enum! {
 
 label_enum! {
     /// How an inbox worker's attempt at an event ended
-    /// (`fencehook_inbox_attempts_total{result}`).
+    /// ([`INBOX_ATTEMPTS_TOTAL`]`{result}`).
     InboxAttempt {
         /// Booked, or found booked: the event is done.
         Done => "done",
@@ -193,7 +226,7 @@ label_enum! {
 }
 
 label_enum! {
-    /// `fencehook_inbox_rows{status}`: events by status.
+    /// [`INBOX_ROWS`]`{status}`: events by status.
     InboxStatus {
         Queued => "queued",
         Processing => "processing",
@@ -202,7 +235,7 @@ label_enum! {
 }
 
 label_enum! {
-    /// Why a batch item was quarantined (`fencehook_items_quarantined_total{reason}`).
+    /// Why a batch item was quarantined ([`ITEMS_QUARANTINED_TOTAL`]`{reason}`).
     QuarantineReason {
         /// Well signed, but its fields could not be mapped.
         Unmappable => "unmappable",
@@ -213,7 +246,7 @@ label_enum! {
 
 label_enum! {
     /// How a delivery that found the lease held ended its wait
-    /// (`fencehook_inflight_wait_total{outcome}`).
+    /// ([`INFLIGHT_WAIT_TOTAL`]`{outcome}`).
     InflightWait {
         /// The holder committed meanwhile: answered `duplicate`.
         Duplicate => "duplicate",
@@ -225,7 +258,7 @@ label_enum! {
 }
 
 label_enum! {
-    /// `fencehook_downstream_requests_total{result}`.
+    /// [`DOWNSTREAM_TOTAL`]`{result}`.
     DownstreamResult {
         Ok => "ok",
         Error => "error",
@@ -236,7 +269,7 @@ label_enum! {
 }
 
 label_enum! {
-    /// `fencehook_backend_up{backend}`.
+    /// [`BACKEND_UP`]`{backend}`.
     Backend {
         Postgres => "postgres",
         /// The lease backend: Redis, or PostgreSQL with `FENCEHOOK_LEASE_BACKEND=postgres`.
@@ -244,20 +277,194 @@ label_enum! {
     }
 }
 
-const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-const HELD_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-];
-/// Inbox lag: milliseconds when workers keep up, hours when a downstream is down.
-const LAG_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0,
-    86400.0,
-];
-const MARGIN_BUCKETS: &[f64] = &[
-    0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 30.0,
-];
+label_enum! {
+    /// [`LEASE_ACQUIRE_TOTAL`]`{result}`.
+    LeaseAcquire {
+        Acquired => "acquired",
+        /// Held by another owner.
+        Held => "held",
+        Error => "error",
+    }
+}
+
+label_enum! {
+    /// [`LEASE_RENEW_TOTAL`]`{result}`.
+    LeaseRenew {
+        Ok => "ok",
+        /// Refused: the lease is lost.
+        NotOwner => "not_owner",
+        /// The backend did not answer.
+        Error => "error",
+    }
+}
+
+/// The series of one metric, one per combination of its label values, each
+/// registered (so exported at zero) when the family is made.
+pub struct Family<L, H> {
+    series: HashMap<L, H>,
+}
+
+impl<L: Labels, H: Series> Family<L, H> {
+    fn register(rec: &PrometheusRecorder, name: &'static str) -> Family<L, H> {
+        let series = L::every()
+            .into_iter()
+            .map(|labels| {
+                let values = labels.values().into_iter().map(SharedString::const_str);
+                (labels, register(rec, name, values.collect()))
+            })
+            .collect();
+        Family { series }
+    }
+
+    /// The series of these label values.
+    pub fn get(&self, labels: L) -> &H {
+        &self.series[&labels]
+    }
+}
+
+/// A counter, a gauge or a histogram handle.
+pub trait Series: Sized {
+    fn register(rec: &PrometheusRecorder, key: &Key) -> Self;
+    fn is(kind: Kind) -> bool;
+}
+
+impl Series for Counter {
+    fn register(rec: &PrometheusRecorder, key: &Key) -> Counter {
+        rec.register_counter(key, &META)
+    }
+    fn is(kind: Kind) -> bool {
+        kind == Kind::Counter
+    }
+}
+
+impl Series for Gauge {
+    fn register(rec: &PrometheusRecorder, key: &Key) -> Gauge {
+        rec.register_gauge(key, &META)
+    }
+    fn is(kind: Kind) -> bool {
+        kind == Kind::Gauge
+    }
+}
+
+impl Series for Histogram {
+    fn register(rec: &PrometheusRecorder, key: &Key) -> Histogram {
+        rec.register_histogram(key, &META)
+    }
+    fn is(kind: Kind) -> bool {
+        matches!(kind, Kind::Histogram(_))
+    }
+}
+
+/// Registers the series of `name` with these label values (in the table's
+/// order of its labels). A name, kind or label count the table does not have
+/// is a bug of the caller, found by the first test that builds an app.
+fn register<H: Series>(
+    rec: &PrometheusRecorder,
+    name: &'static str,
+    values: Vec<SharedString>,
+) -> H {
+    let def = def(name).unwrap_or_else(|| panic!("{name} is no metric of the table"));
+    assert!(H::is(def.kind), "{name} is a {}", def.kind.as_str());
+    assert_eq!(
+        def.labels.len(),
+        values.len(),
+        "{name} has the labels {:?}",
+        def.labels
+    );
+    let labels: Vec<Label> = def
+        .labels
+        .iter()
+        .zip(values)
+        .map(|(&k, v)| Label::new(k, v))
+        .collect();
+    H::register(rec, &Key::from_parts(name, labels))
+}
+
+/// The type of a family's label values, from an accessor's argument types.
+macro_rules! labels_type {
+    () => {
+        ()
+    };
+    ($a:ty) => {
+        $a
+    };
+    ($a:ty, $b:ty) => {
+        ($a, $b)
+    };
+}
+
+/// The label values of a family's series, from an accessor's arguments.
+macro_rules! labels_of {
+    () => {
+        ()
+    };
+    ($a:ident) => {
+        $a
+    };
+    ($a:ident, $b:ident) => {
+        ($a, $b)
+    };
+}
+
+/// `accessor(label: Enum, ...) -> Handle = METRIC;` rows: a [`Family`] per
+/// metric the service updates, registered at start, and its accessor.
+macro_rules! handles {
+    ($($(#[$doc:meta])* $acc:ident($($arg:ident: $ty:ty),*) -> $handle:ident = $metric:ident;)+) => {
+        struct Handles {
+            $($acc: Family<labels_type!($($ty),*), $handle>,)+
+        }
+
+        impl Handles {
+            fn register(rec: &PrometheusRecorder) -> Handles {
+                Handles {
+                    $($acc: Family::register(rec, $metric),)+
+                }
+            }
+        }
+
+        impl Metrics {
+            $(
+                #[doc = concat!("[`", stringify!($metric), "`].")]
+                $(#[$doc])*
+                pub fn $acc(&self, $($arg: $ty),*) -> &$handle {
+                    self.inner.h.$acc.get(labels_of!($($arg),*))
+                }
+            )+
+        }
+    };
+}
+
+handles! {
+    lease_acquire(result: LeaseAcquire) -> Counter = LEASE_ACQUIRE_TOTAL;
+    lease_renew(result: LeaseRenew) -> Counter = LEASE_RENEW_TOTAL;
+    lease_lost() -> Counter = LEASE_LOST_TOTAL;
+    lease_held_seconds() -> Histogram = LEASE_HELD_SECONDS;
+    renew_margin() -> Histogram = LEASE_RENEW_MARGIN_SECONDS;
+    leases_held() -> Gauge = LEASES_HELD;
+    fence_rejected() -> Counter = FENCE_REJECTED_TOTAL;
+    fence_resync() -> Counter = FENCE_RESYNC_TOTAL;
+    stale_events() -> Counter = STALE_EVENTS_TOTAL;
+    payments_over_returned() -> Counter = PAYMENTS_OVER_RETURNED_TOTAL;
+    inbox_lag() -> Histogram = INBOX_LAG_SECONDS;
+    downstream_duration() -> Histogram = DOWNSTREAM_DURATION_SECONDS;
+    webhook_duration() -> Histogram = WEBHOOK_DURATION_SECONDS;
+    inflight_wait(outcome: InflightWait) -> Counter = INFLIGHT_WAIT_TOTAL;
+    downstream(result: DownstreamResult) -> Counter = DOWNSTREAM_TOTAL;
+    backend_up(backend: Backend) -> Gauge = BACKEND_UP;
+    request_rejected(reason: RejectReason) -> Counter = REQUESTS_REJECTED_TOTAL;
+    refund_rejected(reason: Rejection) -> Counter = REFUND_REJECTED_TOTAL;
+    inbox_attempts(result: InboxAttempt) -> Counter = INBOX_ATTEMPTS_TOTAL;
+    providers_reloads(result: Reload) -> Counter = PROVIDERS_RELOADS_TOTAL;
+    inbox_rows(status: InboxStatus) -> Gauge = INBOX_ROWS;
+    quarantined(reason: QuarantineReason) -> Counter = ITEMS_QUARANTINED_TOTAL;
+    connections_open(listener: Listener) -> Gauge = CONNECTIONS_OPEN;
+    connection_refused(listener: Listener, reason: ConnectionRefusal) -> Counter = CONNECTIONS_REFUSED_TOTAL;
+    accept_errors(listener: Listener) -> Counter = ACCEPT_ERRORS_TOTAL;
+    inbox_stored_bytes() -> Gauge = INBOX_STORED_BYTES;
+    /// Events deleted by the scheduled prune.
+    pruned() -> Counter = PRUNED_TOTAL;
+    spans_dropped(reason: SpanDrop) -> Counter = TRACE_SPANS_DROPPED_TOTAL;
+}
 
 /// Handles to every metric the service updates, registered once at start.
 #[derive(Clone)]
@@ -269,44 +476,9 @@ struct Inner {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     h: Handles,
-    /// `fencehook_webhooks_total` per (provider, result), registered once so
-    /// the request path does not build a key and hash it on every delivery.
+    /// [`WEBHOOKS_TOTAL`] per (provider, result), registered once so the
+    /// request path does not build a key and hash it on every delivery.
     webhooks: HashMap<String, HashMap<WebhookResult, Counter>>,
-    inflight_wait: HashMap<InflightWait, Counter>,
-    downstream: HashMap<DownstreamResult, Counter>,
-    backend_up: HashMap<Backend, Gauge>,
-    requests_rejected: HashMap<RejectReason, Counter>,
-    refund_rejected: HashMap<Rejection, Counter>,
-    inbox_attempts: HashMap<InboxAttempt, Counter>,
-    reloads: HashMap<Reload, Counter>,
-    inbox_rows: HashMap<InboxStatus, Gauge>,
-    quarantined: HashMap<QuarantineReason, Counter>,
-    connections_open: HashMap<Listener, Gauge>,
-    connections_refused: HashMap<(Listener, ConnectionRefusal), Counter>,
-    accept_errors: HashMap<Listener, Counter>,
-    inbox_stored_bytes: Gauge,
-    pruned: Counter,
-    spans_dropped: HashMap<SpanDrop, Counter>,
-}
-
-struct Handles {
-    lease_acquired: Counter,
-    lease_held_by_other: Counter,
-    lease_acquire_error: Counter,
-    renew_ok: Counter,
-    renew_not_owner: Counter,
-    renew_error: Counter,
-    lease_lost: Counter,
-    lease_held_seconds: Histogram,
-    renew_margin: Histogram,
-    leases_held: Gauge,
-    fence_rejected: Counter,
-    fence_resync: Counter,
-    stale_events: Counter,
-    payments_over_returned: Counter,
-    inbox_lag: Histogram,
-    downstream_duration: Histogram,
-    webhook_duration: Histogram,
 }
 
 static META: metrics::Metadata<'static> =
@@ -315,187 +487,34 @@ static META: metrics::Metadata<'static> =
 impl Metrics {
     /// Builds the registry and registers every metric for `providers`.
     pub fn new(providers: &[String]) -> Metrics {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(
-                Matcher::Full(WEBHOOK_DURATION_SECONDS.into()),
-                LATENCY_BUCKETS,
-            )
-            .and_then(|b| {
-                b.set_buckets_for_metric(
-                    Matcher::Full(DOWNSTREAM_DURATION_SECONDS.into()),
-                    LATENCY_BUCKETS,
-                )
-            })
-            .and_then(|b| {
-                b.set_buckets_for_metric(Matcher::Full(LEASE_HELD_SECONDS.into()), HELD_BUCKETS)
-            })
-            .and_then(|b| {
-                b.set_buckets_for_metric(Matcher::Full(INBOX_LAG_SECONDS.into()), LAG_BUCKETS)
-            })
-            .and_then(|b| {
-                b.set_buckets_for_metric(
-                    Matcher::Full(LEASE_RENEW_MARGIN_SECONDS.into()),
-                    MARGIN_BUCKETS,
-                )
+        let recorder = TABLE
+            .iter()
+            .try_fold(PrometheusBuilder::new(), |b, m| match m.kind {
+                Kind::Histogram(buckets) => {
+                    b.set_buckets_for_metric(Matcher::Full(m.name.into()), buckets)
+                }
+                Kind::Counter | Kind::Gauge => Ok(b),
             })
             .expect("bucket lists are non-empty constants")
             .build_recorder();
         let handle = recorder.handle();
         describe(&recorder);
 
-        let c = |name: &'static str, labels: &[(&'static str, &'static str)]| {
-            counter(&recorder, name, labels)
-        };
-        let h =
-            |name: &'static str| recorder.register_histogram(&Key::from_static_name(name), &META);
-        let handles = Handles {
-            lease_acquired: c(LEASE_ACQUIRE_TOTAL, &[("result", "acquired")]),
-            lease_held_by_other: c(LEASE_ACQUIRE_TOTAL, &[("result", "held")]),
-            lease_acquire_error: c(LEASE_ACQUIRE_TOTAL, &[("result", "error")]),
-            renew_ok: c(LEASE_RENEW_TOTAL, &[("result", "ok")]),
-            renew_not_owner: c(LEASE_RENEW_TOTAL, &[("result", "not_owner")]),
-            renew_error: c(LEASE_RENEW_TOTAL, &[("result", "error")]),
-            lease_lost: c(LEASE_LOST_TOTAL, &[]),
-            lease_held_seconds: h(LEASE_HELD_SECONDS),
-            renew_margin: h(LEASE_RENEW_MARGIN_SECONDS),
-            leases_held: recorder.register_gauge(&Key::from_static_name(LEASES_HELD), &META),
-            fence_rejected: c(FENCE_REJECTED_TOTAL, &[]),
-            fence_resync: c(FENCE_RESYNC_TOTAL, &[]),
-            stale_events: c(STALE_EVENTS_TOTAL, &[]),
-            // Present from the start, so an alert on its increase sees the first one.
-            payments_over_returned: {
-                let counter = c(PAYMENTS_OVER_RETURNED_TOTAL, &[]);
-                counter.increment(0);
-                counter
-            },
-            inbox_lag: h(INBOX_LAG_SECONDS),
-            downstream_duration: h(DOWNSTREAM_DURATION_SECONDS),
-            webhook_duration: h(WEBHOOK_DURATION_SECONDS),
-        };
-        let zero = |counter: Counter| {
-            counter.increment(0);
-            counter
-        };
-        let inflight_wait = InflightWait::ALL
-            .iter()
-            .map(|&o| (o, zero(c(INFLIGHT_WAIT_TOTAL, &[("outcome", o.as_str())]))))
-            .collect();
-        let downstream = DownstreamResult::ALL
-            .iter()
-            .map(|&r| (r, zero(c(DOWNSTREAM_TOTAL, &[("result", r.as_str())]))))
-            .collect();
-        let backend_up = Backend::ALL
-            .iter()
-            .map(|&b| {
-                let key = Key::from_parts(BACKEND_UP, vec![Label::new("backend", b.as_str())]);
-                (b, recorder.register_gauge(&key, &META))
-            })
-            .collect();
-        let requests_rejected = RejectReason::ALL
-            .iter()
-            .map(|&r| {
-                let reason = ("reason", r.as_str());
-                (r, zero(c(REQUESTS_REJECTED_TOTAL, &[reason])))
-            })
-            .collect();
-        let refund_rejected = Rejection::ALL
-            .iter()
-            .map(|&r| (r, zero(c(REFUND_REJECTED_TOTAL, &[("reason", r.as_str())]))))
-            .collect();
-        let inbox_attempts = InboxAttempt::ALL
-            .iter()
-            .map(|&r| (r, zero(c(INBOX_ATTEMPTS_TOTAL, &[("result", r.as_str())]))))
-            .collect();
-        let reloads = Reload::ALL
-            .iter()
-            .map(|&r| {
-                (
-                    r,
-                    zero(c(PROVIDERS_RELOADS_TOTAL, &[("result", r.as_str())])),
-                )
-            })
-            .collect();
-        let inbox_rows = InboxStatus::ALL
-            .iter()
-            .map(|&st| {
-                let key = Key::from_parts(INBOX_ROWS, vec![Label::new("status", st.as_str())]);
-                let gauge = recorder.register_gauge(&key, &META);
-                gauge.set(0.0);
-                (st, gauge)
-            })
-            .collect();
-        let quarantined = QuarantineReason::ALL
-            .iter()
-            .map(|&r| {
-                (
-                    r,
-                    zero(c(ITEMS_QUARANTINED_TOTAL, &[("reason", r.as_str())])),
-                )
-            })
-            .collect();
-        let connections_refused = Listener::ALL
-            .iter()
-            .flat_map(|&l| ConnectionRefusal::ALL.iter().map(move |&r| (l, r)))
-            .map(|(l, r)| {
-                let labels = [("listener", l.as_str()), ("reason", r.as_str())];
-                ((l, r), zero(c(CONNECTIONS_REFUSED_TOTAL, &labels)))
-            })
-            .collect();
-        let accept_errors = Listener::ALL
-            .iter()
-            .map(|&l| (l, zero(c(ACCEPT_ERRORS_TOTAL, &[("listener", l.as_str())]))))
-            .collect();
-        let inbox_stored_bytes =
-            recorder.register_gauge(&Key::from_static_name(INBOX_STORED_BYTES), &META);
-        inbox_stored_bytes.set(0.0);
-        let pruned = zero(c(PRUNED_TOTAL, &[]));
-        let spans_dropped = SpanDrop::ALL
-            .iter()
-            .map(|&r| {
-                let reason = [("reason", r.as_str())];
-                (r, zero(c(TRACE_SPANS_DROPPED_TOTAL, &reason)))
-            })
-            .collect();
-        let connections_open = Listener::ALL
-            .iter()
-            .map(|&l| {
-                let key =
-                    Key::from_parts(CONNECTIONS_OPEN, vec![Label::new("listener", l.as_str())]);
-                let gauge = recorder.register_gauge(&key, &META);
-                gauge.set(0.0);
-                (l, gauge)
-            })
-            .collect();
         let webhooks = providers
             .iter()
             .map(|provider| {
                 let by_result = WebhookResult::ALL
                     .iter()
-                    .map(|&r| (r, zero(webhook_counter(&recorder, provider, r))))
+                    .map(|&r| (r, webhook_counter(&recorder, provider, r)))
                     .collect();
                 (provider.clone(), by_result)
             })
             .collect();
         let inner = Inner {
+            h: Handles::register(&recorder),
             recorder,
             handle,
-            h: handles,
             webhooks,
-            inflight_wait,
-            downstream,
-            backend_up,
-            requests_rejected,
-            refund_rejected,
-            inbox_attempts,
-            reloads,
-            inbox_rows,
-            quarantined,
-            connections_open,
-            connections_refused,
-            accept_errors,
-            inbox_stored_bytes,
-            pruned,
-            spans_dropped,
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
@@ -510,8 +529,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         // The span exporter is the process's, not this instance's: its
         // counts are copied in when they are read.
-        for (&reason, counter) in &self.inner.spans_dropped {
-            counter.absolute(crate::telemetry::spans_dropped(reason));
+        for &reason in SpanDrop::ALL {
+            self.spans_dropped(reason)
+                .absolute(crate::telemetry::spans_dropped(reason));
         }
         self.inner.handle.render()
     }
@@ -521,7 +541,7 @@ impl Metrics {
         self.inner.handle.run_upkeep();
     }
 
-    /// `fencehook_webhooks_total{provider,result}`.
+    /// [`WEBHOOKS_TOTAL`]`{provider,result}`.
     pub fn webhook(&self, provider: &str, result: WebhookResult) -> Counter {
         match self
             .inner
@@ -534,327 +554,66 @@ impl Metrics {
         }
     }
 
-    pub fn inflight_wait(&self, outcome: InflightWait) -> &Counter {
-        &self.inner.inflight_wait[&outcome]
+    /// A metric's family registered by the room that owns its label values
+    /// (the console's, registered at zero when it is built).
+    pub fn family<L: Labels, H: Series>(&self, name: &'static str) -> Family<L, H> {
+        Family::register(&self.inner.recorder, name)
     }
 
-    pub fn downstream(&self, result: DownstreamResult) -> &Counter {
-        &self.inner.downstream[&result]
-    }
-
-    pub fn backend_up(&self, backend: Backend) -> &Gauge {
-        &self.inner.backend_up[&backend]
-    }
-
-    /// `fencehook_requests_rejected_total{reason}`.
-    pub fn request_rejected(&self, reason: RejectReason) -> &Counter {
-        &self.inner.requests_rejected[&reason]
-    }
-
-    /// `fencehook_connections_open{listener}`.
-    pub fn connections_open(&self, listener: Listener) -> &Gauge {
-        &self.inner.connections_open[&listener]
-    }
-
-    /// `fencehook_connections_refused_total{listener,reason}`.
-    pub fn connection_refused(&self, listener: Listener, reason: ConnectionRefusal) -> &Counter {
-        &self.inner.connections_refused[&(listener, reason)]
-    }
-
-    /// `fencehook_accept_errors_total{listener}`.
-    pub fn accept_errors(&self, listener: Listener) -> &Counter {
-        &self.inner.accept_errors[&listener]
-    }
-
-    /// `fencehook_inbox_stored_bytes`.
-    pub fn inbox_stored_bytes(&self) -> &Gauge {
-        &self.inner.inbox_stored_bytes
-    }
-
-    /// `fencehook_pruned_total`: events deleted by the scheduled prune.
-    pub fn pruned(&self) -> &Counter {
-        &self.inner.pruned
-    }
-
-    /// A counter registered by the room that owns it (the console's,
-    /// registered at zero when it is built).
-    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Counter {
-        counter(&self.inner.recorder, name, labels)
-    }
-
+    /// A gauge whose label values are not an enum (or that has none).
     pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
-        let labels: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, *v)).collect();
-        self.inner
-            .recorder
-            .register_gauge(&Key::from_parts(name, labels), &META)
+        let names: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+        let def = def(name).unwrap_or_else(|| panic!("{name} is no metric of the table"));
+        assert_eq!(names, def.labels, "{name}: label names");
+        let values = labels.iter().map(|(_, v)| SharedString::const_str(v));
+        register(&self.inner.recorder, name, values.collect())
     }
 
     pub fn lease_acquired(&self) -> &Counter {
-        &self.inner.h.lease_acquired
+        self.lease_acquire(LeaseAcquire::Acquired)
     }
     pub fn lease_held_by_other(&self) -> &Counter {
-        &self.inner.h.lease_held_by_other
+        self.lease_acquire(LeaseAcquire::Held)
     }
     pub fn lease_acquire_error(&self) -> &Counter {
-        &self.inner.h.lease_acquire_error
+        self.lease_acquire(LeaseAcquire::Error)
     }
     pub fn renew_ok(&self) -> &Counter {
-        &self.inner.h.renew_ok
+        self.lease_renew(LeaseRenew::Ok)
     }
     pub fn renew_not_owner(&self) -> &Counter {
-        &self.inner.h.renew_not_owner
+        self.lease_renew(LeaseRenew::NotOwner)
     }
     pub fn renew_error(&self) -> &Counter {
-        &self.inner.h.renew_error
+        self.lease_renew(LeaseRenew::Error)
     }
-    pub fn lease_lost(&self) -> &Counter {
-        &self.inner.h.lease_lost
-    }
-    pub fn lease_held_seconds(&self) -> &Histogram {
-        &self.inner.h.lease_held_seconds
-    }
-    pub fn renew_margin(&self) -> &Histogram {
-        &self.inner.h.renew_margin
-    }
-    pub fn leases_held(&self) -> &Gauge {
-        &self.inner.h.leases_held
-    }
-    pub fn fence_rejected(&self) -> &Counter {
-        &self.inner.h.fence_rejected
-    }
-    pub fn fence_resync(&self) -> &Counter {
-        &self.inner.h.fence_resync
-    }
-    pub fn stale_events(&self) -> &Counter {
-        &self.inner.h.stale_events
-    }
-    pub fn payments_over_returned(&self) -> &Counter {
-        &self.inner.h.payments_over_returned
-    }
-    pub fn providers_reloads(&self, result: Reload) -> &Counter {
-        &self.inner.reloads[&result]
-    }
-    pub fn inbox_attempts(&self, result: InboxAttempt) -> &Counter {
-        &self.inner.inbox_attempts[&result]
-    }
-    pub fn inbox_rows(&self, status: InboxStatus) -> &Gauge {
-        &self.inner.inbox_rows[&status]
-    }
-    pub fn inbox_lag(&self) -> &Histogram {
-        &self.inner.h.inbox_lag
-    }
-    pub fn refund_rejected(&self, reason: Rejection) -> &Counter {
-        &self.inner.refund_rejected[&reason]
-    }
-    pub fn quarantined(&self, reason: QuarantineReason) -> &Counter {
-        &self.inner.quarantined[&reason]
-    }
-    pub fn downstream_duration(&self) -> &Histogram {
-        &self.inner.h.downstream_duration
-    }
-    pub fn webhook_duration(&self) -> &Histogram {
-        &self.inner.h.webhook_duration
-    }
-}
-
-fn counter(
-    rec: &PrometheusRecorder,
-    name: &'static str,
-    labels: &[(&'static str, &'static str)],
-) -> Counter {
-    let labels: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, *v)).collect();
-    rec.register_counter(&Key::from_parts(name, labels), &META)
 }
 
 fn webhook_counter(rec: &PrometheusRecorder, provider: &str, result: WebhookResult) -> Counter {
-    let labels = vec![
-        Label::new("provider", provider.to_owned()),
-        Label::new("result", result.as_str()),
+    let values = vec![
+        SharedString::from(provider.to_owned()),
+        SharedString::const_str(result.as_str()),
     ];
-    rec.register_counter(&Key::from_parts(WEBHOOKS_TOTAL, labels), &META)
+    register(rec, WEBHOOKS_TOTAL, values)
 }
 
+/// Every metric's `# HELP`, from the table.
 fn describe(rec: &PrometheusRecorder) {
-    let d = |name: &'static str, unit: Option<Unit>, help: &'static str| {
-        rec.describe_counter(name.into(), unit, SharedString::const_str(help));
-    };
-    d(
-        WEBHOOKS_TOTAL,
-        None,
-        "Webhook deliveries answered, by provider and result.",
-    );
-    d(
-        WEBHOOK_DURATION_SECONDS,
-        Some(Unit::Seconds),
-        "Time from request to answer.",
-    );
-    d(
-        LEASE_ACQUIRE_TOTAL,
-        None,
-        "Lease acquisition attempts: acquired, held (by another owner), error.",
-    );
-    d(
-        LEASE_RENEW_TOTAL,
-        None,
-        "Heartbeat renewals: ok, not_owner (lease lost), error (backend unreachable).",
-    );
-    d(
-        LEASE_LOST_TOTAL,
-        None,
-        "Leases lost while held (renewal refused, backend unreachable past expiry, or max hold).",
-    );
-    d(
-        LEASE_HELD_SECONDS,
-        Some(Unit::Seconds),
-        "How long each lease was held, acquire to release.",
-    );
-    d(
-        LEASE_RENEW_MARGIN_SECONDS,
-        Some(Unit::Seconds),
-        "Time left before local expiry when a renewal was confirmed; near zero means leases are about to be lost.",
-    );
-    d(LEASES_HELD, None, "Leases this instance holds right now.");
-    d(
-        FENCE_REJECTED_TOTAL,
-        None,
-        "Writes refused because a newer fencing token owns the payment.",
-    );
-    d(
-        FENCE_RESYNC_TOTAL,
-        None,
-        "Times the Redis fence counter was behind the database and was fast-forwarded.",
-    );
-    d(
-        INFLIGHT_WAIT_TOTAL,
-        None,
-        "Deliveries that waited for another holder: duplicate, in_progress, timeout.",
-    );
-    d(
-        DOWNSTREAM_TOTAL,
-        None,
-        "Calls to the downstream business service, by result.",
-    );
-    d(
-        DOWNSTREAM_DURATION_SECONDS,
-        Some(Unit::Seconds),
-        "Downstream call latency.",
-    );
-    d(
-        DB_POOL_SIZE,
-        None,
-        "PostgreSQL connections open in the pool.",
-    );
-    d(
-        DB_POOL_AVAILABLE,
-        None,
-        "PostgreSQL connections idle in the pool.",
-    );
-    d(
-        DB_POOL_WAITING,
-        None,
-        "Requests waiting for a PostgreSQL connection.",
-    );
-    d(
-        BACKEND_UP,
-        None,
-        "1 when the last health probe of the backend succeeded.",
-    );
-    d(
-        DB_SYNCHRONOUS_REPLICATION,
-        None,
-        "1 when the last health probe found PostgreSQL's commits waiting for a synchronous standby; 0 otherwise (or not yet known).",
-    );
-    d(
-        PAYMENTS_STUCK_PROCESSING,
-        None,
-        "Payments claimed but left processing for longer than the maximum lease hold (all instances see the same number).",
-    );
-    d(BUILD_INFO, None, "Build information; always 1.");
-    d(
-        STALE_EVENTS_TOTAL,
-        None,
-        "Events older than their row's state (a payment's failure after its success): answered stale, nothing changed.",
-    );
-    d(
-        REFUND_REJECTED_TOTAL,
-        None,
-        "Refunds and disputes their payment cannot give (failed payment, other currency, more than came in): nothing booked.",
-    );
-    d(
-        PAYMENTS_OVER_RETURNED_TOTAL,
-        None,
-        "Disputes booked past their payment's amount (a chargeback larger than the charge, or after a refund): more went out than came in.",
-    );
-    d(
-        PROVIDERS_RELOADS_TOTAL,
-        None,
-        "Providers file re-read on SIGHUP: ok (new secrets in force), error (the old ones kept).",
-    );
-    d(
-        INBOX_ROWS,
-        None,
-        "Inbox events by status: queued (waiting), processing (taken by a worker), dead (given up until replayed).",
-    );
-    d(
-        INBOX_LAG_SECONDS,
-        Some(Unit::Seconds),
-        "Inbox: from an event's acceptance to its booking.",
-    );
-    d(
-        INBOX_ATTEMPTS_TOTAL,
-        None,
-        "Inbox workers' attempts by result: done, retry (an attempt spent), requeued (none spent), dead.",
-    );
-    d(
-        ITEMS_QUARANTINED_TOTAL,
-        None,
-        "Batch items recorded in quarantined_items instead of booked, by reason.",
-    );
-    d(
-        REQUESTS_REJECTED_TOTAL,
-        None,
-        "Requests on the public listener that were no delivery: unknown_provider, not_found, method_not_allowed (scans), transmission_reused (a PayPal delivery's signed headers on another body), event_unconfirmed (a PayPal event its API does not confirm).",
-    );
-    d(
-        CONNECTIONS_OPEN,
-        None,
-        "Connections open on a listener right now.",
-    );
-    d(
-        CONNECTIONS_REFUSED_TOTAL,
-        None,
-        "Connections answered 503 and closed at once, by reason: max_connections (the listener had its maximum open), per_peer (the peer address had its maximum open).",
-    );
-    d(
-        ACCEPT_ERRORS_TOTAL,
-        None,
-        "Connections the listener could not accept (most often: out of file descriptors).",
-    );
-    d(
-        INBOX_STORED_BYTES,
-        Some(Unit::Bytes),
-        "Inbox: bytes the events table takes on disk (rows, indexes, TOAST).",
-    );
-    d(
-        CONSOLE_SIGNINS_TOTAL,
-        None,
-        "Operator console sign-ins (form or Bearer token) by result: ok, wrong_token, throttled (too many failures from the peer).",
-    );
-    d(
-        CONSOLE_REPLAYS_TOTAL,
-        None,
-        "Replays asked for from the operator console, by scope: event (one dead event), filter (every dead event matching a filter).",
-    );
-    d(
-        PRUNED_TOTAL,
-        None,
-        "Finished inbox events deleted past FENCEHOOK_EVENT_RETENTION_DAYS by the scheduled prune.",
-    );
-    d(
-        TRACE_SPANS_DROPPED_TOTAL,
-        None,
-        "Finished trace spans not exported, by reason (queue_full, export_failed); 0 with tracing off.",
-    );
+    for m in TABLE {
+        let unit = if m.name.ends_with("_seconds") {
+            Some(Unit::Seconds)
+        } else if m.name.ends_with("_bytes") {
+            Some(Unit::Bytes)
+        } else {
+            None
+        };
+        let help = SharedString::const_str(m.help);
+        match m.kind {
+            Kind::Counter => rec.describe_counter(m.name.into(), unit, help),
+            Kind::Gauge => rec.describe_gauge(m.name.into(), unit, help),
+            Kind::Histogram(_) => rec.describe_histogram(m.name.into(), unit, help),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -874,11 +633,32 @@ mod tests {
     }
 
     #[test]
+    fn what_is_exported_is_typed_and_described_as_the_table_says() {
+        let text = Metrics::new(&["generic".to_owned()]).render();
+        for m in TABLE {
+            if text.contains(&format!("# TYPE {} ", m.name)) {
+                let type_line = format!("# TYPE {} {}\n", m.name, m.kind.as_str());
+                assert!(text.contains(&type_line), "{type_line} missing");
+                let help_line = format!("# HELP {} {}\n", m.name, m.help);
+                assert!(text.contains(&help_line), "{help_line} missing");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "label names")]
+    fn a_gauge_is_registered_only_with_the_labels_of_the_table() {
+        Metrics::new(&[])
+            .gauge(BUILD_INFO, &[("release", "1")])
+            .set(1.0);
+    }
+
+    #[test]
     fn every_label_value_is_exported_at_zero_from_start() {
         let text = Metrics::new(&["generic".to_owned()]).render();
         for r in WebhookResult::ALL {
             let series = format!(
-                r#"fencehook_webhooks_total{{provider="generic",result="{}"}} 0"#,
+                r#"{WEBHOOKS_TOTAL}{{provider="generic",result="{}"}} 0"#,
                 r.as_str()
             );
             assert!(text.contains(&series), "{series} missing");
@@ -886,17 +666,22 @@ mod tests {
         for o in InflightWait::ALL {
             assert!(text.contains(&format!(r#"outcome="{}"}} 0"#, o.as_str())));
         }
+        for r in LeaseAcquire::ALL {
+            let series = format!(r#"{LEASE_ACQUIRE_TOTAL}{{result="{}"}} 0"#, r.as_str());
+            assert!(text.contains(&series), "{series} missing");
+        }
+        for r in LeaseRenew::ALL {
+            let series = format!(r#"{LEASE_RENEW_TOTAL}{{result="{}"}} 0"#, r.as_str());
+            assert!(text.contains(&series), "{series} missing");
+        }
         for r in DownstreamResult::ALL {
             assert!(text.contains(&format!(
-                r#"fencehook_downstream_requests_total{{result="{}"}} 0"#,
+                r#"{DOWNSTREAM_TOTAL}{{result="{}"}} 0"#,
                 r.as_str()
             )));
         }
         for r in RejectReason::ALL {
-            let series = format!(
-                r#"fencehook_requests_rejected_total{{reason="{}"}} 0"#,
-                r.as_str()
-            );
+            let series = format!(r#"{REQUESTS_REJECTED_TOTAL}{{reason="{}"}} 0"#, r.as_str());
             assert!(text.contains(&series), "{series} missing");
         }
         for l in Listener::ALL {

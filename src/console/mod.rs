@@ -55,7 +55,7 @@ use self::auth::{Role, Session, Throttle, Tokens, COOKIE, SESSION_LIFETIME};
 use self::recent::Recent;
 use crate::config::console::{read_tokens, ConsoleConfig};
 use crate::http::{Body, PeerAddr};
-use crate::metrics::{Metrics, CONSOLE_REPLAYS_TOTAL, CONSOLE_SIGNINS_TOTAL};
+use crate::metrics::{label_values, Family, Metrics, CONSOLE_REPLAYS_TOTAL, CONSOLE_SIGNINS_TOTAL};
 use crate::store::Store;
 
 /// The headers of every console answer: no script may run (the pages have
@@ -80,7 +80,7 @@ const MAX_FORM_BYTES: usize = 16 * 1024;
 /// Longest a form body may take to arrive.
 const FORM_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// `fencehook_console_signins_total{result}`.
+/// [`CONSOLE_SIGNINS_TOTAL`]`{result}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SignIn {
     Ok,
@@ -100,7 +100,7 @@ impl SignIn {
     }
 }
 
-/// `fencehook_console_replays_total{scope}`.
+/// [`CONSOLE_REPLAYS_TOTAL`]`{scope}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReplayScope {
     /// One event (its replay button).
@@ -120,6 +120,8 @@ impl ReplayScope {
     }
 }
 
+label_values!(SignIn, ReplayScope);
+
 /// The console of one app: its tokens, its store handle, its counters.
 pub struct Console {
     tokens: Tokens,
@@ -129,8 +131,8 @@ pub struct Console {
     throttle: Throttle,
     store: Store,
     inbox_mode: bool,
-    signins: HashMap<SignIn, Counter>,
-    replays: HashMap<ReplayScope, Counter>,
+    signins: Family<SignIn, Counter>,
+    replays: Family<ReplayScope, Counter>,
 }
 
 impl Console {
@@ -143,22 +145,8 @@ impl Console {
         metrics: &Metrics,
         inbox_mode: bool,
     ) -> Option<Console> {
-        let signins: HashMap<SignIn, Counter> = SignIn::ALL
-            .iter()
-            .map(|&r| {
-                let c = metrics.counter(CONSOLE_SIGNINS_TOTAL, &[("result", r.as_str())]);
-                c.increment(0);
-                (r, c)
-            })
-            .collect();
-        let replays: HashMap<ReplayScope, Counter> = ReplayScope::ALL
-            .iter()
-            .map(|&s| {
-                let c = metrics.counter(CONSOLE_REPLAYS_TOTAL, &[("scope", s.as_str())]);
-                c.increment(0);
-                (s, c)
-            })
-            .collect();
+        let signins = metrics.family(CONSOLE_SIGNINS_TOTAL);
+        let replays = metrics.family(CONSOLE_REPLAYS_TOTAL);
         if !cfg.enabled() {
             return None;
         }
@@ -191,11 +179,11 @@ impl Console {
     }
 
     pub(crate) fn count_signin(&self, result: SignIn) {
-        self.signins[&result].increment(1);
+        self.signins.get(result).increment(1);
     }
 
     pub(crate) fn count_replay(&self, scope: ReplayScope) {
-        self.replays[&scope].increment(1);
+        self.replays.get(scope).increment(1);
     }
 }
 
