@@ -14,9 +14,11 @@
 //!    another transaction holds is polled like a held lease (`in_progress`);
 //! 4. release the lease (compare-and-delete) and answer.
 //!
-//! With the PostgreSQL lease backend and no downstream, steps 2–4 are one
-//! statement: the lease is taken and given back inside the write
-//! (`Processor::apply_with_the_lease_inside`).
+//! With a lease backend that can take the lease inside a payment write
+//! ([`InlineLease`], the PostgreSQL backend) and no downstream, steps 2–4 are
+//! one statement: the lease is taken and given back inside the write. Either
+//! way one loop (`Processor::attempts`) runs the attempts: each is `Held`
+//! (wait), answered, or `NotWritten` (re-read, decide again).
 //!
 //! The processor never answers `processed` unless the commit that made the
 //! outcome durable succeeded; every error is an [`Error`] (answered 503),
@@ -32,10 +34,11 @@ use crate::domain::{
 };
 use crate::downstream::{Downstream, DownstreamError};
 use crate::error::Error;
-use crate::lease::{Acquire, Lease, LeaseGuard, LeaseKey, LostReason};
+use crate::lease::{Acquire, InlineLease, Lease, LeaseGuard, LeaseKey, LostReason};
 use crate::metrics::{DownstreamResult, InflightWait, Metrics};
 use crate::store::{
-    Applied, Claimed, Finalized, LeasedApply, ParentRefusal, PaymentRow, Store, StoreError,
+    Applied, Claimed, Connection, Finalized, LeasedApply, ParentRefusal, PaymentRow, Store,
+    StoreError,
 };
 use crate::telemetry::spans;
 use tracing::Instrument;
@@ -144,6 +147,8 @@ const MAX_ROUNDS: usize = 4;
 struct InflightWaiting {
     deadline: Instant,
     pause: Duration,
+    /// It paused at least once.
+    waited: bool,
 }
 
 impl InflightWaiting {
@@ -151,8 +156,57 @@ impl InflightWaiting {
         InflightWaiting {
             deadline: Instant::now() + wait,
             pause: FIRST_POLL,
+            waited: false,
         }
     }
+}
+
+/// How one delivery holds its transaction's lease.
+enum Holding {
+    /// Taken and given back inside each write: a token per attempt.
+    Inside(InlineLease),
+    /// Held around the writes: taken by the first attempt, kept for the next
+    /// ones, released once the delivery is answered.
+    Around {
+        key: LeaseKey,
+        guard: Option<LeaseGuard>,
+    },
+}
+
+/// The lease one attempt wrote under.
+enum HeldLease<'h> {
+    /// Taken with `token` inside the write, and given back with it.
+    Inside {
+        lease: &'h InlineLease,
+        token: i64,
+    },
+    Around(&'h mut LeaseGuard),
+}
+
+impl HeldLease<'_> {
+    /// The token now (a guard's changes with a resync).
+    fn token(&self) -> i64 {
+        match self {
+            HeldLease::Inside { token, .. } => *token,
+            HeldLease::Around(guard) => guard.token(),
+        }
+    }
+}
+
+/// What one attempt came to, whichever way it held the lease.
+enum Attempt<'h> {
+    /// Another holder has the lease, or the payment row a refund or dispute
+    /// takes its money from (for `remaining` at most): poll the row.
+    Held { remaining: Duration },
+    /// The answer: committed, refused, the lease lost, or nothing to write.
+    Answered(Outcome),
+    /// The conditioned write of `t` under `lease` wrote nothing: the row,
+    /// re-read, to decide again.
+    NotWritten {
+        lease: HeldLease<'h>,
+        row: PaymentRow,
+        t: Transition,
+    },
 }
 
 impl Processor {
@@ -199,7 +253,7 @@ impl Processor {
     pub async fn process_after(
         &self,
         ev: &CanonicalEvent,
-        mut row: Option<PaymentRow>,
+        row: Option<PaymentRow>,
     ) -> Result<Outcome, Error> {
         let parentless;
         let ev = match row.as_ref().and_then(|r| settled_before_parents(r, ev)) {
@@ -213,45 +267,318 @@ impl Processor {
         if let Some(done) = self.settled(ev, &fp, row.as_ref()) {
             return Ok(done);
         }
-        if self.downstream.is_none() && self.lease.is_in_the_payments_database() {
-            return self.apply_with_the_lease_inside(ev, &fp, row).await;
-        }
-        let key = LeaseKey {
-            provider: ev.provider.clone(),
-            transaction_id: ev.transaction_id.clone(),
+        // A downstream call must run under a lease that outlives one write.
+        let inline = self.downstream.is_none().then(|| self.lease.inline());
+        let mut holding = match inline.flatten() {
+            Some(inline) => Holding::Inside(inline),
+            None => Holding::Around {
+                key: LeaseKey {
+                    provider: ev.provider.clone(),
+                    transaction_id: ev.transaction_id.clone(),
+                },
+                guard: None,
+            },
         };
+        let result = self.attempts(&mut holding, ev, &fp, row).await;
+        if let Holding::Around {
+            guard: Some(guard), ..
+        } = holding
+        {
+            let token = guard.token();
+            guard
+                .release()
+                .instrument(spans::lease_release(token))
+                .await;
+        }
+        result
+    }
+
+    /// The attempts of one delivery until one is answered: each holds the
+    /// lease (`holding`), decides on the row as last read and writes what it
+    /// decided, conditioned on its token. A lease or payment row another
+    /// holder has is waited for; a conditioned write that did not apply
+    /// re-reads the row and decides again. The row can move a few times
+    /// (another holder settled it, a counter was behind), never forever: each
+    /// round needs a newer token.
+    async fn attempts(
+        &self,
+        holding: &mut Holding,
+        ev: &CanonicalEvent,
+        fp: &str,
+        mut row: Option<PaymentRow>,
+    ) -> Result<Outcome, Error> {
         let mut wait = InflightWaiting::new(self.inflight_wait);
-        let mut waited = false;
-        let mut guard = loop {
-            let span = spans::lease_acquire();
-            let acquired = self.lease.acquire(&key).instrument(span.clone()).await?;
-            let token = match &acquired {
-                Acquire::Acquired(guard) => Some(guard.token()),
-                Acquire::Held { .. } => None,
+        let mut resynced = false;
+        let mut rounds = 0;
+        loop {
+            // One attempt on the row as last read: the lease (taken around
+            // the writes by the first attempt, or inside this attempt's
+            // write), the decision, a pooled connection and the write.
+            let attempt = match &mut *holding {
+                Holding::Inside(inline) => self.write_inside(inline, ev, fp, row.as_ref()).await?,
+                Holding::Around { key, guard } => 'around: {
+                    let guard = match guard {
+                        Some(guard) => guard,
+                        None => match self.acquire(key, &mut wait).await? {
+                            Acquire::Acquired(taken) => guard.insert(taken),
+                            Acquire::Held { remaining } => {
+                                break 'around Attempt::Held { remaining }
+                            }
+                        },
+                    };
+                    self.write_around(guard, ev, fp, row.as_ref()).await?
+                }
             };
-            spans::lease_acquired(&span, token);
-            match acquired {
-                Acquire::Acquired(guard) => break guard,
-                Acquire::Held { remaining } => {
-                    waited = true;
-                    match self.wait_for_holder(ev, &fp, &mut wait, remaining).await? {
+            let (mut lease, now, t) = match attempt {
+                Attempt::Answered(outcome) => return Ok(outcome),
+                Attempt::Held { remaining } => {
+                    match self.wait_for_holder(ev, fp, &mut wait, remaining).await? {
                         ControlFlow::Break(answer) => return Ok(answer),
                         ControlFlow::Continue(now) => row = now,
                     }
+                    continue;
+                }
+                Attempt::NotWritten { lease, row, t } => (lease, row, t),
+            };
+            rounds += 1;
+            if !is_the_same_object(&now, ev, fp) {
+                return Ok(Outcome::PayloadMismatch);
+            }
+            let token = lease.token();
+            if decide(ev.event_type, Some(now.status)) == Decision::Apply(t) && now.fence >= token {
+                // The row still needs our transition, so its fence is at or
+                // past our token while we hold the lease: the lease store
+                // lost its counter. Pass it, once.
+                if resynced {
+                    return Ok(self.fence_rejected(&lease, ev, Some(now.fence)));
+                }
+                resynced = true;
+                if let Some(answer) = self.resync(&mut lease, ev, now.fence).await? {
+                    return Ok(answer);
                 }
             }
-        };
-        if waited {
-            tracing::debug!(transaction_id = %ev.transaction_id, "previous holder let go; took over");
+            if rounds == MAX_ROUNDS {
+                return Ok(self.fence_rejected(&lease, ev, Some(now.fence)));
+            }
+            row = Some(now);
         }
-        let current = row.map(|r| r.status);
-        let result = self.under_lease(&mut guard, ev, &fp, current).await;
+    }
+
+    /// Takes the lease to hold around the writes. Once it is taken, the
+    /// in-flight wait starts again, for a payment row busy under it.
+    async fn acquire(&self, key: &LeaseKey, wait: &mut InflightWaiting) -> Result<Acquire, Error> {
+        let span = spans::lease_acquire();
+        let acquired = self.lease.acquire(key).instrument(span.clone()).await?;
+        let token = match &acquired {
+            Acquire::Acquired(guard) => Some(guard.token()),
+            Acquire::Held { .. } => None,
+        };
+        spans::lease_acquired(&span, token);
+        if token.is_some() {
+            if wait.waited {
+                tracing::debug!(transaction_id = %key.transaction_id, "previous holder let go; took over");
+            }
+            *wait = InflightWaiting::new(self.inflight_wait);
+        }
+        Ok(acquired)
+    }
+
+    /// The transition `row` needs and a pooled connection to write it, once
+    /// the `before_write` hook ran; `Break` with the answer when the row
+    /// needs no write.
+    async fn ready_to_write(
+        &self,
+        ev: &CanonicalEvent,
+        row: Option<&PaymentRow>,
+    ) -> Result<ControlFlow<Outcome, (Transition, Connection)>, Error> {
+        let t = match decide(ev.event_type, row.map(|r| r.status)) {
+            Decision::Apply(t) => t,
+            other => return Ok(ControlFlow::Break(self.answer_without_write(ev, other))),
+        };
+        let conn = self.store.connection().await?;
+        #[cfg(feature = "test-support")]
+        if let Some(hook) = &self.hooks.before_write {
+            hook(ev).await;
+        }
+        Ok(ControlFlow::Continue((t, conn)))
+    }
+
+    /// The write that takes the lease inside it ([`Connection::apply_leased`],
+    /// see [`InlineLease`]). Another copy of the event finds the lease taken
+    /// and polls the row; a lease taken the other way (a holder calling a
+    /// downstream, an instance configured differently) is waited for alike.
+    /// The token is taken above the fence last read, so a counter the lease
+    /// store lost is passed on the next attempt (counted as a resync).
+    async fn write_inside<'h>(
+        &self,
+        inline: &'h InlineLease,
+        ev: &CanonicalEvent,
+        fp: &str,
+        row: Option<&PaymentRow>,
+    ) -> Result<Attempt<'h>, Error> {
+        let fence_floor = row.map_or(0, |r| r.fence);
+        let (t, mut conn) = match self.ready_to_write(ev, row).await? {
+            ControlFlow::Break(answer) => return Ok(Attempt::Answered(answer)),
+            ControlFlow::Continue(ready) => ready,
+        };
+        let started = Instant::now();
+        let written = conn
+            .apply_leased(ev, fp, fence_floor, t)
+            .instrument(spans::commit_leased())
+            .await?;
+        Ok(match written {
+            LeasedApply::Held { remaining } => {
+                inline.held_by_other();
+                Attempt::Held {
+                    remaining: remaining.unwrap_or(IN_PROGRESS_RETRY_AFTER),
+                }
+            }
+            LeasedApply::Parent(refusal) => self.refused(ev, refusal),
+            LeasedApply::Committed {
+                token,
+                status,
+                over_returned,
+            } => {
+                inline.taken(started);
+                Attempt::Answered(self.committed(ev, token, status, over_returned))
+            }
+            LeasedApply::NotWritten { token, row } => {
+                inline.taken(started);
+                Attempt::NotWritten {
+                    lease: HeldLease::Inside {
+                        lease: inline,
+                        token,
+                    },
+                    row,
+                    t,
+                }
+            }
+        })
+    }
+
+    /// Claim, business step and finalize while `guard` holds the lease: one
+    /// transaction, or the claim, the downstream call and the finalize.
+    ///
+    /// Every write first takes a pooled connection, *then* checks the lease:
+    /// waiting for a connection can take up to the pool wait, and a write sent
+    /// after the local expiry could only be fenced out (or, with nobody else
+    /// there, start work the lease no longer covers).
+    async fn write_around<'h>(
+        &self,
+        guard: &'h mut LeaseGuard,
+        ev: &CanonicalEvent,
+        fp: &str,
+        row: Option<&PaymentRow>,
+    ) -> Result<Attempt<'h>, Error> {
+        let (t, mut conn) = match self.ready_to_write(ev, row).await? {
+            ControlFlow::Break(answer) => return Ok(Attempt::Answered(answer)),
+            ControlFlow::Continue(ready) => ready,
+        };
+        if let Some(reason) = guard.loss_reason() {
+            return Ok(Attempt::Answered(self.lease_lost(guard, reason)));
+        }
         let token = guard.token();
-        guard
-            .release()
-            .instrument(spans::lease_release(token))
-            .await;
-        result
+        Ok(match &self.downstream {
+            None => match conn
+                .apply(ev, fp, token, t)
+                .instrument(spans::commit(token))
+                .await?
+            {
+                Applied::Committed {
+                    status,
+                    over_returned,
+                } => Attempt::Answered(self.committed(ev, token, status, over_returned)),
+                Applied::Parent(refusal) => self.refused(ev, refusal),
+                Applied::NotWritten(row) => Attempt::NotWritten {
+                    lease: HeldLease::Around(guard),
+                    row,
+                    t,
+                },
+            },
+            Some(downstream) => match conn
+                .claim(ev, fp, token, t)
+                .instrument(spans::claim(token))
+                .await?
+            {
+                Claimed::Claimed {
+                    payment_id,
+                    event,
+                    over_returned,
+                } => {
+                    drop(conn);
+                    let answer = self
+                        .call_and_finalize(downstream, guard, &event, payment_id, t, over_returned)
+                        .await?;
+                    Attempt::Answered(answer)
+                }
+                Claimed::Parent(refusal) => self.refused(ev, refusal),
+                Claimed::NotWritten(row) => Attempt::NotWritten {
+                    lease: HeldLease::Around(guard),
+                    row,
+                    t,
+                },
+            },
+        })
+    }
+
+    /// Committed: `processed` (and a dispute that took its payment past its
+    /// amount reported).
+    fn committed(
+        &self,
+        ev: &CanonicalEvent,
+        token: i64,
+        status: Status,
+        over_returned: bool,
+    ) -> Outcome {
+        if over_returned {
+            self.over_returned(ev);
+        }
+        Outcome::Processed { token, status }
+    }
+
+    /// A refund or dispute whose payment did not give its money. A payment
+    /// row another transaction holds (another refund committing, or one
+    /// stalled before its commit) is polled within the in-flight wait, as a
+    /// held lease is, instead of queueing on the lock.
+    fn refused(&self, ev: &CanonicalEvent, refusal: ParentRefusal) -> Attempt<'static> {
+        match refusal {
+            ParentRefusal::Busy => Attempt::Held {
+                remaining: IN_PROGRESS_RETRY_AFTER,
+            },
+            refusal => Attempt::Answered(self.parent_refused(ev, refusal)),
+        }
+    }
+
+    /// The lease store lost its counter: the row wants our transition at
+    /// `db_fence`, at or past our token. A lease taken inside the write needs
+    /// no more (the next write takes its token past the fence it reads); a
+    /// guard's counter is fast-forwarded inside the lease. `Some` with the
+    /// answer when the lease is no longer ours.
+    async fn resync(
+        &self,
+        lease: &mut HeldLease<'_>,
+        ev: &CanonicalEvent,
+        db_fence: i64,
+    ) -> Result<Option<Outcome>, Error> {
+        let old_token = lease.token();
+        match lease {
+            HeldLease::Inside { .. } => {
+                self.metrics.fence_resync().increment(1);
+                tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                    old_token, db_fence,
+                    "fence resync: lease counter was behind the database; taking a token past it");
+            }
+            HeldLease::Around(guard) => match guard.resync(db_fence).await? {
+                Some(new) => {
+                    self.metrics.fence_resync().increment(1);
+                    tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                        old_token, db_fence, new_token = new,
+                        "fence resync: lease counter was behind the database");
+                }
+                None => return Ok(Some(self.fence_rejected(lease, ev, Some(db_fence)))),
+            },
+        }
+        Ok(None)
     }
 
     /// Another holder has the lease: `Break` with the answer when the
@@ -281,6 +608,7 @@ impl Processor {
         }
         tokio::time::sleep(wait.pause.min(wait.deadline - now)).await;
         wait.pause = (wait.pause * 2).min(MAX_POLL);
+        wait.waited = true;
         // Look at the row before trying the lease again: a holder that
         // finished has released it, and taking it only to find the row done
         // would cost a token and two writes.
@@ -292,126 +620,6 @@ impl Processor {
             return Ok(ControlFlow::Break(done));
         }
         Ok(ControlFlow::Continue(row))
-    }
-
-    /// The inline path with the PostgreSQL lease backend. Each attempt takes
-    /// the lease inside its own write ([`Connection::apply_leased`]): the lease
-    /// is held for exactly as long as that transaction, by the lease row's
-    /// lock, so there is no heartbeat, no release and no time during which a
-    /// stalled holder could still believe it holds the lease. Another copy of
-    /// the event waits for that lock and then finds the row settled; a lease
-    /// taken the other way (a holder calling a downstream, an instance
-    /// configured differently) is waited for as in [`Processor::process_after`].
-    /// The token is taken above the fence last read, so a counter the unlogged
-    /// `leases` table lost is passed on the next attempt (counted as a resync).
-    async fn apply_with_the_lease_inside(
-        &self,
-        ev: &CanonicalEvent,
-        fp: &str,
-        mut row: Option<PaymentRow>,
-    ) -> Result<Outcome, Error> {
-        let mut wait = InflightWaiting::new(self.inflight_wait);
-        let mut resynced = false;
-        let mut rounds = 0;
-        loop {
-            let t = match decide(ev.event_type, row.as_ref().map(|r| r.status)) {
-                Decision::Apply(t) => t,
-                other => return Ok(self.answer_without_write(ev, other)),
-            };
-            let fence_floor = row.as_ref().map_or(0, |r| r.fence);
-            let mut conn = self.store.connection().await?;
-            #[cfg(feature = "test-support")]
-            if let Some(hook) = &self.hooks.before_write {
-                hook(ev).await;
-            }
-            let started = Instant::now();
-            let written = conn
-                .apply_leased(ev, fp, fence_floor, t)
-                .instrument(spans::commit_leased())
-                .await?;
-            drop(conn);
-            let (token, now) = match written {
-                LeasedApply::Held { remaining } => {
-                    self.metrics.lease_held_by_other().increment(1);
-                    let remaining = remaining.unwrap_or(IN_PROGRESS_RETRY_AFTER);
-                    match self.wait_for_holder(ev, fp, &mut wait, remaining).await? {
-                        ControlFlow::Break(answer) => return Ok(answer),
-                        ControlFlow::Continue(now) => row = now,
-                    }
-                    continue;
-                }
-                LeasedApply::Parent(ParentRefusal::Busy) => {
-                    // The payment row is another transaction's: poll, as
-                    // for a held lease.
-                    match self
-                        .wait_for_holder(ev, fp, &mut wait, IN_PROGRESS_RETRY_AFTER)
-                        .await?
-                    {
-                        ControlFlow::Break(answer) => return Ok(answer),
-                        ControlFlow::Continue(now) => row = now,
-                    }
-                    continue;
-                }
-                LeasedApply::Parent(refusal) => return Ok(self.parent_refused(ev, refusal)),
-                LeasedApply::Committed {
-                    token,
-                    status,
-                    over_returned,
-                } => {
-                    self.held_inside_write(started);
-                    if over_returned {
-                        self.over_returned(ev);
-                    }
-                    return Ok(Outcome::Processed { token, status });
-                }
-                LeasedApply::NotWritten { token, row } => {
-                    self.held_inside_write(started);
-                    (token, row)
-                }
-            };
-            if !is_the_same_object(&now, ev, fp) {
-                return Ok(Outcome::PayloadMismatch);
-            }
-            if decide(ev.event_type, Some(now.status)) == Decision::Apply(t) && now.fence >= token {
-                if resynced {
-                    return Ok(self.fence_rejected_inside_write(ev, token, now.fence));
-                }
-                resynced = true;
-                self.metrics.fence_resync().increment(1);
-                tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
-                    old_token = token, db_fence = now.fence,
-                    "fence resync: lease counter was behind the database; taking a token past it");
-            }
-            rounds += 1;
-            if rounds == MAX_ROUNDS {
-                return Ok(self.fence_rejected_inside_write(ev, token, now.fence));
-            }
-            row = Some(now);
-        }
-    }
-
-    /// A lease taken and given back inside one write: counted as an
-    /// acquisition, held for as long as the write took.
-    fn held_inside_write(&self, started: Instant) {
-        self.metrics.lease_acquired().increment(1);
-        self.metrics
-            .lease_held_seconds()
-            .record(started.elapsed().as_secs_f64());
-    }
-
-    /// [`Processor::fence_rejected`] for a lease taken inside the write: the
-    /// lease ended with the write, so the loss is counted here.
-    fn fence_rejected_inside_write(
-        &self,
-        ev: &CanonicalEvent,
-        token: i64,
-        db_fence: i64,
-    ) -> Outcome {
-        self.metrics.fence_rejected().increment(1);
-        self.metrics.lease_lost().increment(1);
-        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token, db_fence,
-            "fence rejected: a newer token owns this payment; nothing written");
-        Outcome::LeaseLost { token }
     }
 
     /// Records a batch item that cannot be booked (see `quarantined_items`);
@@ -540,137 +748,13 @@ impl Processor {
             "payment over-returned: a dispute took more than came in; booked");
     }
 
-    /// Claim, business step and finalize while `guard` holds the lease.
-    /// `current` is the row's status as last read.
-    ///
-    /// Every write first takes a pooled connection, *then* checks the lease:
-    /// waiting for a connection can take up to the pool wait, and a write sent
-    /// after the local expiry could only be fenced out (or, with nobody else
-    /// there, start work the lease no longer covers).
-    async fn under_lease(
-        &self,
-        guard: &mut LeaseGuard,
-        ev: &CanonicalEvent,
-        fp: &str,
-        mut current: Option<Status>,
-    ) -> Result<Outcome, Error> {
-        let mut resynced = false;
-        let mut wait = InflightWaiting::new(self.inflight_wait);
-        // A conditioned write that did not apply re-reads the row and decides
-        // again; the row can move a few times (another holder settled it,
-        // a counter was behind), never forever: each round needs a newer token.
-        let mut rounds = 0;
-        while rounds < MAX_ROUNDS {
-            let token = guard.token();
-            let t = match decide(ev.event_type, current) {
-                Decision::Apply(t) => t,
-                other => return Ok(self.answer_without_write(ev, other)),
-            };
-            let mut conn = self.store.connection().await?;
-            #[cfg(feature = "test-support")]
-            if let Some(hook) = &self.hooks.before_write {
-                hook(ev).await;
-            }
-            if let Some(reason) = guard.loss_reason() {
-                return Ok(self.lease_lost(guard, reason));
-            }
-            let refused = match &self.downstream {
-                None => match conn
-                    .apply(ev, fp, token, t)
-                    .instrument(spans::commit(token))
-                    .await?
-                {
-                    Applied::Committed {
-                        status,
-                        over_returned,
-                    } => {
-                        if over_returned {
-                            self.over_returned(ev);
-                        }
-                        return Ok(Outcome::Processed { token, status });
-                    }
-                    Applied::Parent(refusal) => Err(refusal),
-                    Applied::NotWritten(row) => Ok(row),
-                },
-                Some(downstream) => match conn
-                    .claim(ev, fp, token, t)
-                    .instrument(spans::claim(token))
-                    .await?
-                {
-                    Claimed::Claimed {
-                        payment_id,
-                        event,
-                        over_returned,
-                    } => {
-                        drop(conn);
-                        return self
-                            .call_and_finalize(
-                                downstream,
-                                guard,
-                                &event,
-                                payment_id,
-                                t,
-                                over_returned,
-                            )
-                            .await;
-                    }
-                    Claimed::Parent(refusal) => Err(refusal),
-                    Claimed::NotWritten(row) => Ok(row),
-                },
-            };
-            drop(conn);
-            let row = match refused {
-                Ok(row) => row,
-                Err(ParentRefusal::Busy) => {
-                    // The payment row is another transaction's (another
-                    // refund committing, or one stalled before its commit):
-                    // poll within the in-flight wait instead of queueing on
-                    // the lock.
-                    match self
-                        .wait_for_holder(ev, fp, &mut wait, IN_PROGRESS_RETRY_AFTER)
-                        .await?
-                    {
-                        ControlFlow::Break(answer) => return Ok(answer),
-                        ControlFlow::Continue(now) => current = now.map(|r| r.status),
-                    }
-                    continue;
-                }
-                Err(refusal) => return Ok(self.parent_refused(ev, refusal)),
-            };
-            rounds += 1;
-            if !is_the_same_object(&row, ev, fp) {
-                return Ok(Outcome::PayloadMismatch);
-            }
-            if decide(ev.event_type, Some(row.status)) == Decision::Apply(t) {
-                // The row still needs our transition, so its fence is at or
-                // past our token while we hold the lease: the lease store lost
-                // its counter. Fast-forward it inside the lease, once.
-                if resynced {
-                    return Ok(self.fence_rejected(guard, ev, Some(row.fence)));
-                }
-                resynced = true;
-                match guard.resync(row.fence).await? {
-                    Some(new) => {
-                        self.metrics.fence_resync().increment(1);
-                        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id,
-                            old_token = token, db_fence = row.fence, new_token = new,
-                            "fence resync: lease counter was behind the database");
-                    }
-                    None => return Ok(self.fence_rejected(guard, ev, Some(row.fence))),
-                }
-            }
-            current = Some(row.status);
-        }
-        Ok(self.fence_rejected(guard, ev, None))
-    }
-
     /// The downstream call under the heartbeat, then the fenced finalize.
     /// `event` is the claimed row's facts and the event being applied: every
     /// retry of one event sends one body.
     async fn call_and_finalize(
         &self,
         downstream: &Downstream,
-        guard: &LeaseGuard,
+        guard: &mut LeaseGuard,
         event: &CanonicalEvent,
         payment_id: i64,
         t: Transition,
@@ -720,7 +804,9 @@ impl Processor {
                     }
                     Ok(Outcome::Processed { token, status })
                 }
-                Finalized::FenceRejected => Ok(self.fence_rejected(guard, event, None)),
+                Finalized::FenceRejected => {
+                    Ok(self.fence_rejected(&HeldLease::Around(guard), event, None))
+                }
                 Finalized::Parent(ParentRefusal::Busy) if Instant::now() < wait.deadline => {
                     // A give-back's payment row is busy: the step is
                     // executed, so try again (the lease is still ours)
@@ -759,17 +845,24 @@ impl Processor {
     }
 
     /// The database refused our token: a newer holder owns the payment, so
-    /// our lease had ended (whether or not the heartbeat noticed).
+    /// our lease had ended (whether or not the heartbeat noticed; a lease
+    /// taken inside the write ended with it).
     fn fence_rejected(
         &self,
-        guard: &LeaseGuard,
+        lease: &HeldLease<'_>,
         ev: &CanonicalEvent,
         db_fence: Option<i64>,
     ) -> Outcome {
         self.metrics.fence_rejected().increment(1);
-        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token = guard.token(), ?db_fence,
+        tracing::warn!(provider = %ev.provider, transaction_id = %ev.transaction_id, token = lease.token(), db_fence,
             "fence rejected: a newer token owns this payment; nothing written");
-        self.lease_lost(guard, LostReason::Superseded)
+        match lease {
+            HeldLease::Inside { lease, token } => {
+                lease.lost();
+                Outcome::LeaseLost { token: *token }
+            }
+            HeldLease::Around(guard) => self.lease_lost(guard, LostReason::Superseded),
+        }
     }
 }
 

@@ -173,11 +173,17 @@ impl Lease {
         }))
     }
 
-    /// True with the PostgreSQL backend: its lease rows live in the database
-    /// the payments do, so the inline path can take the lease inside its own
-    /// write (`Connection::apply_leased`) instead of around it.
-    pub fn is_in_the_payments_database(&self) -> bool {
-        matches!(self.inner.backend, Backend::Postgres(_))
+    /// The lease taken inside a payment write, when the backend offers it:
+    /// the PostgreSQL backend, whose lease rows live in the database the
+    /// payments do. `None` with the others: their lease is held around the
+    /// writes ([`Lease::acquire`]).
+    pub fn inline(&self) -> Option<InlineLease> {
+        match &self.inner.backend {
+            Backend::Postgres(_) => Some(InlineLease {
+                metrics: self.inner.metrics.clone(),
+            }),
+            Backend::Redis(_) | Backend::UniqueOnly => None,
+        }
     }
 
     /// Releases whatever lock `owner` may hold for `key`, without waiting.
@@ -276,6 +282,41 @@ impl Lease {
             Backend::Postgres(p) => self.bounded(budget, p.ping()).await,
             Backend::UniqueOnly => Ok(()),
         }
+    }
+}
+
+/// The lease taken inside a payment write ([`Lease::inline`]): the write's
+/// statement starts with the backend's fragment (`postgres::take_inside!`,
+/// composed with the store's fenced upsert as `APPLY_LEASED`), which takes
+/// the lease and fences the write with its token; its commit gives the lease
+/// back. The lease is held for exactly as long as that transaction, by the
+/// lease row's lock, so there is no heartbeat, no release and no time during
+/// which a stalled holder could still believe it holds the lease; and no
+/// guard. This counts such a lease as a guard counts one held around writes.
+#[derive(Clone)]
+pub struct InlineLease {
+    metrics: Metrics,
+}
+
+impl InlineLease {
+    /// A write took the lease `started` ago and its commit gave it back:
+    /// counted as an acquisition, held for as long as the write took.
+    pub fn taken(&self, started: Instant) {
+        self.metrics.lease_acquired().increment(1);
+        self.metrics
+            .lease_held_seconds()
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// A write found the lease held by someone else.
+    pub fn held_by_other(&self) {
+        self.metrics.lease_held_by_other().increment(1);
+    }
+
+    /// The database refused the token a write took: the lease ended with
+    /// that write, so its loss is counted here, once.
+    pub fn lost(&self) {
+        self.metrics.lease_lost().increment(1);
     }
 }
 

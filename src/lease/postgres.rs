@@ -10,9 +10,10 @@
 //!
 //! These statements serve holders that keep the lease around a downstream
 //! call. Without a downstream, deliveries take the lease inside their own
-//! write instead (`APPLY_LEASED` in `store`): the same row, the same
-//! condition and the same counter, held by the row's lock for that write's
-//! transaction only.
+//! write instead ([`super::InlineLease`]): the store composes this module's
+//! fragment (`take_inside!`, below) with its fenced upsert into one
+//! statement. The same row, the same condition and the same counter, held
+//! by the row's lock for that write's transaction only.
 
 use std::time::Duration;
 
@@ -34,10 +35,53 @@ ON CONFLICT (provider, transaction_id) DO UPDATE
  WHERE l.owner IS NULL OR l.expires_at <= EXCLUDED.expires_at - $4 * interval '1 millisecond'
 RETURNING token";
 
-/// Milliseconds left on a lease held by someone else.
-const REMAINING: &str = "\
-SELECT greatest(0, (extract(epoch FROM (expires_at - clock_timestamp())) * 1000)::bigint)
-  FROM leases WHERE provider = $1 AND transaction_id = $2";
+/// Milliseconds left on a lease held by someone else ($1 provider, $2
+/// transaction_id): a query of its own after [`ACQUIRE`], and a subquery of
+/// the write that found the lease held (`take_inside!`).
+macro_rules! remaining_ms {
+    () => {
+        "SELECT greatest(0, (extract(epoch FROM (expires_at - clock_timestamp())) * 1000)::bigint)
+  FROM leases WHERE provider = $1::text AND transaction_id = $2::text"
+    };
+}
+pub(crate) use remaining_ms;
+
+/// See [`remaining_ms`].
+const REMAINING: &str = remaining_ms!();
+
+/// The lease taken inside a payment write: a CTE `lease` for the head of the
+/// store's one-statement write (`APPLY_LEASED` in `store`), whose fenced
+/// upsert takes its rows `FROM lease` and fences with its `token`. It answers
+/// that token, or no row when the lease is someone else's; the write then
+/// answers the holder's time left with [`remaining_ms`]. Parameters, as the
+/// store's write numbers them: `$1` provider, `$2` transaction_id, `$10` the
+/// payment's fence as last read (0: no row).
+///
+/// The lease row is taken only when free or expired (the condition of
+/// [`ACQUIRE`]), its token raised past both its own counter and `$10` (a
+/// floor for a counter the unlogged table lost), and given back at once
+/// (`owner` stays NULL): the row lock the write holds until its commit is
+/// what keeps every other taker out meanwhile. Before it touches the row, the
+/// write takes a transaction-scoped advisory lock on the key *without
+/// waiting*: a copy of the same event finds it taken and answers as for a
+/// held lease (and polls the row, as with Redis), instead of queueing on the
+/// row lock and writing a token of its own once the first copy is done. A
+/// hash collision with another transaction's key only sends a delivery round
+/// that loop once more. The parameters are cast because a `SELECT` list does
+/// not take its types from the columns it feeds, as `VALUES` does.
+macro_rules! take_inside {
+    () => {
+        "lease AS (
+    INSERT INTO leases AS l (provider, transaction_id, owner, token, expires_at)
+    SELECT $1::text, $2::text, NULL::uuid, $10::int8 + 1, clock_timestamp()
+     WHERE pg_try_advisory_xact_lock(hashtextextended($1::text || ':' || $2::text, 0))
+    ON CONFLICT (provider, transaction_id) DO UPDATE
+       SET token = greatest(l.token, $10::int8) + 1, expires_at = EXCLUDED.expires_at
+     WHERE l.owner IS NULL OR l.expires_at <= EXCLUDED.expires_at
+    RETURNING token)"
+    };
+}
+pub(crate) use take_inside;
 
 /// Extends only our own, unexpired lease; never revives an expired one.
 const RENEW: &str = "\

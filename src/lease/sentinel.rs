@@ -20,6 +20,11 @@ use tokio::sync::Mutex;
 
 use crate::config::SentinelConfig;
 
+/// A connection to the master being made ([`SentinelConn::connection`]).
+type Connecting<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<MultiplexedConnection, RedisError>> + Send + 'a>,
+>;
+
 /// A master connection found through the sentinels; cheap to clone.
 #[derive(Clone)]
 pub struct SentinelConn {
@@ -77,16 +82,22 @@ impl SentinelConn {
             return Ok(current.clone());
         }
         // The client checks that the node the sentinels name answers ROLE as
-        // a master before handing it out.
-        let client = state.sentinels.async_get_client().await?;
-        let conn = client
-            .get_multiplexed_async_connection_with_config(
-                &AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.inner.connect_timeout))
-                    // The lease facade bounds every command once.
-                    .set_response_timeout(None),
-            )
-            .await?;
+        // a master before handing it out. Boxed as a `dyn` future: the
+        // `redis` crate's is deep enough that proving a delivery's future
+        // `Send` through it passes the compiler's recursion limit, and this
+        // runs only to (re)connect.
+        let connect: Connecting<'_> = Box::pin(async {
+            let client = state.sentinels.async_get_client().await?;
+            client
+                .get_multiplexed_async_connection_with_config(
+                    &AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(self.inner.connect_timeout))
+                        // The lease facade bounds every command once.
+                        .set_response_timeout(None),
+                )
+                .await
+        });
+        let conn = connect.await?;
         state.generation += 1;
         let current = (state.generation, conn);
         state.current = Some(current.clone());

@@ -237,6 +237,9 @@ const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM p
 /// $8 fingerprint, $9 status of a new row, $10 token, $11 occurred_at,
 /// $12 the statuses the row may have (text[]), $13 the status an existing
 /// row moves to (NULL: keep it — a claim), $14 its event type (NULL: keep it).
+/// The proposed row is `$rows`: [`proposed_row!`], or, with the lease taken
+/// inside the write, the same parameters fenced with the lease's token
+/// ([`APPLY_LEASED`]).
 /// The fingerprint must be the row's, with two exceptions, where the row takes
 /// the event's fields and fingerprint (the same values otherwise): a failed
 /// payment's success (a failure moved no money, so the success's amount and
@@ -249,9 +252,9 @@ const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM p
 /// the domain's base type: tokio-postgres binds `&str` to text and `i64` to
 /// bigint, not to a domain over them.
 macro_rules! fenced_upsert {
-    ($($returning:literal)?) => {
+    ($rows:expr $(, $returning:literal)?) => {
         concat!("INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-VALUES ($1, $2::text, $3::text, $4::text, $5::text, $6::int8, $7::text, $8, $9::text, $10::int8, $11)
+", $rows, "
 ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
    SET fence = EXCLUDED.fence,
        status = COALESCE($13::text, payments.status),
@@ -275,83 +278,74 @@ RETURNING id, amount_minor, currency, occurred_at" $(, $returning)?)
     };
 }
 
+/// The proposed row of [`fenced_upsert!`], from its parameters.
+macro_rules! proposed_row {
+    () => {
+        "VALUES ($1, $2::text, $3::text, $4::text, $5::text, $6::int8, $7::text, $8, $9::text, $10::int8, $11)"
+    };
+}
+
+/// The ledger insert fed by the upsert `claim` of an inline write: effect
+/// `$15`, sign `$16`, at fence `$fence` (none when `$15` is NULL), only for
+/// a row the upsert wrote.
+macro_rules! ledger_entry {
+    ($fence:literal) => {
+        concat!(
+            "entry AS (
+    INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
+    SELECT id, $15::text, amount_minor * $16, currency, ",
+            $fence,
+            " FROM claim WHERE $15::text IS NOT NULL
+    RETURNING payment_id)"
+        )
+    };
+}
+
 /// The claim of the downstream path; also says whether the row holds its
 /// money already (`reserved`, migration V10: the downstream path needs it,
 /// the inline path runs on the schema before it).
-const CLAIM: &str = fenced_upsert!(", reserved");
+const CLAIM: &str = fenced_upsert!(proposed_row!(), ", reserved");
 
 /// The one-statement write of the inline path: the upsert writes the final
-/// status and feeds the ledger insert (effect `$15`, sign `$16`; none when
-/// `$15` is NULL), only for a row the upsert wrote.
+/// status and feeds the ledger insert, only for a row the upsert wrote.
 const APPLY: &str = concat!(
     "WITH claim AS (",
-    fenced_upsert!(),
+    fenced_upsert!(proposed_row!()),
     "),
-entry AS (
-    INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
-    SELECT id, $15::text, amount_minor * $16, currency, $10 FROM claim WHERE $15::text IS NOT NULL
-    RETURNING payment_id)
+",
+    ledger_entry!("$10"),
+    "
 SELECT id FROM claim"
 );
 
-/// [`APPLY`] with the PostgreSQL lease taken inside it (the inline path of
-/// `FENCEHOOK_LEASE_BACKEND=postgres`, see [`Connection::apply_leased`]). The
-/// lease row is taken only when free or expired, its token raised past both
-/// its own counter and `$10` (the fence last read: a floor for a counter the
-/// unlogged table lost), and given back at once (`owner` stays NULL): the
-/// row lock this write holds until its commit is what keeps every other
-/// taker out meanwhile. Before it touches the row, the write takes a
-/// transaction-scoped advisory lock on the key *without waiting*: a copy of
-/// the same event finds it taken and answers as for a held lease (and polls
-/// the row, as with Redis), instead of queueing on the row lock and writing a
-/// token of its own once the first copy is done. A hash collision with
-/// another transaction's key only sends a delivery round that loop once more. The payment row and its entry are written only from
-/// that token (`FROM lease`). Returns the token (NULL: held by someone else),
-/// the payment id (NULL: not written) and, when held, the milliseconds left
-/// on the holder's lease. The same parameters as [`APPLY`], `$10` the floor;
-/// the parameters are cast because a `SELECT` list does not take its types
-/// from the columns it feeds, as `VALUES` does.
-const APPLY_LEASED: &str = "\
-WITH lease AS (
-    INSERT INTO leases AS l (provider, transaction_id, owner, token, expires_at)
-    SELECT $1::text, $2::text, NULL::uuid, $10::int8 + 1, clock_timestamp()
-     WHERE pg_try_advisory_xact_lock(hashtextextended($1::text || ':' || $2::text, 0))
-    ON CONFLICT (provider, transaction_id) DO UPDATE
-       SET token = greatest(l.token, $10::int8) + 1, expires_at = EXCLUDED.expires_at
-     WHERE l.owner IS NULL OR l.expires_at <= EXCLUDED.expires_at
-    RETURNING token),
-claim AS (
-    INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, fingerprint, status, fence, occurred_at)
-    SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::int8, $7::text, $8::text, $9::text, token, $11::timestamptz FROM lease
-    ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
-       SET fence = EXCLUDED.fence,
-           status = COALESCE($13::text, payments.status),
-           event_type = COALESCE($14::text, payments.event_type),
-           amount_minor = EXCLUDED.amount_minor,
-           currency = EXCLUDED.currency,
-           parent_transaction_id = EXCLUDED.parent_transaction_id,
-           fingerprint = EXCLUDED.fingerprint,
-           updated_at = EXCLUDED.updated_at
-     WHERE payments.status = ANY($12::text[])
-       AND payments.fence < EXCLUDED.fence
-       AND (payments.fingerprint = EXCLUDED.fingerprint
-            OR (payments.status = 'failed' AND payments.kind = 'payment'
-                AND EXCLUDED.event_type = 'payment.succeeded')
-            OR (payments.kind = 'refund' AND payments.parent_transaction_id IS NULL
-                AND payments.status IN ('queued', 'processing', 'dead')
-                AND payments.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2',
-                    EXCLUDED.provider, EXCLUDED.transaction_id, 'refund', EXCLUDED.amount_minor::text,
-                    EXCLUDED.currency, ''), 'UTF8')), 'hex')))
-    RETURNING id, amount_minor, currency, fence),
-entry AS (
-    INSERT INTO ledger_entries (payment_id, effect, amount_minor, currency, fence)
-    SELECT id, $15::text, amount_minor * $16, currency, fence FROM claim WHERE $15::text IS NOT NULL
-    RETURNING payment_id)
+/// [`APPLY`] with the lease taken inside it (the inline path of a lease
+/// backend that offers it, see [`Connection::apply_leased`]): the lease
+/// backend's fragment comes first (`take_inside!` in `lease::postgres`, a
+/// CTE `lease`), and the payment row and its entry are written only from the
+/// token it took (`FROM lease`). Returns the token (NULL: held by someone
+/// else), the payment id (NULL: not written) and, when held, the
+/// milliseconds left on the holder's lease. The same parameters as
+/// [`APPLY`], `$10` the floor of the token; the parameters are cast because
+/// a `SELECT` list does not take its types from the columns it feeds, as
+/// `VALUES` does.
+const APPLY_LEASED: &str = concat!(
+    "WITH ",
+    crate::lease::postgres::take_inside!(),
+    ",
+claim AS (",
+    fenced_upsert!(
+        "SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::int8, $7::text, $8::text, $9::text, token, $11::timestamptz FROM lease",
+        ", fence"
+    ),
+    "),
+",
+    ledger_entry!("fence"),
+    "
 SELECT (SELECT token FROM lease), (SELECT id FROM claim),
-       CASE WHEN NOT EXISTS (SELECT FROM lease) THEN
-           (SELECT greatest(0, (extract(epoch FROM (expires_at - clock_timestamp())) * 1000)::bigint)
-              FROM leases WHERE provider = $1::text AND transaction_id = $2::text)
-       END";
+       CASE WHEN NOT EXISTS (SELECT FROM lease) THEN (",
+    crate::lease::postgres::remaining_ms!(),
+    ") END"
+);
 
 /// Status, event type and ledger entry in one statement, conditioned on the
 /// token; a reservation the claim made is now the entry's. $1 id, $2 token,

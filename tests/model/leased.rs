@@ -1,7 +1,9 @@
 //! The lease inside the write: the inline path of the PostgreSQL lease
-//! backend, where one statement (`APPLY_LEASED`) takes the lease, writes the
-//! payment and its entry, and gives the lease back, and the lease is held by
-//! that transaction's row lock until its commit.
+//! backend, where one statement (`store::APPLY_LEASED`: the lease backend's
+//! fragment, `take_inside!` in `lease/postgres.rs`, then the store's fenced
+//! upsert) takes the lease, writes the payment and its entry, and gives the
+//! lease back, and the lease is held by that transaction's row lock until
+//! its commit.
 //!
 //! One payment, deliveries of `payment.succeeded` and `payment.failed` (a
 //! failed payment can still succeed), a `leases` table that PostgreSQL
@@ -13,13 +15,13 @@
 //!
 //! | Model step | Stands for |
 //! | --- | --- |
-//! | the holder's whole program | `processor::Processor::apply_with_the_lease_inside` |
+//! | the holder's whole program | `processor::Processor::attempts` with the lease taken inside each write (`processor::Processor::write_inside`) |
 //! | `ReadRow` | `processor::Processor::settled` on the row `process` (or the inbox take) read: `domain::decide` answers `duplicate` / `stale` without a write |
-//! | `Write` | `store::Connection::apply_leased` → `store::APPLY_LEASED` up to its commit: `pg_try_advisory_xact_lock` (taken: `LeasedApply::Held`), the `leases` upsert (token = greatest(counter, fence floor) + 1, the row lock held to the commit), the fenced claim and the ledger insert from that token |
+//! | `Write` | `store::Connection::apply_leased` → `store::APPLY_LEASED` up to its commit: `pg_try_advisory_xact_lock` (taken: `LeasedApply::Held`), the `leases` upsert (`take_inside!` in `lease/postgres.rs`: token = greatest(counter, fence floor) + 1, the row lock held to the commit), the fenced claim and the ledger insert from that token |
 //! | `Blocked` | (broken variant only) the upsert queueing on another transaction's lock of the `leases` row |
 //! | `Commit` | the statement's commit: the row, the entry and the raised counter become visible, both locks go |
 //! | `Poll` / `GiveUp` | `processor::Processor::wait_for_holder` after `LeasedApply::Held`: re-read the row, or the in-flight deadline (`in_progress`) |
-//! | `Reread` | `LeasedApply::NotWritten` → `store::reread`, then the round's decision in `apply_with_the_lease_inside`: a row that still wants this transition at `fence >= token` is a counter behind (a resync, once), else decide again; `MAX_ROUNDS` rounds at most |
+//! | `Reread` | `LeasedApply::NotWritten` → `store::reread`, then the round's decision in `processor::Processor::attempts`: a row that still wants this transition at `fence >= token` is a counter behind (a resync, once), else decide again; `MAX_ROUNDS` rounds at most |
 //! | `Crash` | PostgreSQL restarts: transactions in flight roll back (their deliveries answer 503), the unlogged `leases` table comes back empty |
 //! | `ForeignClaim` | a delivery on an instance with the Redis backend or a downstream route (`store::Connection::claim`): the row `processing` at a fence the `leases` table never issued |
 //!

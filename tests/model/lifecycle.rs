@@ -15,7 +15,7 @@
 //! | --- | --- |
 //! | `ReadRow` | `processor::Processor::settled`: `domain::decide` on the row as read answers `duplicate`, `stale` or `awaiting_payment` without the lease |
 //! | `Acquire` | `lease::Lease::acquire` (held: `in_progress`, as after the in-flight wait) |
-//! | `Claim` | `processor::Processor::under_lease` → `store::Connection::claim`: decide on the row as it is, check the payment, reserve a refund's amount under the cap (`store::MOVE_PARENT_MONEY`'s condition), row `processing` |
+//! | `Claim` | `processor::Processor::write_around` → `store::Connection::claim`: decide on the row as it is, check the payment, reserve a refund's amount under the cap (`store::MOVE_PARENT_MONEY`'s condition), row `processing` |
 //! | `Call` / `CallFails` / `CallTimesOut` | `downstream::Downstream::call` with `Idempotency-Key` and the claimed event as the body; a failure gives the reservation back and answers 503 |
 //! | `Finalize` | `store::Connection::finalize`: status, entry, and the money move of a dispute or a reversal, one transaction; a refund's reserved amount becomes booked |
 //! | `Redeliver` | the PSP's retry after any answer but a 2xx |
