@@ -33,7 +33,10 @@ pub async fn run(args: &MigrateArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("fencehook: migrate failed: {}", fencehook::report::chain(&e));
+            eprintln!(
+                "fencehook: migrate failed: {}",
+                fencehook::report::chain(&e)
+            );
             ExitCode::FAILURE
         }
     }
