@@ -13,6 +13,7 @@ use clap::{Args, ValueEnum};
 use crate::providers::{self, Provider};
 
 pub mod console;
+pub mod setting;
 mod traces;
 pub use traces::{OtlpProtocol, Sampler, SamplerRoot, TraceArgs, TraceConfig};
 
@@ -52,78 +53,78 @@ pub struct ServeArgs {
     /// Redis URL of the lease store (redis://host:port[/db], rediss:// for
     /// TLS). Default: redis://127.0.0.1:6379, unless
     /// FENCEHOOK_REDIS_SENTINELS is set (then it must be unset).
-    #[arg(long, env = "REDIS_URL")]
+    #[arg(long, env = setting::REDIS_URL)]
     pub redis_url: Option<String>,
     #[command(flatten)]
     pub redis_ha: RedisHaArgs,
     /// Public listener: POST /webhooks/{provider}.
-    #[arg(long, env = "FENCEHOOK_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = setting::FENCEHOOK_LISTEN, default_value = "127.0.0.1:8080")]
     pub listen: String,
     /// Admin listener: /metrics, /healthz, /readyz. Never the public port.
-    #[arg(long, env = "FENCEHOOK_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    #[arg(long, env = setting::FENCEHOOK_ADMIN_LISTEN, default_value = "127.0.0.1:9090")]
     pub admin_listen: String,
     /// Where leases and fencing tokens live.
     #[arg(
         long,
-        env = "FENCEHOOK_LEASE_BACKEND",
+        env = setting::FENCEHOOK_LEASE_BACKEND,
         value_enum,
         default_value = "redis"
     )]
     pub lease_backend: LeaseBackendKind,
     /// Lease time-to-live; the heartbeat renews every ttl/3.
-    #[arg(long, env = "FENCEHOOK_LEASE_TTL_MS", default_value_t = 5000)]
+    #[arg(long, env = setting::FENCEHOOK_LEASE_TTL_MS, default_value_t = 5000)]
     pub lease_ttl_ms: u64,
     /// Longest a lease is renewed for one delivery; past it the lease is let go.
-    #[arg(long, env = "FENCEHOOK_LEASE_MAX_MS", default_value_t = 60_000)]
+    #[arg(long, env = setting::FENCEHOOK_LEASE_MAX_MS, default_value_t = 60_000)]
     pub lease_max_ms: u64,
     /// Expiry of an idle per-transaction fence counter (Redis key, or PostgreSQL
     /// lease row); at least FENCEHOOK_LEASE_MAX_MS. Safety does not depend on
     /// it: a counter that starts again is fast-forwarded past the database fence.
-    #[arg(long, env = "FENCEHOOK_FENCE_KEY_TTL_SECS", default_value_t = 300)]
+    #[arg(long, env = setting::FENCEHOOK_FENCE_KEY_TTL_SECS, default_value_t = 300)]
     pub fence_key_ttl_secs: u64,
     /// Prefix of every Redis key (`<prefix>:{<provider>:<transaction_id>}:lock`).
-    #[arg(long, env = "FENCEHOOK_REDIS_KEY_PREFIX", default_value = "fencehook")]
+    #[arg(long, env = setting::FENCEHOOK_REDIS_KEY_PREFIX, default_value = "fencehook")]
     pub redis_key_prefix: String,
     /// Timeout of one lease command (acquire, renew, release), on Redis or,
     /// with the postgres backend, on the database; below a third of the TTL.
     /// Default: a quarter of the TTL, at most 1000.
-    #[arg(long, env = "FENCEHOOK_LEASE_TIMEOUT_MS")]
+    #[arg(long, env = setting::FENCEHOOK_LEASE_TIMEOUT_MS)]
     pub lease_timeout_ms: Option<u64>,
     /// How long a delivery waits for another holder's outcome before answering 409.
-    #[arg(long, env = "FENCEHOOK_INFLIGHT_WAIT_MS", default_value_t = 1000)]
+    #[arg(long, env = setting::FENCEHOOK_INFLIGHT_WAIT_MS, default_value_t = 1000)]
     pub inflight_wait_ms: u64,
     /// Business service to POST each canonical event to before it is finalised.
-    #[arg(long, env = "FENCEHOOK_DOWNSTREAM_URL")]
+    #[arg(long, env = setting::FENCEHOOK_DOWNSTREAM_URL)]
     pub downstream_url: Option<String>,
     /// Timeout of one downstream call.
     #[arg(
         long,
-        env = "FENCEHOOK_DOWNSTREAM_TIMEOUT_MS",
+        env = setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS,
         default_value_t = 10_000
     )]
     pub downstream_timeout_ms: u64,
     /// TOML file of providers; without it a built-in `generic` provider is served.
-    #[arg(long, env = "FENCEHOOK_PROVIDERS")]
+    #[arg(long, env = setting::FENCEHOOK_PROVIDERS)]
     pub providers: Option<PathBuf>,
     /// Secret (`whsec_<base64>`) of the built-in `generic` provider.
-    #[arg(long, env = "FENCEHOOK_GENERIC_SECRET", hide_env_values = true)]
+    #[arg(long, env = setting::FENCEHOOK_GENERIC_SECRET, hide_env_values = true)]
     pub generic_secret: Option<String>,
     /// Development only (`make run` sets it): serve secrets and keys published
     /// in fencehook's own files, or shorter than their PSP issues. Refused
     /// without it: anyone can sign with them.
-    #[arg(long, env = "FENCEHOOK_ALLOW_PUBLISHED_SECRETS", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = setting::FENCEHOOK_ALLOW_PUBLISHED_SECRETS, default_value_t = false, action = clap::ArgAction::Set)]
     pub allow_published_secrets: bool,
     /// Largest accepted request body.
-    #[arg(long, env = "FENCEHOOK_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    #[arg(long, env = setting::FENCEHOOK_MAX_BODY_BYTES, default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
     /// Longest the whole request body may take to arrive; past it 408 and the connection is closed.
-    #[arg(long, env = "FENCEHOOK_BODY_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(long, env = setting::FENCEHOOK_BODY_TIMEOUT_MS, default_value_t = 10_000)]
     pub body_timeout_ms: u64,
     /// Deliveries processed at once by this instance; beyond it they are answered 503 at once.
-    #[arg(long, env = "FENCEHOOK_MAX_INFLIGHT", default_value_t = 512)]
+    #[arg(long, env = setting::FENCEHOOK_MAX_INFLIGHT, default_value_t = 512)]
     pub max_inflight: usize,
     /// Connections open at once on the public listener; beyond it a new one gets 503 and is closed.
-    #[arg(long, env = "FENCEHOOK_MAX_CONNECTIONS", default_value_t = 1024)]
+    #[arg(long, env = setting::FENCEHOOK_MAX_CONNECTIONS, default_value_t = 1024)]
     pub max_connections: usize,
     /// Connections one peer address may hold open at once on the public
     /// listener; beyond it a new one gets 503 and is closed. Behind a proxy
@@ -131,7 +132,7 @@ pub struct ServeArgs {
     /// proxy's own bound (nginx's `max_conns`).
     #[arg(
         long,
-        env = "FENCEHOOK_MAX_CONNECTIONS_PER_PEER",
+        env = setting::FENCEHOOK_MAX_CONNECTIONS_PER_PEER,
         default_value_t = 256
     )]
     pub max_connections_per_peer: usize,
@@ -139,30 +140,30 @@ pub struct ServeArgs {
     /// with `Connection: close`.
     #[arg(
         long,
-        env = "FENCEHOOK_CONNECTION_MAX_REQUESTS",
+        env = setting::FENCEHOOK_CONNECTION_MAX_REQUESTS,
         default_value_t = 1000
     )]
     pub connection_max_requests: u64,
     /// Age after which a keep-alive connection's next answer carries
     /// `Connection: close`.
-    #[arg(long, env = "FENCEHOOK_CONNECTION_MAX_AGE_SECS", default_value_t = 120)]
+    #[arg(long, env = setting::FENCEHOOK_CONNECTION_MAX_AGE_SECS, default_value_t = 120)]
     pub connection_max_age_secs: u64,
     /// Bound on finishing in-flight deliveries after SIGTERM/SIGINT.
-    #[arg(long, env = "FENCEHOOK_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(long, env = setting::FENCEHOOK_SHUTDOWN_TIMEOUT_MS, default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
     /// Apply migrations from sql/ at start.
-    #[arg(long, env = "FENCEHOOK_MIGRATE_ON_START", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = setting::FENCEHOOK_MIGRATE_ON_START, default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate_on_start: bool,
     /// Answer deliveries 503 (and `/readyz` 503) while the database's commits
     /// do not wait for a synchronous standby: an acknowledged payment could
     /// otherwise be lost in a failover.
-    #[arg(long, env = "FENCEHOOK_REQUIRE_SYNC_REPLICATION", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = setting::FENCEHOOK_REQUIRE_SYNC_REPLICATION, default_value_t = false, action = clap::ArgAction::Set)]
     pub require_sync_replication: bool,
     /// Log format.
-    #[arg(long, env = "FENCEHOOK_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(long, env = setting::FENCEHOOK_LOG_FORMAT, value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Log levels, per module if wanted (e.g. `warn`, `info,fencehook::inbox=debug`).
-    #[arg(long, env = "FENCEHOOK_LOG", default_value = "info")]
+    #[arg(long, env = setting::FENCEHOOK_LOG, default_value = "info")]
     pub log: String,
     #[command(flatten)]
     pub inbox: InboxArgs,
@@ -177,30 +178,30 @@ pub struct ServeArgs {
 pub struct InboxArgs {
     /// sync: book before answering; inbox: answer `accepted` after one
     /// durable write, workers book it.
-    #[arg(long, env = "FENCEHOOK_MODE", value_enum, default_value = "sync")]
+    #[arg(long, env = setting::FENCEHOOK_MODE, value_enum, default_value = "sync")]
     pub mode: Mode,
     /// Inbox workers in this process (0: accept only).
-    #[arg(long, env = "FENCEHOOK_WORKERS", default_value_t = 4)]
+    #[arg(long, env = setting::FENCEHOOK_WORKERS, default_value_t = 4)]
     pub workers: usize,
     /// First retry delay after a failed attempt; doubles per attempt, with jitter.
-    #[arg(long, env = "FENCEHOOK_RETRY_BASE_MS", default_value_t = 1000)]
+    #[arg(long, env = setting::FENCEHOOK_RETRY_BASE_MS, default_value_t = 1000)]
     pub retry_base_ms: u64,
     /// Longest retry delay.
-    #[arg(long, env = "FENCEHOOK_RETRY_MAX_MS", default_value_t = 3_600_000)]
+    #[arg(long, env = setting::FENCEHOOK_RETRY_MAX_MS, default_value_t = 3_600_000)]
     pub retry_max_ms: u64,
     /// Failed attempts after which an event is dead (until replayed).
-    #[arg(long, env = "FENCEHOOK_MAX_ATTEMPTS", default_value_t = 20)]
+    #[arg(long, env = setting::FENCEHOOK_MAX_ATTEMPTS, default_value_t = 20)]
     pub max_attempts: u32,
     /// Age after which an event is dead, whatever its attempts.
-    #[arg(long, env = "FENCEHOOK_MAX_AGE_SECS", default_value_t = 259_200)]
+    #[arg(long, env = setting::FENCEHOOK_MAX_AGE_SECS, default_value_t = 259_200)]
     pub max_age_secs: u64,
     /// How long finished events are kept (by `fencehook prune` and the
     /// scheduled prune).
-    #[arg(long, env = "FENCEHOOK_EVENT_RETENTION_DAYS", default_value_t = 30)]
+    #[arg(long, env = setting::FENCEHOOK_EVENT_RETENTION_DAYS, default_value_t = 30)]
     pub event_retention_days: u64,
     /// How often `serve` and `work` delete finished events past retention
     /// (as `fencehook prune` does); 0: never, prune by hand or cron.
-    #[arg(long, env = "FENCEHOOK_PRUNE_INTERVAL_SECS", default_value_t = 3600)]
+    #[arg(long, env = setting::FENCEHOOK_PRUNE_INTERVAL_SECS, default_value_t = 3600)]
     pub prune_interval_secs: u64,
 }
 
@@ -231,29 +232,32 @@ pub struct InboxConfig {
 impl InboxArgs {
     pub fn validate(&self) -> Result<InboxConfig, ConfigError> {
         if self.retry_base_ms == 0 {
-            return Err(bad("FENCEHOOK_RETRY_BASE_MS", "must be above 0"));
+            return Err(bad(setting::FENCEHOOK_RETRY_BASE_MS, "must be above 0"));
         }
         if self.retry_max_ms < self.retry_base_ms {
             return Err(bad(
-                "FENCEHOOK_RETRY_MAX_MS",
-                "must be at least FENCEHOOK_RETRY_BASE_MS",
+                setting::FENCEHOOK_RETRY_MAX_MS,
+                format!(
+                    "must be at least {fencehook_retry_base_ms}",
+                    fencehook_retry_base_ms = setting::FENCEHOOK_RETRY_BASE_MS
+                ),
             ));
         }
         if self.max_attempts == 0 {
-            return Err(bad("FENCEHOOK_MAX_ATTEMPTS", "must be at least 1"));
+            return Err(bad(setting::FENCEHOOK_MAX_ATTEMPTS, "must be at least 1"));
         }
         if self.retry_max_ms > MAX_RETRY_MAX_MS {
             return Err(bad(
-                "FENCEHOOK_RETRY_MAX_MS",
+                setting::FENCEHOOK_RETRY_MAX_MS,
                 format!("must be at most {MAX_RETRY_MAX_MS} (30 days)"),
             ));
         }
         if self.max_age_secs == 0 {
-            return Err(bad("FENCEHOOK_MAX_AGE_SECS", "must be above 0"));
+            return Err(bad(setting::FENCEHOOK_MAX_AGE_SECS, "must be above 0"));
         }
         if self.max_age_secs > MAX_RETENTION_DAYS * 86_400 {
             return Err(bad(
-                "FENCEHOOK_MAX_AGE_SECS",
+                setting::FENCEHOOK_MAX_AGE_SECS,
                 format!(
                     "must be at most {} ({MAX_RETENTION_DAYS} days)",
                     MAX_RETENTION_DAYS * 86_400
@@ -263,12 +267,12 @@ impl InboxArgs {
         let retention = retention(self.event_retention_days)?;
         if self.prune_interval_secs > MAX_PRUNE_INTERVAL_SECS {
             return Err(bad(
-                "FENCEHOOK_PRUNE_INTERVAL_SECS",
+                setting::FENCEHOOK_PRUNE_INTERVAL_SECS,
                 format!("must be at most {MAX_PRUNE_INTERVAL_SECS} (a week), or 0 for never"),
             ));
         }
         if self.workers > 256 {
-            return Err(bad("FENCEHOOK_WORKERS", "must be at most 256"));
+            return Err(bad(setting::FENCEHOOK_WORKERS, "must be at most 256"));
         }
         Ok(InboxConfig {
             mode: self.mode,
@@ -302,7 +306,7 @@ const MAX_PRUNE_INTERVAL_SECS: u64 = 7 * 86_400;
 pub fn retention(days: u64) -> Result<Duration, ConfigError> {
     if !(1..=MAX_RETENTION_DAYS).contains(&days) {
         return Err(bad(
-            "FENCEHOOK_EVENT_RETENTION_DAYS",
+            setting::FENCEHOOK_EVENT_RETENTION_DAYS,
             format!("{days} must be between 1 and {MAX_RETENTION_DAYS} (100 years)"),
         ));
     }
@@ -322,26 +326,26 @@ pub struct DbArgs {
     /// nothing else does.
     #[arg(
         long,
-        env = "DATABASE_URL",
+        env = setting::DATABASE_URL,
         default_value = "postgres://postgres@127.0.0.1:5432/fencehook",
         hide_env_values = true
     )]
     pub database_url: String,
     /// Connections in the pool.
-    #[arg(long, env = "FENCEHOOK_DB_POOL_SIZE", default_value_t = 16)]
+    #[arg(long, env = setting::FENCEHOOK_DB_POOL_SIZE, default_value_t = 16)]
     pub db_pool_size: usize,
     /// Longest a request waits for a pooled connection before answering 503.
-    #[arg(long, env = "FENCEHOOK_DB_POOL_WAIT_MS", default_value_t = 2000)]
+    #[arg(long, env = setting::FENCEHOOK_DB_POOL_WAIT_MS, default_value_t = 2000)]
     pub db_pool_wait_ms: u64,
     /// statement_timeout of every connection.
     #[arg(
         long,
-        env = "FENCEHOOK_DB_STATEMENT_TIMEOUT_MS",
+        env = setting::FENCEHOOK_DB_STATEMENT_TIMEOUT_MS,
         default_value_t = 5000
     )]
     pub db_statement_timeout_ms: u64,
     /// Timeout of opening one connection.
-    #[arg(long, env = "FENCEHOOK_DB_CONNECT_TIMEOUT_MS", default_value_t = 3000)]
+    #[arg(long, env = setting::FENCEHOOK_DB_CONNECT_TIMEOUT_MS, default_value_t = 3000)]
     pub db_connect_timeout_ms: u64,
 }
 
@@ -351,28 +355,28 @@ pub struct DbArgs {
 pub struct RedisHaArgs {
     /// Redis Sentinel addresses (host:port,host:port,…): the master is asked
     /// of them, and asked again after an error. REDIS_URL must be unset.
-    #[arg(long, env = "FENCEHOOK_REDIS_SENTINELS")]
+    #[arg(long, env = setting::FENCEHOOK_REDIS_SENTINELS)]
     pub redis_sentinels: Option<String>,
     /// Name of the master the sentinels monitor (`sentinel monitor <name> …`).
-    #[arg(long, env = "FENCEHOOK_REDIS_SENTINEL_MASTER")]
+    #[arg(long, env = setting::FENCEHOOK_REDIS_SENTINEL_MASTER)]
     pub redis_sentinel_master: Option<String>,
     /// Password of the sentinels themselves (their `requirepass`).
     #[arg(
         long,
-        env = "FENCEHOOK_REDIS_SENTINEL_PASSWORD",
+        env = setting::FENCEHOOK_REDIS_SENTINEL_PASSWORD,
         hide_env_values = true
     )]
     pub redis_sentinel_password: Option<String>,
     /// PEM file of the CA that signed the Redis server's certificate
     /// (rediss://); without it the system's trust store is used.
-    #[arg(long, env = "FENCEHOOK_REDIS_CA_FILE")]
+    #[arg(long, env = setting::FENCEHOOK_REDIS_CA_FILE)]
     pub redis_ca_file: Option<PathBuf>,
     /// PEM certificate (chain) presented to Redis (rediss://, with
     /// FENCEHOOK_REDIS_CLIENT_KEY_FILE).
-    #[arg(long, env = "FENCEHOOK_REDIS_CLIENT_CERT_FILE")]
+    #[arg(long, env = setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE)]
     pub redis_client_cert_file: Option<PathBuf>,
     /// PEM private key of FENCEHOOK_REDIS_CLIENT_CERT_FILE.
-    #[arg(long, env = "FENCEHOOK_REDIS_CLIENT_KEY_FILE")]
+    #[arg(long, env = setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE)]
     pub redis_client_key_file: Option<PathBuf>,
 }
 
@@ -427,26 +431,26 @@ impl RedisHaArgs {
             (true, true) => {
                 if self.redis_sentinel_password.is_some() {
                     return Err(bad(
-                        "FENCEHOOK_REDIS_SENTINEL_PASSWORD",
-                        "is set without FENCEHOOK_REDIS_SENTINELS",
+                        setting::FENCEHOOK_REDIS_SENTINEL_PASSWORD,
+                        format!("is set without {fencehook_redis_sentinels}", fencehook_redis_sentinels = setting::FENCEHOOK_REDIS_SENTINELS),
                     ));
                 }
                 return Ok(None);
             }
             (false, true) => return Err(bad(
-                "FENCEHOOK_REDIS_SENTINEL_MASTER",
-                "must name the master the sentinels monitor when FENCEHOOK_REDIS_SENTINELS is set",
+                setting::FENCEHOOK_REDIS_SENTINEL_MASTER,
+                format!("must name the master the sentinels monitor when {fencehook_redis_sentinels} is set", fencehook_redis_sentinels = setting::FENCEHOOK_REDIS_SENTINELS),
             )),
             (true, false) => return Err(bad(
-                "FENCEHOOK_REDIS_SENTINELS",
-                "must list the sentinels (host:port,…) when FENCEHOOK_REDIS_SENTINEL_MASTER is set",
+                setting::FENCEHOOK_REDIS_SENTINELS,
+                format!("must list the sentinels (host:port,…) when {fencehook_redis_sentinel_master} is set", fencehook_redis_sentinel_master = setting::FENCEHOOK_REDIS_SENTINEL_MASTER),
             )),
             (false, false) => {}
         }
         if redis_url.is_some() {
             return Err(bad(
-                "REDIS_URL",
-                "must be unset when FENCEHOOK_REDIS_SENTINELS is set: the sentinels name the master",
+                setting::REDIS_URL,
+                format!("must be unset when {fencehook_redis_sentinels} is set: the sentinels name the master", fencehook_redis_sentinels = setting::FENCEHOOK_REDIS_SENTINELS),
             ));
         }
         let mut sentinels = Vec::new();
@@ -461,7 +465,7 @@ impl RedisHaArgs {
                 }
                 _ => {
                     return Err(bad(
-                        "FENCEHOOK_REDIS_SENTINELS",
+                        setting::FENCEHOOK_REDIS_SENTINELS,
                         format!("`{node}` is not host:port"),
                     ))
                 }
@@ -470,14 +474,14 @@ impl RedisHaArgs {
         let master = self.redis_sentinel_master.as_deref().unwrap_or("").trim();
         if master.chars().any(char::is_whitespace) {
             return Err(bad(
-                "FENCEHOOK_REDIS_SENTINEL_MASTER",
+                setting::FENCEHOOK_REDIS_SENTINEL_MASTER,
                 "must not contain spaces",
             ));
         }
         if self.redis_ca_file.is_some() || self.redis_client_cert_file.is_some() {
             return Err(bad(
-                "FENCEHOOK_REDIS_SENTINELS",
-                "TLS to a Sentinel-managed Redis is not supported by this build; use a private network, or rediss:// in REDIS_URL without Sentinel",
+                setting::FENCEHOOK_REDIS_SENTINELS,
+                format!("TLS to a Sentinel-managed Redis is not supported by this build; use a private network, or rediss:// in {redis_url} without Sentinel", redis_url = setting::REDIS_URL),
             ));
         }
         Ok(Some(SentinelConfig {
@@ -494,18 +498,24 @@ impl RedisHaArgs {
     fn tls(&self, tls_url: bool) -> Result<RedisTls, ConfigError> {
         if !tls_url {
             for (setting, file) in [
-                ("FENCEHOOK_REDIS_CA_FILE", &self.redis_ca_file),
+                (setting::FENCEHOOK_REDIS_CA_FILE, &self.redis_ca_file),
                 (
-                    "FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+                    setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE,
                     &self.redis_client_cert_file,
                 ),
                 (
-                    "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+                    setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE,
                     &self.redis_client_key_file,
                 ),
             ] {
                 if file.is_some() {
-                    return Err(bad(setting, "is set but REDIS_URL is not rediss:// (TLS)"));
+                    return Err(bad(
+                        setting,
+                        format!(
+                            "is set but {redis_url} is not rediss:// (TLS)",
+                            redis_url = setting::REDIS_URL
+                        ),
+                    ));
                 }
             }
             return Ok(RedisTls::default());
@@ -536,8 +546,8 @@ impl RedisHaArgs {
         };
         let ca = match &self.redis_ca_file {
             Some(path) => {
-                let pem = read("FENCEHOOK_REDIS_CA_FILE", path)?;
-                certs("FENCEHOOK_REDIS_CA_FILE", path, &pem)?;
+                let pem = read(setting::FENCEHOOK_REDIS_CA_FILE, path)?;
+                certs(setting::FENCEHOOK_REDIS_CA_FILE, path, &pem)?;
                 Some(pem)
             }
             None => None,
@@ -546,23 +556,30 @@ impl RedisHaArgs {
             (None, None) => None,
             (Some(_), None) => {
                 return Err(bad(
-                    "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
-                    "must be set with FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+                    setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE,
+                    format!(
+                        "must be set with {fencehook_redis_client_cert_file}",
+                        fencehook_redis_client_cert_file =
+                            setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE
+                    ),
                 ))
             }
             (None, Some(_)) => {
                 return Err(bad(
-                    "FENCEHOOK_REDIS_CLIENT_CERT_FILE",
-                    "must be set with FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+                    setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE,
+                    format!(
+                        "must be set with {fencehook_redis_client_key_file}",
+                        fencehook_redis_client_key_file = setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE
+                    ),
                 ))
             }
             (Some(cert_path), Some(key_path)) => {
-                let cert = read("FENCEHOOK_REDIS_CLIENT_CERT_FILE", cert_path)?;
-                certs("FENCEHOOK_REDIS_CLIENT_CERT_FILE", cert_path, &cert)?;
-                let key = read("FENCEHOOK_REDIS_CLIENT_KEY_FILE", key_path)?;
+                let cert = read(setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE, cert_path)?;
+                certs(setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE, cert_path, &cert)?;
+                let key = read(setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE, key_path)?;
                 PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
                     bad(
-                        "FENCEHOOK_REDIS_CLIENT_KEY_FILE",
+                        setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE,
                         format!("{}: not a PEM private key: {e}", key_path.display()),
                     )
                 })?;
@@ -644,19 +661,23 @@ impl Config {
             .collect();
         if self.allow_published_secrets {
             out.push(
-                "FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true: for development only; never in production"
+                format!("{fencehook_allow_published_secrets}=true: for development only; never in production", fencehook_allow_published_secrets = setting::FENCEHOOK_ALLOW_PUBLISHED_SECRETS)
                     .to_owned(),
             );
             out.extend(self.providers.iter().flat_map(|p| {
-                p.exposures()
-                    .iter()
-                    .map(|e| format!("{e}; served because FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true"))
+                p.exposures().iter().map(|e| {
+                    format!(
+                        "{e}; served because {fencehook_allow_published_secrets}=true",
+                        fencehook_allow_published_secrets =
+                            setting::FENCEHOOK_ALLOW_PUBLISHED_SECRETS
+                    )
+                })
             }));
         }
         if !self.admin_listen.ip().is_loopback() {
             out.push(format!(
-                "FENCEHOOK_ADMIN_LISTEN {} is not a loopback address: /metrics, /healthz and /readyz answer whoever reaches it; keep it on a private network, never public",
-                self.admin_listen
+                "{fencehook_admin_listen} {} is not a loopback address: /metrics, /healthz and /readyz answer whoever reaches it; keep it on a private network, never public",
+                self.admin_listen, fencehook_admin_listen = setting::FENCEHOOK_ADMIN_LISTEN
             ));
         }
         out
@@ -763,13 +784,13 @@ impl DbArgs {
         // Also reads sslrootcert: a file that is missing or holds no
         // certificate stops the start here, not at the first connection.
         crate::db::tls::Target::parse(&self.database_url)
-            .map_err(|e| bad("DATABASE_URL", crate::report::chain(&e)))?;
+            .map_err(|e| bad(setting::DATABASE_URL, crate::report::chain(&e)))?;
         if self.db_pool_size == 0 {
-            return Err(bad("FENCEHOOK_DB_POOL_SIZE", "must be at least 1"));
+            return Err(bad(setting::FENCEHOOK_DB_POOL_SIZE, "must be at least 1"));
         }
         if self.db_statement_timeout_ms == 0 {
             return Err(bad(
-                "FENCEHOOK_DB_STATEMENT_TIMEOUT_MS",
+                setting::FENCEHOOK_DB_STATEMENT_TIMEOUT_MS,
                 "must be above 0 (0 would disable the timeout)",
             ));
         }
@@ -799,20 +820,23 @@ impl ServeArgs {
     fn validate_with(&self, providers_required: bool) -> Result<Config, ConfigError> {
         let listen = self.listen.parse().map_err(|_| {
             bad(
-                "FENCEHOOK_LISTEN",
+                setting::FENCEHOOK_LISTEN,
                 format!("`{}` is not host:port", self.listen),
             )
         })?;
         let admin_listen: SocketAddr = self.admin_listen.parse().map_err(|_| {
             bad(
-                "FENCEHOOK_ADMIN_LISTEN",
+                setting::FENCEHOOK_ADMIN_LISTEN,
                 format!("`{}` is not host:port", self.admin_listen),
             )
         })?;
         if admin_listen == listen && admin_listen.port() != 0 {
             return Err(bad(
-                "FENCEHOOK_ADMIN_LISTEN",
-                "must differ from FENCEHOOK_LISTEN",
+                setting::FENCEHOOK_ADMIN_LISTEN,
+                format!(
+                    "must differ from {fencehook_listen}",
+                    fencehook_listen = setting::FENCEHOOK_LISTEN
+                ),
             ));
         }
         let db = self.db.validate()?;
@@ -821,12 +845,15 @@ impl ServeArgs {
             None => None,
             Some(s) if s.is_empty() => None,
             Some(s) => {
-                let uri: hyper::Uri = s
-                    .parse()
-                    .map_err(|_| bad("FENCEHOOK_DOWNSTREAM_URL", format!("`{s}` is not a URL")))?;
+                let uri: hyper::Uri = s.parse().map_err(|_| {
+                    bad(
+                        setting::FENCEHOOK_DOWNSTREAM_URL,
+                        format!("`{s}` is not a URL"),
+                    )
+                })?;
                 if uri.scheme_str() != Some("http") || uri.host().is_none() {
                     return Err(bad(
-                        "FENCEHOOK_DOWNSTREAM_URL",
+                        setting::FENCEHOOK_DOWNSTREAM_URL,
                         "must be an http:// URL with a host",
                     ));
                 }
@@ -836,42 +863,48 @@ impl ServeArgs {
         let downstream_timeout = Duration::from_millis(self.downstream_timeout_ms);
         if downstream_url.is_some() {
             if self.downstream_timeout_ms == 0 {
-                return Err(bad("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "must be above 0"));
+                return Err(bad(
+                    setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS,
+                    "must be above 0",
+                ));
             }
             if downstream_timeout + lease.ttl > lease.max_hold {
                 return Err(bad(
-                    "FENCEHOOK_LEASE_MAX_MS",
+                    setting::FENCEHOOK_LEASE_MAX_MS,
                     format!(
-                        "{} ms cannot cover FENCEHOOK_DOWNSTREAM_TIMEOUT_MS ({}) plus one lease TTL ({})",
+                        "{} ms cannot cover {fencehook_downstream_timeout_ms} ({}) plus one lease TTL ({})",
                         lease.max_hold.as_millis(),
                         self.downstream_timeout_ms,
-                        self.lease_ttl_ms
+                        self.lease_ttl_ms, fencehook_downstream_timeout_ms = setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS
                     ),
                 ));
             }
         }
         if self.max_inflight == 0 {
-            return Err(bad("FENCEHOOK_MAX_INFLIGHT", "must be at least 1"));
+            return Err(bad(setting::FENCEHOOK_MAX_INFLIGHT, "must be at least 1"));
         }
         // Each delivery holds at most one pooled connection at a time, so
         // connections beyond the in-flight limit could never be used.
         if self.db.db_pool_size > self.max_inflight {
             return Err(bad(
-                "FENCEHOOK_DB_POOL_SIZE",
+                setting::FENCEHOOK_DB_POOL_SIZE,
                 format!(
-                    "{} is more than FENCEHOOK_MAX_INFLIGHT ({}): a delivery uses one connection at a time",
-                    self.db.db_pool_size, self.max_inflight
+                    "{} is more than {fencehook_max_inflight} ({}): a delivery uses one connection at a time",
+                    self.db.db_pool_size, self.max_inflight, fencehook_max_inflight = setting::FENCEHOOK_MAX_INFLIGHT
                 ),
             ));
         }
         if self.max_body_bytes < 256 {
-            return Err(bad("FENCEHOOK_MAX_BODY_BYTES", "must be at least 256"));
+            return Err(bad(
+                setting::FENCEHOOK_MAX_BODY_BYTES,
+                "must be at least 256",
+            ));
         }
         // A PSP sends a few KiB at once; 30 s is already generous, and a
         // longer bound would let slow clients keep connections for nothing.
         if !(1..=MAX_BODY_TIMEOUT_MS).contains(&self.body_timeout_ms) {
             return Err(bad(
-                "FENCEHOOK_BODY_TIMEOUT_MS",
+                setting::FENCEHOOK_BODY_TIMEOUT_MS,
                 format!(
                     "{} must be between 1 and {MAX_BODY_TIMEOUT_MS} ms",
                     self.body_timeout_ms
@@ -879,50 +912,59 @@ impl ServeArgs {
             ));
         }
         if self.max_connections == 0 {
-            return Err(bad("FENCEHOOK_MAX_CONNECTIONS", "must be at least 1"));
+            return Err(bad(
+                setting::FENCEHOOK_MAX_CONNECTIONS,
+                "must be at least 1",
+            ));
         }
         if self.max_connections_per_peer == 0 {
             return Err(bad(
-                "FENCEHOOK_MAX_CONNECTIONS_PER_PEER",
+                setting::FENCEHOOK_MAX_CONNECTIONS_PER_PEER,
                 "must be at least 1",
             ));
         }
         if self.connection_max_requests == 0 {
             return Err(bad(
-                "FENCEHOOK_CONNECTION_MAX_REQUESTS",
+                setting::FENCEHOOK_CONNECTION_MAX_REQUESTS,
                 "must be at least 1",
             ));
         }
         if !(1..=MAX_CONNECTION_AGE_SECS).contains(&self.connection_max_age_secs) {
             return Err(bad(
-                "FENCEHOOK_CONNECTION_MAX_AGE_SECS",
+                setting::FENCEHOOK_CONNECTION_MAX_AGE_SECS,
                 format!("must be between 1 and {MAX_CONNECTION_AGE_SECS} (a day)"),
             ));
         }
         let providers = match &self.providers {
-            Some(path) => providers::load_file(path).map_err(|e| bad("FENCEHOOK_PROVIDERS", e))?,
+            Some(path) => {
+                providers::load_file(path).map_err(|e| bad(setting::FENCEHOOK_PROVIDERS, e))?
+            }
             None if !providers_required && self.generic_secret.is_none() => Vec::new(),
             None => {
                 let secret = self.generic_secret.as_deref().ok_or_else(|| {
                     bad(
-                        "FENCEHOOK_GENERIC_SECRET",
-                        "required when FENCEHOOK_PROVIDERS is not set",
+                        setting::FENCEHOOK_GENERIC_SECRET,
+                        format!(
+                            "required when {fencehook_providers} is not set",
+                            fencehook_providers = setting::FENCEHOOK_PROVIDERS
+                        ),
                     )
                 })?;
-                vec![Provider::generic(secret).map_err(|e| bad("FENCEHOOK_GENERIC_SECRET", e))?]
+                vec![Provider::generic(secret)
+                    .map_err(|e| bad(setting::FENCEHOOK_GENERIC_SECRET, e))?]
             }
         };
         // Anyone who has read fencehook's repository could sign with these.
         if !self.allow_published_secrets {
             let setting = if self.providers.is_some() {
-                "FENCEHOOK_PROVIDERS"
+                setting::FENCEHOOK_PROVIDERS
             } else {
-                "FENCEHOOK_GENERIC_SECRET"
+                setting::FENCEHOOK_GENERIC_SECRET
             };
             if let Some(e) = providers.iter().flat_map(|p| p.exposures()).next() {
                 return Err(bad(
                     setting,
-                    format!("{e}; use the PSP's own (FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true serves it, for development only)"),
+                    format!("{e}; use the PSP's own ({fencehook_allow_published_secrets}=true serves it, for development only)", fencehook_allow_published_secrets = setting::FENCEHOOK_ALLOW_PUBLISHED_SECRETS),
                 ));
             }
         }
@@ -961,14 +1003,14 @@ impl ServeArgs {
         if self.lease_backend == LeaseBackendKind::UniqueOnly {
             if !cfg!(feature = "bench-baseline") {
                 return Err(bad(
-                    "FENCEHOOK_LEASE_BACKEND",
+                    setting::FENCEHOOK_LEASE_BACKEND,
                     "unique-only exists only in benchmark builds (feature bench-baseline); use redis or postgres",
                 ));
             }
             if self.downstream_url.is_some() {
                 return Err(bad(
-                    "FENCEHOOK_LEASE_BACKEND",
-                    "unique-only has no lease to take over a crashed holder's claim: it is for inline benchmarks without FENCEHOOK_DOWNSTREAM_URL",
+                    setting::FENCEHOOK_LEASE_BACKEND,
+                    format!("unique-only has no lease to take over a crashed holder's claim: it is for inline benchmarks without {fencehook_downstream_url}", fencehook_downstream_url = setting::FENCEHOOK_DOWNSTREAM_URL),
                 ));
             }
         }
@@ -982,31 +1024,37 @@ impl ServeArgs {
             }
         };
         if self.lease_ttl_ms < 150 {
-            return Err(bad("FENCEHOOK_LEASE_TTL_MS", "must be at least 150 ms"));
+            return Err(bad(
+                setting::FENCEHOOK_LEASE_TTL_MS,
+                "must be at least 150 ms",
+            ));
         }
         let ttl = Duration::from_millis(self.lease_ttl_ms);
         let lease_timeout = match self.lease_timeout_ms {
             // Derived from the TTL, so a TTL set alone always starts.
             None => (ttl / 4).min(DEFAULT_LEASE_TIMEOUT),
-            Some(0) => return Err(bad("FENCEHOOK_LEASE_TIMEOUT_MS", "must be above 0")),
+            Some(0) => return Err(bad(setting::FENCEHOOK_LEASE_TIMEOUT_MS, "must be above 0")),
             Some(ms) => Duration::from_millis(ms),
         };
         // A renewal sent at ttl/3 that times out must still leave time for a
         // second attempt before the lease expires.
         if lease_timeout >= ttl / 3 {
             return Err(bad(
-                "FENCEHOOK_LEASE_TIMEOUT_MS",
+                setting::FENCEHOOK_LEASE_TIMEOUT_MS,
                 format!(
-                    "{} ms must be below a third of FENCEHOOK_LEASE_TTL_MS ({} ms), or one slow renewal loses the lease",
+                    "{} ms must be below a third of {fencehook_lease_ttl_ms} ({} ms), or one slow renewal loses the lease",
                     lease_timeout.as_millis(),
-                    self.lease_ttl_ms / 3
+                    self.lease_ttl_ms / 3, fencehook_lease_ttl_ms = setting::FENCEHOOK_LEASE_TTL_MS
                 ),
             ));
         }
         if self.lease_max_ms < self.lease_ttl_ms {
             return Err(bad(
-                "FENCEHOOK_LEASE_MAX_MS",
-                "must be at least FENCEHOOK_LEASE_TTL_MS",
+                setting::FENCEHOOK_LEASE_MAX_MS,
+                format!(
+                    "must be at least {fencehook_lease_ttl_ms}",
+                    fencehook_lease_ttl_ms = setting::FENCEHOOK_LEASE_TTL_MS
+                ),
             ));
         }
         // The counter must outlive every lease taken from it: renewed leases
@@ -1014,10 +1062,10 @@ impl ServeArgs {
         let fence_key_ttl = Duration::from_secs(self.fence_key_ttl_secs);
         if fence_key_ttl < Duration::from_millis(self.lease_max_ms) {
             return Err(bad(
-                "FENCEHOOK_FENCE_KEY_TTL_SECS",
+                setting::FENCEHOOK_FENCE_KEY_TTL_SECS,
                 format!(
-                    "{} s is shorter than FENCEHOOK_LEASE_MAX_MS ({} ms): a counter must outlive the leases taken from it",
-                    self.fence_key_ttl_secs, self.lease_max_ms
+                    "{} s is shorter than {fencehook_lease_max_ms} ({} ms): a counter must outlive the leases taken from it",
+                    self.fence_key_ttl_secs, self.lease_max_ms, fencehook_lease_max_ms = setting::FENCEHOOK_LEASE_MAX_MS
                 ),
             ));
         }
@@ -1027,7 +1075,7 @@ impl ServeArgs {
             || prefix.chars().any(|c| c.is_whitespace())
         {
             return Err(bad(
-                "FENCEHOOK_REDIS_KEY_PREFIX",
+                setting::FENCEHOOK_REDIS_KEY_PREFIX,
                 "must be non-empty, without braces or spaces",
             ));
         }
@@ -1063,7 +1111,7 @@ impl ServeArgs {
         for node in &nodes {
             if !node.starts_with("redis://") && !node.starts_with("rediss://") {
                 return Err(bad(
-                    "REDIS_URL",
+                    setting::REDIS_URL,
                     format!("`{node}` is not a redis:// or rediss:// URL"),
                 ));
             }
@@ -1071,7 +1119,7 @@ impl ServeArgs {
         let tls_url = nodes.iter().any(|n| n.starts_with("rediss://"));
         if tls_url && !nodes.iter().all(|n| n.starts_with("rediss://")) {
             return Err(bad(
-                "REDIS_URL",
+                setting::REDIS_URL,
                 "mixes redis:// and rediss://: every node is TLS or none",
             ));
         }
@@ -1091,8 +1139,10 @@ const MAX_BODY_TIMEOUT_MS: u64 = 30_000;
 const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// Settings that were renamed: (old name, new name). Warned about at start.
-pub const RENAMED_SETTINGS: &[(&str, &str)] =
-    &[("FENCEHOOK_REDIS_TIMEOUT_MS", "FENCEHOOK_LEASE_TIMEOUT_MS")];
+pub const RENAMED_SETTINGS: &[(&str, &str)] = &[(
+    "FENCEHOOK_REDIS_TIMEOUT_MS",
+    setting::FENCEHOOK_LEASE_TIMEOUT_MS,
+)];
 
 /// Variables in `env` that look like a setting but are none: every
 /// `FENCEHOOK_*` that no setting reads, and any other name one or two

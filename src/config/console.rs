@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use sha2::{Digest, Sha256};
 
-use super::ConfigError;
+use super::{setting, ConfigError};
 
 /// Shortest token accepted: 32 bytes, 256 bits when random.
 pub const MIN_TOKEN_BYTES: usize = 32;
@@ -21,15 +21,15 @@ pub struct ConsoleArgs {
     /// File holding the console's viewer token (reads everything, replays
     /// nothing). At least 32 bytes, not readable by group or others. With
     /// neither token file set, /console is 404.
-    #[arg(long, env = "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE")]
+    #[arg(long, env = setting::FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE)]
     pub console_viewer_token_file: Option<PathBuf>,
     /// File holding the console's operator token (also replays dead events
     /// and sees raw stored bodies). Same rules as the viewer's.
-    #[arg(long, env = "FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE")]
+    #[arg(long, env = setting::FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE)]
     pub console_operator_token_file: Option<PathBuf>,
     /// Mark the console's session cookie `Secure` (the console is reached
     /// over HTTPS, through a TLS front).
-    #[arg(long, env = "FENCEHOOK_CONSOLE_SECURE_COOKIE", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = setting::FENCEHOOK_CONSOLE_SECURE_COOKIE, default_value_t = false, action = clap::ArgAction::Set)]
     pub console_secure_cookie: bool,
 }
 
@@ -77,8 +77,8 @@ impl ConsoleConfig {
     }
 }
 
-pub const VIEWER_SETTING: &str = "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE";
-pub const OPERATOR_SETTING: &str = "FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE";
+pub const VIEWER_SETTING: &str = setting::FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE;
+pub const OPERATOR_SETTING: &str = setting::FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE;
 
 impl ConsoleArgs {
     pub fn validate(&self) -> Result<ConsoleConfig, ConfigError> {
@@ -107,7 +107,7 @@ pub fn read_tokens(
         if v.secret == o.secret {
             return Err(bad(
                 OPERATOR_SETTING,
-                "holds the same token as FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE: a viewer could replay",
+                format!("holds the same token as {fencehook_console_viewer_token_file}: a viewer could replay", fencehook_console_viewer_token_file = setting::FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE),
             ));
         }
     }

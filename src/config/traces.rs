@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{bad, ConfigError};
+use super::{bad, setting, ConfigError};
 
 /// `OTEL_*` flags and environment of `serve` and `work`.
 #[derive(Debug, Clone, Args)]
@@ -17,20 +17,20 @@ pub struct TraceArgs {
     /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set.
     #[arg(
         long = "otel-exporter-otlp-endpoint",
-        env = "OTEL_EXPORTER_OTLP_ENDPOINT"
+        env = setting::OTEL_EXPORTER_OTLP_ENDPOINT
     )]
     pub endpoint: Option<String>,
     /// Full OTLP/HTTP URL the spans are posted to, used as is; wins over
     /// OTEL_EXPORTER_OTLP_ENDPOINT.
     #[arg(
         long = "otel-exporter-otlp-traces-endpoint",
-        env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        env = setting::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
     )]
     pub traces_endpoint: Option<String>,
     /// OTLP encoding: http/protobuf or http/json (gRPC is not offered).
     #[arg(
         long = "otel-exporter-otlp-protocol",
-        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        env = setting::OTEL_EXPORTER_OTLP_PROTOCOL,
         default_value = "http/protobuf"
     )]
     pub protocol: String,
@@ -38,51 +38,51 @@ pub struct TraceArgs {
     /// values), e.g. a vendor's API key. Never logged.
     #[arg(
         long = "otel-exporter-otlp-headers",
-        env = "OTEL_EXPORTER_OTLP_HEADERS",
+        env = setting::OTEL_EXPORTER_OTLP_HEADERS,
         hide_env_values = true
     )]
     pub headers: Option<String>,
     /// Bound on one export (ms), retries included.
     #[arg(
         long = "otel-exporter-otlp-timeout",
-        env = "OTEL_EXPORTER_OTLP_TIMEOUT",
+        env = setting::OTEL_EXPORTER_OTLP_TIMEOUT,
         default_value_t = 10_000
     )]
     pub timeout_ms: u64,
     /// `service.name` of every span.
     #[arg(
         long = "otel-service-name",
-        env = "OTEL_SERVICE_NAME",
+        env = setting::OTEL_SERVICE_NAME,
         default_value = "fencehook"
     )]
     pub service_name: String,
     /// More resource attributes, `key=value,key=value` (percent-encoded
     /// values), e.g. `deployment.environment.name=prod`.
-    #[arg(long = "otel-resource-attributes", env = "OTEL_RESOURCE_ATTRIBUTES")]
+    #[arg(long = "otel-resource-attributes", env = setting::OTEL_RESOURCE_ATTRIBUTES)]
     pub resource_attributes: Option<String>,
     /// always_on, always_off, traceidratio, parentbased_always_on,
     /// parentbased_always_off or parentbased_traceidratio.
     #[arg(
         long = "otel-traces-sampler",
-        env = "OTEL_TRACES_SAMPLER",
+        env = setting::OTEL_TRACES_SAMPLER,
         default_value = "parentbased_always_on"
     )]
     pub sampler: String,
     /// The ratio (0 to 1) of the traceidratio samplers; default 1.
-    #[arg(long = "otel-traces-sampler-arg", env = "OTEL_TRACES_SAMPLER_ARG")]
+    #[arg(long = "otel-traces-sampler-arg", env = setting::OTEL_TRACES_SAMPLER_ARG)]
     pub sampler_arg: Option<String>,
     /// Finished spans waiting for export; when full, a new span is dropped
     /// (and counted), never waited for.
     #[arg(
         long = "otel-bsp-max-queue-size",
-        env = "OTEL_BSP_MAX_QUEUE_SIZE",
+        env = setting::OTEL_BSP_MAX_QUEUE_SIZE,
         default_value_t = 2048
     )]
     pub max_queue_size: usize,
     /// Most spans in one export.
     #[arg(
         long = "otel-bsp-max-export-batch-size",
-        env = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        env = setting::OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
         default_value_t = 512
     )]
     pub max_export_batch_size: usize,
@@ -90,7 +90,7 @@ pub struct TraceArgs {
     /// exported (ms).
     #[arg(
         long = "otel-bsp-schedule-delay",
-        env = "OTEL_BSP_SCHEDULE_DELAY",
+        env = setting::OTEL_BSP_SCHEDULE_DELAY,
         default_value_t = 5000
     )]
     pub schedule_delay_ms: u64,
@@ -157,20 +157,20 @@ impl TraceArgs {
             "http/json" => OtlpProtocol::Json,
             "grpc" => {
                 return Err(bad(
-                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                    setting::OTEL_EXPORTER_OTLP_PROTOCOL,
                     "grpc is not offered; use http/protobuf (the default) or http/json",
                 ))
             }
             other => {
                 return Err(bad(
-                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                    setting::OTEL_EXPORTER_OTLP_PROTOCOL,
                     format!("`{other}` is not http/protobuf or http/json"),
                 ))
             }
         };
         let sampler = sampler(&self.sampler, self.sampler_arg.as_deref())?;
         let headers = match &self.headers {
-            Some(h) => key_values(h).map_err(|e| bad("OTEL_EXPORTER_OTLP_HEADERS", e))?,
+            Some(h) => key_values(h).map_err(|e| bad(setting::OTEL_EXPORTER_OTLP_HEADERS, e))?,
             None => Vec::new(),
         };
         for (name, value) in &headers {
@@ -179,46 +179,47 @@ impl TraceArgs {
                 || http::HeaderValue::from_str(value).is_err()
             {
                 return Err(bad(
-                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    setting::OTEL_EXPORTER_OTLP_HEADERS,
                     format!("`{name}` is not a valid header name, or its value not a header value"),
                 ));
             }
         }
         let resource_attributes = match &self.resource_attributes {
-            Some(a) => key_values(a).map_err(|e| bad("OTEL_RESOURCE_ATTRIBUTES", e))?,
+            Some(a) => key_values(a).map_err(|e| bad(setting::OTEL_RESOURCE_ATTRIBUTES, e))?,
             None => Vec::new(),
         };
         if self.service_name.trim().is_empty() {
-            return Err(bad("OTEL_SERVICE_NAME", "must not be empty"));
+            return Err(bad(setting::OTEL_SERVICE_NAME, "must not be empty"));
         }
         if self.timeout_ms == 0 {
-            return Err(bad("OTEL_EXPORTER_OTLP_TIMEOUT", "must be above 0"));
+            return Err(bad(setting::OTEL_EXPORTER_OTLP_TIMEOUT, "must be above 0"));
         }
         if self.max_queue_size == 0 {
-            return Err(bad("OTEL_BSP_MAX_QUEUE_SIZE", "must be at least 1"));
+            return Err(bad(setting::OTEL_BSP_MAX_QUEUE_SIZE, "must be at least 1"));
         }
         if self.max_export_batch_size == 0 || self.max_export_batch_size > self.max_queue_size {
             return Err(bad(
-                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                setting::OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
                 format!(
-                    "must be between 1 and OTEL_BSP_MAX_QUEUE_SIZE ({})",
-                    self.max_queue_size
+                    "must be between 1 and {otel_bsp_max_queue_size} ({})",
+                    self.max_queue_size,
+                    otel_bsp_max_queue_size = setting::OTEL_BSP_MAX_QUEUE_SIZE
                 ),
             ));
         }
         if self.schedule_delay_ms == 0 {
-            return Err(bad("OTEL_BSP_SCHEDULE_DELAY", "must be above 0"));
+            return Err(bad(setting::OTEL_BSP_SCHEDULE_DELAY, "must be above 0"));
         }
         let endpoint = match (
             nonempty(self.traces_endpoint.as_deref()),
             nonempty(self.endpoint.as_deref()),
         ) {
-            (Some(url), _) => collector_url("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)?,
+            (Some(url), _) => collector_url(setting::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, url)?,
             (None, Some(base)) => {
                 // The specification's rule: the signal's path is appended to
                 // the base, after its own path (a collector behind a prefix).
                 let url = format!("{}/v1/traces", base.trim_end_matches('/'));
-                collector_url("OTEL_EXPORTER_OTLP_ENDPOINT", &url)?
+                collector_url(setting::OTEL_EXPORTER_OTLP_ENDPOINT, &url)?
             }
             (None, None) => return Ok(None),
         };
@@ -264,7 +265,7 @@ fn sampler(name: &str, arg: Option<&str>) -> Result<Sampler, ConfigError> {
         match arg.parse::<f64>() {
             Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
             _ => Err(bad(
-                "OTEL_TRACES_SAMPLER_ARG",
+                setting::OTEL_TRACES_SAMPLER_ARG,
                 format!("`{arg}` is not a ratio between 0 and 1"),
             )),
         }
@@ -278,7 +279,7 @@ fn sampler(name: &str, arg: Option<&str>) -> Result<Sampler, ConfigError> {
         "parentbased_traceidratio" => (true, SamplerRoot::Ratio(ratio()?)),
         other => {
             return Err(bad(
-                "OTEL_TRACES_SAMPLER",
+                setting::OTEL_TRACES_SAMPLER,
                 format!("`{other}` is not one of always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio"),
             ))
         }
