@@ -143,6 +143,7 @@ impl Parts {
             Role::Work => Vec::new(),
         };
         let metrics = Metrics::new(&names);
+        metrics.count_span_drops_from(crate::telemetry::spans_dropped);
         let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
         let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
         let downstream = cfg

@@ -16,7 +16,7 @@ mod table;
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{
@@ -479,6 +479,10 @@ struct Inner {
     /// [`WEBHOOKS_TOTAL`] per (provider, result), registered once so the
     /// request path does not build a key and hash it on every delivery.
     webhooks: HashMap<String, HashMap<WebhookResult, Counter>>,
+    /// Where the process's span exporter keeps its drop counts, given by
+    /// whoever wires the service together (the telemetry room sits above
+    /// this one); unset, nothing is copied in.
+    span_drops: OnceLock<fn(SpanDrop) -> u64>,
 }
 
 static META: metrics::Metadata<'static> =
@@ -515,6 +519,7 @@ impl Metrics {
             recorder,
             handle,
             webhooks,
+            span_drops: OnceLock::new(),
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
@@ -525,13 +530,20 @@ impl Metrics {
         metrics
     }
 
+    /// Reads [`TRACE_SPANS_DROPPED_TOTAL`] from `dropped` at each
+    /// [`Metrics::render`] (the process's span exporter; set once).
+    pub fn count_span_drops_from(&self, dropped: fn(SpanDrop) -> u64) {
+        let _ = self.inner.span_drops.set(dropped);
+    }
+
     /// Prometheus text exposition of everything registered.
     pub fn render(&self) -> String {
         // The span exporter is the process's, not this instance's: its
         // counts are copied in when they are read.
-        for &reason in SpanDrop::ALL {
-            self.spans_dropped(reason)
-                .absolute(crate::telemetry::spans_dropped(reason));
+        if let Some(dropped) = self.inner.span_drops.get() {
+            for &reason in SpanDrop::ALL {
+                self.spans_dropped(reason).absolute(dropped(reason));
+            }
         }
         self.inner.handle.render()
     }
