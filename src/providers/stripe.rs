@@ -41,9 +41,9 @@
 //! - A failure is keyed by the PaymentIntent, like its success: the lifecycle
 //!   books failed → succeeded, so a PaymentIntent whose first attempt was
 //!   declined is still credited when a later attempt succeeds, and a failure
-//!   arriving after the success is `stale`. Known limit: after a failure, a
-//!   manual *partial* capture credits `amount_received` < `amount`, another
-//!   amount under the same key: `payload_mismatch` (422).
+//!   arriving after the success is `stale`. Out of `failed` the success's
+//!   amount stands, so a manual *partial* capture after a decline is
+//!   credited its `amount_received` (< `amount`).
 //! - `charge.succeeded` for an uncaptured charge (manual capture) is only an
 //!   authorisation: ignored; `payment_intent.succeeded` books it on capture.
 //! - `charge.refunded` is one delivery of as many items as its refund list

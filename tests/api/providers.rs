@@ -597,6 +597,40 @@ async fn a_stripe_payment_intent_that_fails_then_succeeds_is_credited_once() {
     ctx.assert_audit_clean().await;
 }
 
+/// A PaymentIntent declined at its full amount, then captured in part by
+/// hand: its success names `amount_received` below `amount`. Out of
+/// `failed` the success's amount stands, so the credit is what was received.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stripe_payment_intent_that_failed_then_was_captured_in_part_is_credited_what_was_received(
+) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let r = deliver_stripe(&app, &fixture("stripe/payment_intent.payment_failed.json")).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    let mut captured: Value = serde_json::from_str(&fixture(
+        "stripe/payment_intent.succeeded.after-failure.json",
+    ))
+    .unwrap();
+    let pi = &mut captured["data"]["object"];
+    assert_eq!(pi["amount"], 5000, "the fixture's intended amount");
+    pi["amount_received"] = 3000.into();
+    pi["capture_method"] = "manual".into();
+    let r = deliver_stripe(&app, &captured.to_string()).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(ctx.payment(RETRIED_PI).await.unwrap().0, "succeeded");
+    assert_eq!(entries_of(&ctx, "credit").await, 1);
+    assert_eq!(ledger_sum(&ctx).await, 3000, "credited what was received");
+    // The same capture again is a copy; another amount now is not.
+    let r = deliver_stripe(&app, &captured.to_string()).await;
+    assert_eq!((r.status, r.result()), (200, "duplicate"), "{r:?}");
+    captured["data"]["object"]["amount_received"] = 3500.into();
+    captured["id"] = "evt_partial_capture_other_amount".into();
+    let r = deliver_stripe(&app, &captured.to_string()).await;
+    assert_eq!((r.status, r.result()), (422, "payload_mismatch"), "{r:?}");
+    assert_eq!(ledger_sum(&ctx).await, 3000);
+    ctx.assert_audit_clean().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stripe_payment_failure_that_arrives_after_the_success_is_stale() {
     let ctx = TestContext::new().await;
