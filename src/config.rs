@@ -13,8 +13,13 @@ use clap::{Args, ValueEnum};
 use crate::providers::{self, Provider};
 
 pub mod console;
+mod database;
+mod error;
 pub mod setting;
 mod traces;
+pub use database::{DbArgs, DbConfig};
+pub(crate) use error::{bad, Found};
+pub use error::{ConfigError, ConfigErrors};
 pub use traces::{OtlpProtocol, Sampler, SamplerRoot, TraceArgs, TraceConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -230,51 +235,51 @@ pub struct InboxConfig {
 }
 
 impl InboxArgs {
-    pub fn validate(&self) -> Result<InboxConfig, ConfigError> {
+    /// Every inbox setting checked, each bad one named.
+    pub fn validate(&self) -> Result<InboxConfig, ConfigErrors> {
+        let mut found = Found::default();
         if self.retry_base_ms == 0 {
-            return Err(bad(setting::FENCEHOOK_RETRY_BASE_MS, "must be above 0"));
+            found.refuse(setting::FENCEHOOK_RETRY_BASE_MS, "must be above 0");
         }
         if self.retry_max_ms < self.retry_base_ms {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_RETRY_MAX_MS,
                 format!(
                     "must be at least {fencehook_retry_base_ms}",
                     fencehook_retry_base_ms = setting::FENCEHOOK_RETRY_BASE_MS
                 ),
-            ));
-        }
-        if self.max_attempts == 0 {
-            return Err(bad(setting::FENCEHOOK_MAX_ATTEMPTS, "must be at least 1"));
-        }
-        if self.retry_max_ms > MAX_RETRY_MAX_MS {
-            return Err(bad(
+            );
+        } else if self.retry_max_ms > MAX_RETRY_MAX_MS {
+            found.refuse(
                 setting::FENCEHOOK_RETRY_MAX_MS,
                 format!("must be at most {MAX_RETRY_MAX_MS} (30 days)"),
-            ));
+            );
+        }
+        if self.max_attempts == 0 {
+            found.refuse(setting::FENCEHOOK_MAX_ATTEMPTS, "must be at least 1");
         }
         if self.max_age_secs == 0 {
-            return Err(bad(setting::FENCEHOOK_MAX_AGE_SECS, "must be above 0"));
-        }
-        if self.max_age_secs > MAX_RETENTION_DAYS * 86_400 {
-            return Err(bad(
+            found.refuse(setting::FENCEHOOK_MAX_AGE_SECS, "must be above 0");
+        } else if self.max_age_secs > MAX_RETENTION_DAYS * 86_400 {
+            found.refuse(
                 setting::FENCEHOOK_MAX_AGE_SECS,
                 format!(
                     "must be at most {} ({MAX_RETENTION_DAYS} days)",
                     MAX_RETENTION_DAYS * 86_400
                 ),
-            ));
+            );
         }
-        let retention = retention(self.event_retention_days)?;
+        let retention = found.ok(retention(self.event_retention_days));
         if self.prune_interval_secs > MAX_PRUNE_INTERVAL_SECS {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_PRUNE_INTERVAL_SECS,
                 format!("must be at most {MAX_PRUNE_INTERVAL_SECS} (a week), or 0 for never"),
-            ));
+            );
         }
         if self.workers > 256 {
-            return Err(bad(setting::FENCEHOOK_WORKERS, "must be at most 256"));
+            found.refuse(setting::FENCEHOOK_WORKERS, "must be at most 256");
         }
-        Ok(InboxConfig {
+        found.finish(retention, |retention| InboxConfig {
             mode: self.mode,
             workers: self.workers,
             retry_base: Duration::from_millis(self.retry_base_ms),
@@ -317,36 +322,6 @@ pub fn retention(days: u64) -> Result<Duration, ConfigError> {
 /// a duration never meets a date unchecked.
 pub fn time_before(now: time::OffsetDateTime, age: Duration) -> Option<time::OffsetDateTime> {
     now.checked_sub(time::Duration::try_from(age).ok()?)
-}
-
-/// PostgreSQL settings, shared by `serve`, `migrate` and `audit`.
-#[derive(Debug, Clone, Args)]
-pub struct DbArgs {
-    /// PostgreSQL URL. `migrate --create-database` creates a missing database;
-    /// nothing else does.
-    #[arg(
-        long,
-        env = setting::DATABASE_URL,
-        default_value = "postgres://postgres@127.0.0.1:5432/fencehook",
-        hide_env_values = true
-    )]
-    pub database_url: String,
-    /// Connections in the pool.
-    #[arg(long, env = setting::FENCEHOOK_DB_POOL_SIZE, default_value_t = 16)]
-    pub db_pool_size: usize,
-    /// Longest a request waits for a pooled connection before answering 503.
-    #[arg(long, env = setting::FENCEHOOK_DB_POOL_WAIT_MS, default_value_t = 2000)]
-    pub db_pool_wait_ms: u64,
-    /// statement_timeout of every connection.
-    #[arg(
-        long,
-        env = setting::FENCEHOOK_DB_STATEMENT_TIMEOUT_MS,
-        default_value_t = 5000
-    )]
-    pub db_statement_timeout_ms: u64,
-    /// Timeout of opening one connection.
-    #[arg(long, env = setting::FENCEHOOK_DB_CONNECT_TIMEOUT_MS, default_value_t = 3000)]
-    pub db_connect_timeout_ms: u64,
 }
 
 /// Where the Redis master comes from when it is not `REDIS_URL` (Sentinel),
@@ -590,31 +565,6 @@ impl RedisHaArgs {
     }
 }
 
-/// One invalid setting: the variable's name and what is wrong with it.
-#[derive(Debug, thiserror::Error)]
-#[error("{setting}: {reason}")]
-pub struct ConfigError {
-    pub setting: &'static str,
-    pub reason: String,
-}
-
-fn bad(setting: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        setting,
-        reason: reason.into(),
-    }
-}
-
-/// PostgreSQL pool settings, validated.
-#[derive(Debug, Clone)]
-pub struct DbConfig {
-    pub url: String,
-    pub pool_size: usize,
-    pub pool_wait: Duration,
-    pub statement_timeout: Duration,
-    pub connect_timeout: Duration,
-}
-
 /// Lease settings, validated.
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
@@ -779,227 +729,316 @@ pub struct Config {
     pub traces: Option<TraceConfig>,
 }
 
-impl DbArgs {
-    pub fn validate(&self) -> Result<DbConfig, ConfigError> {
-        // Also reads sslrootcert: a file that is missing or holds no
-        // certificate stops the start here, not at the first connection.
-        crate::db::tls::Target::parse(&self.database_url)
-            .map_err(|e| bad(setting::DATABASE_URL, crate::report::chain(&e)))?;
-        if self.db_pool_size == 0 {
-            return Err(bad(setting::FENCEHOOK_DB_POOL_SIZE, "must be at least 1"));
-        }
-        if self.db_statement_timeout_ms == 0 {
-            return Err(bad(
-                setting::FENCEHOOK_DB_STATEMENT_TIMEOUT_MS,
-                "must be above 0 (0 would disable the timeout)",
-            ));
-        }
-        Ok(DbConfig {
-            url: self.database_url.clone(),
-            pool_size: self.db_pool_size,
-            pool_wait: Duration::from_millis(self.db_pool_wait_ms),
-            statement_timeout: Duration::from_millis(self.db_statement_timeout_ms),
-            connect_timeout: Duration::from_millis(self.db_connect_timeout_ms.max(1)),
-        })
+/// The providers file's errors, one line each: a loader that stops at the
+/// first gives one, one that reads on gives several.
+trait ErrorLines {
+    fn into_lines(self) -> Vec<String>;
+}
+
+impl ErrorLines for String {
+    fn into_lines(self) -> Vec<String> {
+        vec![self]
+    }
+}
+
+impl ErrorLines for Vec<String> {
+    fn into_lines(self) -> Vec<String> {
+        self
     }
 }
 
 impl ServeArgs {
-    /// Checks every setting and the rules between them.
-    pub fn validate(&self) -> Result<Config, ConfigError> {
+    /// Checks every setting and the rules between them; every bad one is
+    /// named.
+    pub fn validate(&self) -> Result<Config, ConfigErrors> {
         self.validate_with(true)
     }
 
     /// As [`ServeArgs::validate`], for `fencehook work`: workers verify no
     /// signature, so providers are optional (the same environment file as
     /// `serve` still works).
-    pub fn validate_for_workers(&self) -> Result<Config, ConfigError> {
+    pub fn validate_for_workers(&self) -> Result<Config, ConfigErrors> {
         self.validate_with(false)
     }
 
-    fn validate_with(&self, providers_required: bool) -> Result<Config, ConfigError> {
-        let listen = self.listen.parse().map_err(|_| {
+    fn validate_with(&self, providers_required: bool) -> Result<Config, ConfigErrors> {
+        let mut found = Found::default();
+        let listeners = self.listeners(&mut found);
+        let db = found.all(self.db.validate());
+        let lease = found.all(self.lease_config());
+        let downstream_url = found.ok(self.downstream_url());
+        if let (Some(Some(_)), Some(lease)) = (&downstream_url, &lease) {
+            found.ok(self.downstream_fits(lease));
+        }
+        self.limits(&mut found);
+        let providers = self.providers(providers_required, &mut found);
+        let inbox = found.all(self.inbox.validate());
+        // `work` serves no console: its token files are not read there.
+        let console = match providers_required {
+            true => found.ok(self.console.validate()),
+            false => Some(Default::default()),
+        };
+        let traces = found.ok(self.traces.validate());
+        let parts = (|| {
+            Some((
+                listeners?,
+                db?,
+                lease?,
+                downstream_url?,
+                providers?,
+                inbox?,
+                console?,
+                traces?,
+            ))
+        })();
+        found.finish(
+            parts,
+            |((listen, admin_listen), db, lease, downstream_url, providers, inbox, console, traces)| {
+                Config {
+                    listen,
+                    admin_listen,
+                    db,
+                    lease,
+                    inflight_wait: Duration::from_millis(self.inflight_wait_ms),
+                    downstream_url,
+                    downstream_timeout: Duration::from_millis(self.downstream_timeout_ms),
+                    providers,
+                    providers_file: self.providers.clone(),
+                    max_body_bytes: self.max_body_bytes,
+                    body_timeout: Duration::from_millis(self.body_timeout_ms),
+                    max_inflight: self.max_inflight,
+                    max_connections: self.max_connections,
+                    max_connections_per_peer: self.max_connections_per_peer,
+                    connection_max_requests: self.connection_max_requests,
+                    connection_max_age: Duration::from_secs(self.connection_max_age_secs),
+                    allow_published_secrets: self.allow_published_secrets,
+                    shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+                    migrate_on_start: self.migrate_on_start,
+                    require_sync_replication: self.require_sync_replication,
+                    inbox,
+                    console,
+                    traces,
+                }
+            },
+        )
+    }
+
+    /// The public and admin addresses: each host:port, and not the same one.
+    fn listeners(&self, found: &mut Found) -> Option<(SocketAddr, SocketAddr)> {
+        let listen: Option<SocketAddr> = found.ok(self.listen.parse().map_err(|_| {
             bad(
                 setting::FENCEHOOK_LISTEN,
                 format!("`{}` is not host:port", self.listen),
             )
-        })?;
-        let admin_listen: SocketAddr = self.admin_listen.parse().map_err(|_| {
+        }));
+        let admin_listen: Option<SocketAddr> = found.ok(self.admin_listen.parse().map_err(|_| {
             bad(
                 setting::FENCEHOOK_ADMIN_LISTEN,
                 format!("`{}` is not host:port", self.admin_listen),
             )
-        })?;
+        }));
+        let (listen, admin_listen) = (listen?, admin_listen?);
         if admin_listen == listen && admin_listen.port() != 0 {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_ADMIN_LISTEN,
                 format!(
                     "must differ from {fencehook_listen}",
                     fencehook_listen = setting::FENCEHOOK_LISTEN
                 ),
+            );
+            return None;
+        }
+        Some((listen, admin_listen))
+    }
+
+    /// `FENCEHOOK_DOWNSTREAM_URL`, when one is set: an http:// URL with a host.
+    fn downstream_url(&self) -> Result<Option<hyper::Uri>, ConfigError> {
+        let Some(s) = self.downstream_url.as_deref().filter(|s| !s.is_empty()) else {
+            return Ok(None);
+        };
+        let uri: hyper::Uri = s.parse().map_err(|_| {
+            bad(
+                setting::FENCEHOOK_DOWNSTREAM_URL,
+                format!("`{s}` is not a URL"),
+            )
+        })?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(bad(
+                setting::FENCEHOOK_DOWNSTREAM_URL,
+                "must be an http:// URL with a host",
             ));
         }
-        let db = self.db.validate()?;
-        let lease = self.lease_config()?;
-        let downstream_url = match &self.downstream_url {
-            None => None,
-            Some(s) if s.is_empty() => None,
-            Some(s) => {
-                let uri: hyper::Uri = s.parse().map_err(|_| {
-                    bad(
-                        setting::FENCEHOOK_DOWNSTREAM_URL,
-                        format!("`{s}` is not a URL"),
-                    )
-                })?;
-                if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                    return Err(bad(
-                        setting::FENCEHOOK_DOWNSTREAM_URL,
-                        "must be an http:// URL with a host",
-                    ));
-                }
-                Some(uri)
-            }
-        };
-        let downstream_timeout = Duration::from_millis(self.downstream_timeout_ms);
-        if downstream_url.is_some() {
-            if self.downstream_timeout_ms == 0 {
-                return Err(bad(
-                    setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS,
-                    "must be above 0",
-                ));
-            }
-            if downstream_timeout + lease.ttl > lease.max_hold {
-                return Err(bad(
-                    setting::FENCEHOOK_LEASE_MAX_MS,
-                    format!(
-                        "{} ms cannot cover {fencehook_downstream_timeout_ms} ({}) plus one lease TTL ({})",
-                        lease.max_hold.as_millis(),
-                        self.downstream_timeout_ms,
-                        self.lease_ttl_ms, fencehook_downstream_timeout_ms = setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS
-                    ),
-                ));
-            }
-        }
-        if self.max_inflight == 0 {
-            return Err(bad(setting::FENCEHOOK_MAX_INFLIGHT, "must be at least 1"));
-        }
-        // Each delivery holds at most one pooled connection at a time, so
-        // connections beyond the in-flight limit could never be used.
-        if self.db.db_pool_size > self.max_inflight {
+        Ok(Some(uri))
+    }
+
+    /// With a downstream: its timeout is set, and a lease can be held
+    /// through one call.
+    fn downstream_fits(&self, lease: &LeaseConfig) -> Result<(), ConfigError> {
+        if self.downstream_timeout_ms == 0 {
             return Err(bad(
+                setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS,
+                "must be above 0",
+            ));
+        }
+        if Duration::from_millis(self.downstream_timeout_ms) + lease.ttl > lease.max_hold {
+            return Err(bad(
+                setting::FENCEHOOK_LEASE_MAX_MS,
+                format!(
+                    "{} ms cannot cover {fencehook_downstream_timeout_ms} ({}) plus one lease TTL ({})",
+                    lease.max_hold.as_millis(),
+                    self.downstream_timeout_ms,
+                    self.lease_ttl_ms, fencehook_downstream_timeout_ms = setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bounds on deliveries, bodies and connections, each checked.
+    fn limits(&self, found: &mut Found) {
+        if self.max_inflight == 0 {
+            found.refuse(setting::FENCEHOOK_MAX_INFLIGHT, "must be at least 1");
+        } else if self.db.db_pool_size > self.max_inflight {
+            // Each delivery holds at most one pooled connection at a time, so
+            // connections beyond the in-flight limit could never be used.
+            found.refuse(
                 setting::FENCEHOOK_DB_POOL_SIZE,
                 format!(
                     "{} is more than {fencehook_max_inflight} ({}): a delivery uses one connection at a time",
                     self.db.db_pool_size, self.max_inflight, fencehook_max_inflight = setting::FENCEHOOK_MAX_INFLIGHT
                 ),
-            ));
+            );
         }
         if self.max_body_bytes < 256 {
-            return Err(bad(
-                setting::FENCEHOOK_MAX_BODY_BYTES,
-                "must be at least 256",
-            ));
+            found.refuse(setting::FENCEHOOK_MAX_BODY_BYTES, "must be at least 256");
         }
         // A PSP sends a few KiB at once; 30 s is already generous, and a
         // longer bound would let slow clients keep connections for nothing.
         if !(1..=MAX_BODY_TIMEOUT_MS).contains(&self.body_timeout_ms) {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_BODY_TIMEOUT_MS,
                 format!(
                     "{} must be between 1 and {MAX_BODY_TIMEOUT_MS} ms",
                     self.body_timeout_ms
                 ),
-            ));
+            );
         }
-        if self.max_connections == 0 {
-            return Err(bad(
-                setting::FENCEHOOK_MAX_CONNECTIONS,
-                "must be at least 1",
-            ));
-        }
-        if self.max_connections_per_peer == 0 {
-            return Err(bad(
+        for (setting, value) in [
+            (setting::FENCEHOOK_MAX_CONNECTIONS, self.max_connections as u64),
+            (
                 setting::FENCEHOOK_MAX_CONNECTIONS_PER_PEER,
-                "must be at least 1",
-            ));
-        }
-        if self.connection_max_requests == 0 {
-            return Err(bad(
+                self.max_connections_per_peer as u64,
+            ),
+            (
                 setting::FENCEHOOK_CONNECTION_MAX_REQUESTS,
-                "must be at least 1",
-            ));
+                self.connection_max_requests,
+            ),
+        ] {
+            if value == 0 {
+                found.refuse(setting, "must be at least 1");
+            }
         }
         if !(1..=MAX_CONNECTION_AGE_SECS).contains(&self.connection_max_age_secs) {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_CONNECTION_MAX_AGE_SECS,
                 format!("must be between 1 and {MAX_CONNECTION_AGE_SECS} (a day)"),
-            ));
+            );
         }
+    }
+
+    /// The providers: the file's, or the built-in `generic` one; none for
+    /// `work` without either. Every error of the file is kept, and every
+    /// published secret named.
+    fn providers(&self, required: bool, found: &mut Found) -> Option<Vec<Provider>> {
+        let setting = match &self.providers {
+            Some(_) => setting::FENCEHOOK_PROVIDERS,
+            None => setting::FENCEHOOK_GENERIC_SECRET,
+        };
         let providers = match &self.providers {
-            Some(path) => {
-                providers::load_file(path).map_err(|e| bad(setting::FENCEHOOK_PROVIDERS, e))?
-            }
-            None if !providers_required && self.generic_secret.is_none() => Vec::new(),
+            Some(path) => match providers::load_file(path) {
+                Ok(providers) => providers,
+                Err(e) => {
+                    for line in e.into_lines() {
+                        found.refuse(setting, line);
+                    }
+                    return None;
+                }
+            },
+            None if !required && self.generic_secret.is_none() => Vec::new(),
             None => {
-                let secret = self.generic_secret.as_deref().ok_or_else(|| {
-                    bad(
-                        setting::FENCEHOOK_GENERIC_SECRET,
+                let Some(secret) = self.generic_secret.as_deref() else {
+                    found.refuse(
+                        setting,
                         format!(
                             "required when {fencehook_providers} is not set",
                             fencehook_providers = setting::FENCEHOOK_PROVIDERS
                         ),
-                    )
-                })?;
-                vec![Provider::generic(secret)
-                    .map_err(|e| bad(setting::FENCEHOOK_GENERIC_SECRET, e))?]
+                    );
+                    return None;
+                };
+                vec![found.ok(Provider::generic(secret).map_err(|e| bad(setting, e)))?]
             }
         };
         // Anyone who has read fencehook's repository could sign with these.
         if !self.allow_published_secrets {
-            let setting = if self.providers.is_some() {
-                setting::FENCEHOOK_PROVIDERS
-            } else {
-                setting::FENCEHOOK_GENERIC_SECRET
-            };
-            if let Some(e) = providers.iter().flat_map(|p| p.exposures()).next() {
-                return Err(bad(
+            let exposed: Vec<String> = providers
+                .iter()
+                .flat_map(|p| p.exposures().iter().cloned())
+                .collect();
+            for e in &exposed {
+                found.refuse(
                     setting,
                     format!("{e}; use the PSP's own ({fencehook_allow_published_secrets}=true serves it, for development only)", fencehook_allow_published_secrets = setting::FENCEHOOK_ALLOW_PUBLISHED_SECRETS),
-                ));
+                );
+            }
+            if !exposed.is_empty() {
+                return None;
             }
         }
-        Ok(Config {
-            listen,
-            admin_listen,
-            db,
-            lease,
-            inflight_wait: Duration::from_millis(self.inflight_wait_ms),
-            downstream_url,
-            downstream_timeout,
-            providers,
-            providers_file: self.providers.clone(),
-            max_body_bytes: self.max_body_bytes,
-            body_timeout: Duration::from_millis(self.body_timeout_ms),
-            max_inflight: self.max_inflight,
-            max_connections: self.max_connections,
-            max_connections_per_peer: self.max_connections_per_peer,
-            connection_max_requests: self.connection_max_requests,
-            connection_max_age: Duration::from_secs(self.connection_max_age_secs),
-            allow_published_secrets: self.allow_published_secrets,
-            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
-            migrate_on_start: self.migrate_on_start,
-            require_sync_replication: self.require_sync_replication,
-            inbox: self.inbox.validate()?,
-            // `work` serves no console: its token files are not read there.
-            console: match providers_required {
-                true => self.console.validate()?,
-                false => Default::default(),
-            },
-            traces: self.traces.validate()?,
-        })
+        Some(providers)
     }
 
-    fn lease_config(&self) -> Result<LeaseConfig, ConfigError> {
+    fn lease_config(&self) -> Result<LeaseConfig, ConfigErrors> {
+        let mut found = Found::default();
+        found.ok(self.backend_allowed());
+        // Only the Redis backend reads the Redis settings: with postgres (or
+        // unique-only) REDIS_URL, the sentinels and the TLS files are not
+        // looked at, so a malformed or stale one does not stop the start.
+        let redis = found.ok(match self.lease_backend {
+            LeaseBackendKind::Redis => self.redis_lease(),
+            LeaseBackendKind::Postgres | LeaseBackendKind::UniqueOnly => {
+                Ok((self.redis_url_or_default(), None, RedisTls::default()))
+            }
+        });
+        let timing = found.ok(self.lease_timing());
+        let prefix = &self.redis_key_prefix;
+        if prefix.is_empty()
+            || prefix.contains(['{', '}'])
+            || prefix.chars().any(|c| c.is_whitespace())
+        {
+            found.refuse(
+                setting::FENCEHOOK_REDIS_KEY_PREFIX,
+                "must be non-empty, without braces or spaces",
+            );
+        }
+        found.finish(
+            redis.zip(timing),
+            |((redis_url, sentinel, redis_tls), (ttl, lease_timeout, fence_key_ttl))| LeaseConfig {
+                backend: self.lease_backend,
+                redis_url,
+                sentinel,
+                redis_tls,
+                key_prefix: prefix.clone(),
+                ttl,
+                max_hold: Duration::from_millis(self.lease_max_ms),
+                fence_key_ttl,
+                lease_timeout,
+            },
+        )
+    }
+
+    /// `unique-only` only where it can run.
+    fn backend_allowed(&self) -> Result<(), ConfigError> {
         if self.lease_backend == LeaseBackendKind::UniqueOnly {
             if !cfg!(feature = "bench-baseline") {
                 return Err(bad(
@@ -1014,15 +1053,12 @@ impl ServeArgs {
                 ));
             }
         }
-        // Only the Redis backend reads the Redis settings: with postgres (or
-        // unique-only) REDIS_URL, the sentinels and the TLS files are not
-        // looked at, so a malformed or stale one does not stop the start.
-        let (redis_url, sentinel, redis_tls) = match self.lease_backend {
-            LeaseBackendKind::Redis => self.redis_lease()?,
-            LeaseBackendKind::Postgres | LeaseBackendKind::UniqueOnly => {
-                (self.redis_url_or_default(), None, RedisTls::default())
-            }
-        };
+        Ok(())
+    }
+
+    /// The TTL, the lease command timeout and the counter's expiry, checked
+    /// against each other.
+    fn lease_timing(&self) -> Result<(Duration, Duration, Duration), ConfigError> {
         if self.lease_ttl_ms < 150 {
             return Err(bad(
                 setting::FENCEHOOK_LEASE_TTL_MS,
@@ -1069,27 +1105,7 @@ impl ServeArgs {
                 ),
             ));
         }
-        let prefix = &self.redis_key_prefix;
-        if prefix.is_empty()
-            || prefix.contains(['{', '}'])
-            || prefix.chars().any(|c| c.is_whitespace())
-        {
-            return Err(bad(
-                setting::FENCEHOOK_REDIS_KEY_PREFIX,
-                "must be non-empty, without braces or spaces",
-            ));
-        }
-        Ok(LeaseConfig {
-            backend: self.lease_backend,
-            redis_url,
-            sentinel,
-            redis_tls,
-            key_prefix: prefix.clone(),
-            ttl,
-            max_hold: Duration::from_millis(self.lease_max_ms),
-            fence_key_ttl,
-            lease_timeout,
-        })
+        Ok((ttl, lease_timeout, fence_key_ttl))
     }
 
     /// `REDIS_URL` as given (checked only for the Redis backend), or the
@@ -1203,16 +1219,79 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        parse_all(args).map_err(ConfigErrors::into_first)
+    }
+
+    /// Every error of `args`, with a generic secret and a database given
+    /// unless `args` give others.
+    fn parse_all(args: &[&str]) -> Result<Config, ConfigErrors> {
         let mut argv = vec![
             "fencehook",
             "--generic-secret",
             "whsec_dGVzdC1zZWNyZXQtZm9yLWZlbmNlaG9vay10ZXN0cw==",
+            "--database-url",
+            "postgres://fencehook_app@db.internal:5432/fencehook",
         ];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv)
             .expect("flags parse")
             .serve
             .validate()
+    }
+
+    #[test]
+    fn every_bad_setting_is_named_in_one_validation_in_the_order_checked() {
+        let e = parse_all(&[
+            "--listen",
+            "nowhere",
+            "--database-url",
+            "postgres://app:p@ss@db.internal/fencehook",
+            "--db-statement-timeout-ms",
+            "0",
+            "--lease-ttl-ms",
+            "10",
+            "--redis-key-prefix",
+            "a b",
+            "--max-body-bytes",
+            "10",
+            "--max-connections",
+            "0",
+            "--retry-base-ms",
+            "0",
+            "--workers",
+            "1000",
+            "--generic-secret",
+            "not-a-secret",
+        ])
+        .unwrap_err();
+        let named: Vec<&str> = e.all().iter().map(|e| e.setting).collect();
+        assert_eq!(
+            named,
+            [
+                "FENCEHOOK_LISTEN",
+                "DATABASE_URL",
+                "FENCEHOOK_DB_STATEMENT_TIMEOUT_MS",
+                "FENCEHOOK_LEASE_TTL_MS",
+                "FENCEHOOK_REDIS_KEY_PREFIX",
+                "FENCEHOOK_MAX_BODY_BYTES",
+                "FENCEHOOK_MAX_CONNECTIONS",
+                "FENCEHOOK_GENERIC_SECRET",
+                "FENCEHOOK_RETRY_BASE_MS",
+                "FENCEHOOK_WORKERS",
+            ]
+        );
+        assert!(
+            e.all()[1].reason.contains("percent-encode"),
+            "{}",
+            e.all()[1]
+        );
+        let one_line = e.to_string();
+        assert!(
+            one_line.starts_with("FENCEHOOK_LISTEN: ")
+                && one_line.ends_with("(9 more: `fencehook check-config` lists every one)")
+                && !one_line.contains('\n'),
+            "{one_line}"
+        );
     }
 
     #[test]
