@@ -71,6 +71,7 @@ fn check_config(env: &[(&str, String)]) -> (i32, String) {
         }
     }
     cmd.env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET);
+    cmd.env("DATABASE_URL", "postgres://fencehook_app@127.0.0.1:5432/fencehook");
     for (k, v) in env {
         cmd.env(k, v);
     }
