@@ -89,9 +89,11 @@ install() {
   absent | while read -r program package g why; do
     echo "  $program ($package): $why"
   done
+  # Another install under way (another checkout's `make tools`) holds dpkg's lock: wait for it.
+  local wait=(-o DPkg::Lock::Timeout=600)
   # shellcheck disable=SC2086 # one word per package
-  apt_get update -qq && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
-    apt_get install -y --no-install-recommends $missing || {
+  apt_get "${wait[@]}" update -qq && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+    apt_get "${wait[@]}" install -y --no-install-recommends $missing || {
     echo "fencehook: installing $missing failed; the tests that need them fail naming \`make tools\`" >&2
     return 1
   }

@@ -295,6 +295,54 @@ fn the_prometheus_config_loads_the_alert_rules_and_scrapes_the_admin_port_of_the
     }
 }
 
+/// The alert rules are checked by Prometheus's own tool, and their unit tests
+/// (deploy/alerts.test.yml: series in, alerts out) pass: each rule that
+/// pages for a refused provider, a silent one or the audit fires when it
+/// should and stays quiet when it should not.
+#[test]
+fn the_alert_rules_pass_promtool_and_their_unit_tests_cover_the_rules_that_page() {
+    let promtool = find_program("promtool")
+        .expect("promtool is not installed: `make tools` installs it (Debian's prometheus package)");
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(deploy_path(""))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let tests = yaml_rust2::YamlLoader::load_from_str(&deploy_file("alerts.test.yml"))
+        .expect("alerts.test.yml is YAML");
+    let mut fired: Vec<&str> = Vec::new();
+    let mut quiet: Vec<&str> = Vec::new();
+    for case in tests[0]["tests"].as_vec().expect("tests") {
+        for check in case["alert_rule_test"].as_vec().expect("alert_rule_test") {
+            let name = check["alertname"].as_str().expect("alertname");
+            match check["exp_alerts"].as_vec().map(Vec::len) {
+                Some(0) => quiet.push(name),
+                _ => fired.push(name),
+            }
+        }
+    }
+    for rule in [
+        "FencehookDeliveriesUnauthorized",
+        "FencehookProviderSilent",
+        "FencehookAuditViolations",
+        "FencehookAuditStale",
+    ] {
+        assert!(fired.contains(&rule), "{rule} is tested firing");
+        assert!(quiet.contains(&rule), "{rule} is tested quiet");
+    }
+}
+
 /// `Key=value` lines of a unit file's `[Service]` section (a key set twice
 /// keeps both values).
 fn service_section(unit: &str) -> Vec<(String, String)> {

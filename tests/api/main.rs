@@ -33,4 +33,5 @@ mod shutdown;
 mod startup;
 mod sync_commit;
 mod topology;
+mod tools;
 mod traces;
