@@ -253,6 +253,79 @@ fn the_example_settings_file_names_every_setting_of_serve_with_its_default_and_n
     );
 }
 
+/// The install block's `check-config` line, run as written (its paths moved
+/// to a scratch directory holding the example files): it sees the settings
+/// file, so it reads the providers file that one names, and says every
+/// published placeholder; with development said in the file, it passes.
+#[test]
+fn the_install_blocks_check_config_line_works_as_written() {
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/operations.md"
+    ))
+    .unwrap();
+    let install = &guide[guide.find("useradd --system").expect("the install block")..];
+    let line = install
+        .lines()
+        .take_while(|l| !l.starts_with("```"))
+        .find(|l| l.contains(" check-config"))
+        .expect("a check-config line in the install block");
+    let command = line.split(" # ").next().unwrap().trim();
+    let etc = Scratch::new("etc");
+    let here = |text: &str| text.replace("/etc/fencehook/", &format!("{}/", etc.display()));
+    let settings = here(&deploy_file("fencehook.env.example"));
+    std::fs::write(etc.join("fencehook.env"), &settings).unwrap();
+    std::fs::write(
+        etc.join("providers.toml"),
+        deploy_file("providers.example.toml"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(etc.join("keys")).unwrap();
+    for key in std::fs::read_dir(deploy_path("keys")).unwrap() {
+        let key = key.unwrap().path();
+        std::fs::copy(&key, etc.join("keys").join(key.file_name().unwrap())).unwrap();
+    }
+    let run = || {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c").arg(
+            here(command).replace("/usr/local/bin/fencehook", env!("CARGO_BIN_EXE_fencehook")),
+        );
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.output().unwrap()
+    };
+    let out = run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "`{command}`: {stderr}");
+    assert!(
+        stderr.lines().count() > 1
+            && stderr.lines().all(|l| l.starts_with(
+                "fencehook: invalid configuration: FENCEHOOK_PROVIDERS: provider `"
+            )),
+        "only the providers file's placeholders, every one: {stderr}"
+    );
+    std::fs::write(
+        etc.join("fencehook.env"),
+        format!("{settings}FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true\n"),
+    )
+    .unwrap();
+    let out = run();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("configuration ok: providers [adyen, alipay, paypal, shop, stripe, wechat]"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn the_prometheus_config_loads_the_alert_rules_and_scrapes_the_admin_port_of_the_example() {
     let text = deploy_file("prometheus.yml");
