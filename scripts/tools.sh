@@ -92,11 +92,12 @@ install() {
   # Another install under way (another checkout's `make tools`) holds dpkg's lock: wait for it.
   local wait=(-o DPkg::Lock::Timeout=600)
   # shellcheck disable=SC2086 # one word per package
-  apt_get "${wait[@]}" update -qq && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
-    apt_get "${wait[@]}" install -y --no-install-recommends $missing || {
+  if ! apt_get "${wait[@]}" update -qq ||
+    ! DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+      apt_get "${wait[@]}" install -y --no-install-recommends $missing; then
     echo "fencehook: installing $missing failed; the tests that need them fail naming \`make tools\`" >&2
     return 1
-  }
+  fi
   missing=$(packages)
   if [[ -n $missing ]]; then
     echo "fencehook: still missing after the install: $missing" >&2
