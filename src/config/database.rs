@@ -90,3 +90,33 @@ impl DbArgs {
         })
     }
 }
+
+/// Where a database URL points, for the start log: every host with its
+/// port (a multi-host URL lists the nodes of a failover pair or cluster, and
+/// an operator needs to see that all of them were taken) and the database
+/// name; never the user or password.
+pub fn database_target(url: &str) -> String {
+    let Ok(target) = crate::db::tls::Target::parse(url) else {
+        return "?".to_owned();
+    };
+    let cfg = target.config;
+    let ports = cfg.get_ports();
+    // One port given applies to every host; none means the default.
+    let port_of = |i: usize| match ports.len() {
+        0 => 5432,
+        1 => ports[0],
+        _ => ports.get(i).copied().unwrap_or(5432),
+    };
+    let hosts: Vec<String> = match cfg.get_hosts() {
+        [] => vec![format!("localhost:{}", port_of(0))],
+        hosts => hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| match h {
+                tokio_postgres::config::Host::Tcp(h) => format!("{h}:{}", port_of(i)),
+                tokio_postgres::config::Host::Unix(p) => format!("{}:{}", p.display(), port_of(i)),
+            })
+            .collect(),
+    };
+    format!("{}/{}", hosts.join(","), cfg.get_dbname().unwrap_or("?"))
+}

@@ -85,7 +85,11 @@ impl Found {
 
     /// `make(value)` when nothing was found wrong and the value is there;
     /// every error found otherwise.
-    pub fn finish<T, U>(self, value: Option<T>, make: impl FnOnce(T) -> U) -> Result<U, ConfigErrors> {
+    pub fn finish<T, U>(
+        self,
+        value: Option<T>,
+        make: impl FnOnce(T) -> U,
+    ) -> Result<U, ConfigErrors> {
         match value {
             Some(v) if self.0.is_empty() => Ok(make(v)),
             _ => Err(self.into_errors()),

@@ -10,8 +10,8 @@ use time::OffsetDateTime;
 
 use super::auth::{Role, Session};
 use super::pages::{
-    encode_segment, AuditView, EventsView, Moment, Overview, PaymentView, RefusalsView,
-    ReplayView, SearchView,
+    encode_segment, AuditView, EventsView, Moment, Overview, PaymentView, RefusalsView, ReplayView,
+    SearchView,
 };
 use crate::providers::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};

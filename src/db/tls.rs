@@ -672,9 +672,15 @@ mod tests {
             ("postgres://a@b:p@h1:5432,h2:5432/db", '@', "%40"),
         ] {
             let e = Target::parse(url).err().unwrap_or_else(|| panic!("{url}"));
-            assert!(matches!(e, UrlError::RawInUserinfo(c) if c == raw), "{url}: {e}");
+            assert!(
+                matches!(e, UrlError::RawInUserinfo(c) if c == raw),
+                "{url}: {e}"
+            );
             let said = e.to_string();
-            assert!(said.contains("percent-encode") && said.contains(encoded), "{said}");
+            assert!(
+                said.contains("percent-encode") && said.contains(encoded),
+                "{said}"
+            );
             assert!(!said.contains("ss@"), "no part of the password: {said}");
         }
     }

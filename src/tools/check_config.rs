@@ -26,12 +26,18 @@ pub fn load_env_file(argv: &[std::ffi::OsString]) -> Result<(), String> {
     if argv.get(1).is_none_or(|a| a != "check-config") {
         return Ok(());
     }
-    let args: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-    let file = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--env-file") {
-        Some("") => args.get(i + 1).cloned(),
-        Some(rest) => rest.strip_prefix('=').map(str::to_owned),
-        None => None,
-    });
+    let args: Vec<String> = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let file = args
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.strip_prefix("--env-file") {
+            Some("") => args.get(i + 1).cloned(),
+            Some(rest) => rest.strip_prefix('=').map(str::to_owned),
+            None => None,
+        });
     let Some(file) = file else {
         return Ok(());
     };

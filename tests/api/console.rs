@@ -71,7 +71,10 @@ fn check_config(env: &[(&str, String)]) -> (i32, String) {
         }
     }
     cmd.env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET);
-    cmd.env("DATABASE_URL", "postgres://fencehook_app@127.0.0.1:5432/fencehook");
+    cmd.env(
+        "DATABASE_URL",
+        "postgres://fencehook_app@127.0.0.1:5432/fencehook",
+    );
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -911,7 +914,11 @@ async fn a_reinstated_dispute_reads_reinstated_never_failed_and_lines_sharing_a_
     for event_type in ["dispute.funds_withdrawn", "dispute.funds_reinstated"] {
         let dispute = json!({"transaction_id": "dp_won", "payment_transaction_id": "pay_won",
             "amount": 10000, "currency": "EUR", "event_type": event_type});
-        assert_eq!(app.deliver(&dispute).await.result(), "processed", "{event_type}");
+        assert_eq!(
+            app.deliver(&dispute).await.result(),
+            "processed",
+            "{event_type}"
+        );
     }
     let mut b = Browser::new(&app.admin);
     b.sign_in(&files.viewer).await;
@@ -923,7 +930,8 @@ async fn a_reinstated_dispute_reads_reinstated_never_failed_and_lines_sharing_a_
         let page = b.get(path).await;
         assert_eq!(page.status, 200, "{path}");
         assert!(
-            page.text.contains("<span class=\"badge s-reinstated\">reinstated</span>"),
+            page.text
+                .contains("<span class=\"badge s-reinstated\">reinstated</span>"),
             "{path}: {}",
             page.text
         );
@@ -947,7 +955,10 @@ async fn a_reinstated_dispute_reads_reinstated_never_failed_and_lines_sharing_a_
     };
     assert!(with_ms(&page.text) >= 2, "{}", page.text);
     let v = b.get_json("/console/payments/generic/dp_won").await.json();
-    assert_eq!(v["row"]["status"], "failed", "the JSON keeps the stored status");
+    assert_eq!(
+        v["row"]["status"], "failed",
+        "the JSON keeps the stored status"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1333,7 +1344,9 @@ async fn make_run_console_writes_private_throwaway_tokens_and_prints_how_to_sign
     let script = include_str!("../../scripts/dev-console.sh");
     assert!(
         script.contains("dir=${FENCEHOOK_DEV_CONSOLE_DIR:-$PWD/target/dev-console}")
-            && include_str!("../../.gitignore").lines().any(|l| l == "/target"),
+            && include_str!("../../.gitignore")
+                .lines()
+                .any(|l| l == "/target"),
         "by default under target/, which git ignores"
     );
     let (_, again) = run();
@@ -1344,8 +1357,14 @@ async fn make_run_console_writes_private_throwaway_tokens_and_prints_how_to_sign
         ("DATABASE_URL", ctx.database_url.clone()),
         ("REDIS_URL", ctx.redis_url.clone()),
         ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
-        ("FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE", viewer.display().to_string()),
-        ("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE", operator.display().to_string()),
+        (
+            "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE",
+            viewer.display().to_string(),
+        ),
+        (
+            "FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE",
+            operator.display().to_string(),
+        ),
     ])
     .await;
     let mut browser = Browser::new(&p.admin);

@@ -158,9 +158,11 @@ fn the_example_providers_file_is_refused_as_it_stands_and_passes_check_config_fo
     // Every published placeholder in one run, one line each.
     for provider in ["adyen", "alipay", "shop", "stripe", "wechat"] {
         assert!(
-            stderr.lines().any(|l| l.contains(&format!(
-                "invalid configuration: FENCEHOOK_PROVIDERS: provider `{provider}`: "
-            )) && l.contains("FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true serves it")),
+            stderr
+                .lines()
+                .any(|l| l.contains(&format!(
+                    "invalid configuration: FENCEHOOK_PROVIDERS: provider `{provider}`: "
+                )) && l.contains("FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true serves it")),
             "{provider}: {stderr}"
         );
     }
@@ -259,11 +261,8 @@ fn the_example_settings_file_names_every_setting_of_serve_with_its_default_and_n
 /// published placeholder; with development said in the file, it passes.
 #[test]
 fn the_install_blocks_check_config_line_works_as_written() {
-    let guide = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/docs/operations.md"
-    ))
-    .unwrap();
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
     let install = &guide[guide.find("useradd --system").expect("the install block")..];
     let line = install
         .lines()
@@ -302,9 +301,8 @@ fn the_install_blocks_check_config_line_works_as_written() {
     assert_eq!(out.status.code(), Some(2), "`{command}`: {stderr}");
     assert!(
         stderr.lines().count() > 1
-            && stderr.lines().all(|l| l.starts_with(
-                "fencehook: invalid configuration: FENCEHOOK_PROVIDERS: provider `"
-            )),
+            && stderr.lines().all(|l| l
+                .starts_with("fencehook: invalid configuration: FENCEHOOK_PROVIDERS: provider `")),
         "only the providers file's placeholders, every one: {stderr}"
     );
     std::fs::write(
@@ -321,7 +319,9 @@ fn the_install_blocks_check_config_line_works_as_written() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.starts_with("configuration ok: providers [adyen, alipay, paypal, shop, stripe, wechat]"),
+        stdout.starts_with(
+            "configuration ok: providers [adyen, alipay, paypal, shop, stripe, wechat]"
+        ),
         "{stdout}"
     );
 }
@@ -374,8 +374,9 @@ fn the_prometheus_config_loads_the_alert_rules_and_scrapes_the_admin_port_of_the
 /// should and stays quiet when it should not.
 #[test]
 fn the_alert_rules_pass_promtool_and_their_unit_tests_cover_the_rules_that_page() {
-    let promtool = find_program("promtool")
-        .expect("promtool is not installed: `make tools` installs it (Debian's prometheus package)");
+    let promtool = find_program("promtool").expect(
+        "promtool is not installed: `make tools` installs it (Debian's prometheus package)",
+    );
     for args in [
         ["check", "rules", "alerts.yml"],
         ["test", "rules", "alerts.test.yml"],

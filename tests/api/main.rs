@@ -32,6 +32,6 @@ mod schema;
 mod shutdown;
 mod startup;
 mod sync_commit;
-mod topology;
 mod tools;
+mod topology;
 mod traces;

@@ -134,7 +134,10 @@ fn check_config(env: &[(&str, &str)]) -> (i32, String, String) {
         }
     }
     cmd.env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET);
-    cmd.env("DATABASE_URL", "postgres://fencehook_app@127.0.0.1:5432/fencehook");
+    cmd.env(
+        "DATABASE_URL",
+        "postgres://fencehook_app@127.0.0.1:5432/fencehook",
+    );
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -335,12 +338,18 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
 fn check_config_names_every_bad_setting_in_one_run_one_line_each() {
     let (code, out, err) = check_config(&[
         ("FENCEHOOK_LISTEN", "not-an-address"),
-        ("DATABASE_URL", "postgres://app:p@ss@127.0.0.1:5432/fencehook"),
+        (
+            "DATABASE_URL",
+            "postgres://app:p@ss@127.0.0.1:5432/fencehook",
+        ),
         ("FENCEHOOK_LEASE_TTL_MS", "five seconds"),
         ("FENCEHOOK_MAX_BODY_BYTES", "10"),
         ("FENCEHOOK_RETRY_BASE_MS", "0"),
         ("FENCEHOOK_MIGRATE_ON_START", "maybe"),
-        ("FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE", "/nonexistent/viewer.token"),
+        (
+            "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE",
+            "/nonexistent/viewer.token",
+        ),
     ]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(out.is_empty(), "no `configuration ok`: {out}");
@@ -368,7 +377,10 @@ fn check_config_names_every_bad_setting_in_one_run_one_line_each() {
 
 #[test]
 fn check_config_reads_the_settings_file_the_units_read() {
-    let dir = std::env::temp_dir().join(format!("fencehook-envfile-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!(
+        "fencehook-envfile-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("fencehook.env");
     std::fs::write(
@@ -398,14 +410,25 @@ fn check_config_reads_the_settings_file_the_units_read() {
     };
     let out = run(&[("FENCEHOOK_LEASE_TTL_MS", "9000")]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("ttl 3000 ms"), "the file's value wins, as in the unit: {stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ttl 3000 ms"),
+        "the file's value wins, as in the unit: {stdout}"
+    );
 
     std::fs::write(&file, "DATABASE_URL\n").unwrap();
     let out = run(&[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--env-file") && stderr.contains(":1: not NAME=value"), "{stderr}");
+    assert!(
+        stderr.contains("--env-file") && stderr.contains(":1: not NAME=value"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

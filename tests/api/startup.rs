@@ -196,7 +196,11 @@ async fn bare(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_database_url_serve_work_and_migrate_stop_naming_it() {
     for args in [&["serve"][..], &["work"], &["migrate"], &["audit"]] {
-        let (code, err) = bare(args, &[("DATABSE_URL", "postgres://postgres@127.0.0.1:5432/x")]).await;
+        let (code, err) = bare(
+            args,
+            &[("DATABSE_URL", "postgres://postgres@127.0.0.1:5432/x")],
+        )
+        .await;
         assert_eq!(code, Some(2), "{args:?}: {err}");
         let line = err
             .lines()
@@ -214,8 +218,14 @@ async fn without_a_database_url_serve_work_and_migrate_stop_naming_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_raw_at_or_slash_in_the_password_stops_the_start_saying_to_percent_encode() {
     for (url, encoded) in [
-        ("postgres://fencehook_app:p@ss@127.0.0.1:5432/fencehook", "%40"),
-        ("postgres://fencehook_app:pa/ss@127.0.0.1:5432/fencehook", "%2F"),
+        (
+            "postgres://fencehook_app:p@ss@127.0.0.1:5432/fencehook",
+            "%40",
+        ),
+        (
+            "postgres://fencehook_app:pa/ss@127.0.0.1:5432/fencehook",
+            "%2F",
+        ),
     ] {
         for command in ["serve", "work"] {
             let (code, err) = bare(&[command], &[("DATABASE_URL", url)]).await;
@@ -262,8 +272,9 @@ async fn the_app_role_on_an_unmigrated_database_is_told_to_run_migrate_as_the_ow
     .await;
     assert_eq!(code, Some(1), "{err}");
     assert!(
-        err.contains(&format!("the role `{role}` may not create fencehook's tables"))
-            && err.contains("run `fencehook migrate` as the database's owner")
+        err.contains(&format!(
+            "the role `{role}` may not create fencehook's tables"
+        )) && err.contains("run `fencehook migrate` as the database's owner")
             && err.contains("permission denied"),
         "{err}"
     );

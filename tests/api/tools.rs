@@ -45,10 +45,8 @@ struct Machine {
 impl Machine {
     /// Every program there but `absent`.
     fn without(absent: &str) -> Machine {
-        let dir = std::env::temp_dir().join(format!(
-            "fencehook-fresh-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("fencehook-fresh-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         for (program, _) in tools() {
             if program != absent {
