@@ -126,18 +126,27 @@ async fn every_metric_in_the_spec_dashboard_and_alerts_is_emitted_after_traffic(
 /// Runs `fencehook check-config` with only these settings (a generic secret
 /// and a database URL unless they say otherwise).
 fn check_config(env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut all = vec![
+        ("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET),
+        (
+            "DATABASE_URL",
+            "postgres://fencehook_app@127.0.0.1:5432/fencehook",
+        ),
+    ];
+    all.extend_from_slice(env);
+    bare(&["check-config"], &all)
+}
+
+/// `fencehook <args>` with only `env` for settings (none from the test's
+/// environment; a later pair wins over an earlier one of the same name).
+fn bare(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
-    cmd.arg("check-config");
+    cmd.args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
             cmd.env_remove(k);
         }
     }
-    cmd.env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET);
-    cmd.env(
-        "DATABASE_URL",
-        "postgres://fencehook_app@127.0.0.1:5432/fencehook",
-    );
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -395,61 +404,23 @@ fn check_config_reads_the_settings_file_the_units_read() {
         ),
     )
     .unwrap();
-    let run = |extra: &[(&str, &str)]| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
-        cmd.args(["check-config", "--env-file"]).arg(&file);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
-                cmd.env_remove(k);
-            }
-        }
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-        cmd.output().unwrap()
-    };
-    let out = run(&[("FENCEHOOK_LEASE_TTL_MS", "9000")]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let file_arg = file.display().to_string();
+    let run = |extra: &[(&str, &str)]| bare(&["check-config", "--env-file", &file_arg], extra);
+    let (code, stdout, stderr) = run(&[("FENCEHOOK_LEASE_TTL_MS", "9000")]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
         stdout.contains("ttl 3000 ms"),
         "the file's value wins, as in the unit: {stdout}"
     );
 
     std::fs::write(&file, "DATABASE_URL\n").unwrap();
-    let out = run(&[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, _, stderr) = run(&[]);
+    assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains("--env-file") && stderr.contains(":1: not NAME=value"),
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// `fencehook <args>` with no setting from the test's environment.
-fn bare(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
-    cmd.args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
-            cmd.env_remove(k);
-        }
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }
 
 /// At 3 a.m. "none matched" after a typo reads as "nothing is dead".
