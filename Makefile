@@ -1,6 +1,7 @@
 # fencehook — the same checks run here and in CI (.ci/run).
 #
 #   make run    build (release), find or start PostgreSQL + Redis, migrate, serve on 127.0.0.1:8080
+#               (CONSOLE=1: also the operator console, with throwaway tokens: scripts/dev-console.sh)
 #   make test   unit tests, then the integration tests against real PostgreSQL and Redis, then one
 #               grand total (`N passed, M failed`)
 #   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
@@ -8,10 +9,9 @@
 #               (CHAOS_MODE=inbox, or make chaos-inbox: the same in inbox mode)
 #   make model  exhaustive model checks of the protocols: lease + fence, the lease inside the write,
 #               a payment's life (cap, downstream keys), the inbox (stateright; no services)
-#   make tools  install the lint tools lint needs (shellcheck, cargo-machete, cargo-deny), the nginx
-#               and systemd-analyze the deploy tests run, the Chromium and chromedriver the console's
-#               browser tests drive and the Patroni and etcd the failover test runs, if missing (those
-#               tests fail without them)
+#   make tools  install what the tests and lints run, where missing: `make test` and `make lint` do it
+#               themselves first (scripts/tools.sh: nginx, systemd-analyze, Chromium + chromedriver,
+#               Patroni + etcd, promtool; shellcheck, cargo-machete, cargo-deny)
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -30,7 +30,7 @@ DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 
 SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/services.sh env)"
 
-.PHONY: build run test test-unit test-integration chaos model lint tools fmt check services-stop clean
+.PHONY: build run test test-unit test-integration test-tools chaos model lint lint-tools tools fmt check services-stop clean
 
 build:
 	$(CARGO) build --locked --release
@@ -42,11 +42,14 @@ run: build
 	export FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true; \
 	./target/release/fencehook migrate --create-database; \
 	echo "fencehook: serving http://127.0.0.1:8080/webhooks/generic (admin http://127.0.0.1:9090), database $${DATABASE_URL##*/}"; \
+	if [ -n "$(CONSOLE)" ]; then eval "$$(scripts/dev-console.sh)"; fi; \
 	exec ./target/release/fencehook serve
 
-# Both runs, then their grand total on its own line (`N passed, M failed`); fails if either did.
+# What the tests run, installed first where missing (said on the first lines), then both runs, then
+# their grand total on its own line (`N passed, M failed`); fails if either did.
 test:
 	@set -o pipefail; log=$$(mktemp); status=0; \
+	$(MAKE) --no-print-directory test-tools; \
 	$(MAKE) --no-print-directory test-unit 2>&1 | tee "$$log" || status=1; \
 	$(MAKE) --no-print-directory test-integration 2>&1 | tee -a "$$log" || status=1; \
 	echo "== all tests =="; scripts/test-total.sh < "$$log"; rm -f "$$log"; exit $$status
@@ -55,7 +58,7 @@ test-unit:
 	@echo "== unit tests (no services) =="
 	$(CARGO) test --locked --features test-support --lib --bins
 
-test-integration:
+test-integration: test-tools
 	@echo "== integration tests (real PostgreSQL + Redis) =="
 	@set -e; $(SERVICES); export TEST_DATABASE_URL="$$DATABASE_URL"; \
 	$(CARGO) test --locked --features test-support --test api
@@ -83,38 +86,32 @@ chaos-inbox:
 model:
 	$(CARGO) test --locked --release --test model -- --nocapture
 
-lint:
+lint: lint-tools
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps --all-features --quiet
-	@command -v shellcheck >/dev/null || { echo "shellcheck is missing: make tools"; exit 1; }
 	shellcheck -x scripts/*.sh .ci/run
-	@$(CARGO) machete --version >/dev/null 2>&1 || { echo "cargo-machete is missing: make tools"; exit 1; }
 	$(CARGO) machete
-	@$(CARGO) deny --version >/dev/null 2>&1 || { echo "cargo-deny is missing: make tools"; exit 1; }
 	$(CARGO) deny --locked check --hide-inclusion-graph bans licenses sources
 
-# The lint tools, installed only where missing (shellcheck from Debian's packages, the two
-# cargo subcommands from crates.io at the versions their own lock files pin), and nginx for
-# tests/api/deploy.rs, which runs deploy/nginx.conf in front of fencehook (RUNLEVEL=1 keeps
-# the package from starting a system nginx on port 80: the test runs its own), and
-# systemd-analyze for the check of the systemd units, Debian's Chromium and chromedriver for
-# the console's browser tests, and Patroni and etcd for tests/api/patroni.rs, which runs
-# deploy/patroni/patroni.yml as a private three-node cluster (RUNLEVEL=1 again: no system etcd
-# or Patroni is started). One install of whatever is missing, after fetching the package lists
-# (a fresh machine may have none).
-TOOLS_PACKAGES = $(strip \
-	$(if $(shell command -v shellcheck),,shellcheck) \
-	$(if $(shell command -v chromium >/dev/null && command -v chromedriver >/dev/null && echo y),,chromium chromium-driver) \
-	$(if $(shell command -v nginx || test -x /usr/sbin/nginx && echo y),,nginx) \
-	$(if $(shell command -v systemd-analyze),,systemd) \
-	$(if $(shell command -v patroni),,patroni) \
-	$(if $(shell command -v etcd),,etcd-server))
-tools:
-	@test -z "$(TOOLS_PACKAGES)" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
-		apt-get install -y --no-install-recommends $(TOOLS_PACKAGES); }
+# The programs the integration tests run, installed where missing (Debian's packages, one apt-get
+# run, RUNLEVEL=1 so that no system nginx, etcd or Patroni is started: the tests run their own); the
+# first lines say what was missing and why. A machine where they cannot be installed (no root, no
+# network) goes on: the tests that need them fail naming `make tools`. See scripts/tools.sh.
+test-tools:
+	@scripts/tools.sh install test || echo "fencehook: going on without them"
+
+# shellcheck from Debian's packages, the two cargo subcommands from crates.io at the versions their
+# own lock files pin; only where missing.
+lint-tools:
+	@scripts/tools.sh install lint
 	@$(CARGO) machete --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-machete
 	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
+
+# Everything the tests and lints run, where missing, in one apt-get run.
+tools:
+	@scripts/tools.sh install all
+	@$(MAKE) --no-print-directory lint-tools
 
 fmt:
 	$(CARGO) fmt

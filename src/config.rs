@@ -13,8 +13,15 @@ use clap::{Args, ValueEnum};
 use crate::providers::{self, Provider};
 
 pub mod console;
+mod database;
+mod error;
+mod redis;
 pub mod setting;
 mod traces;
+pub use database::{database_target, DbArgs, DbConfig};
+pub(crate) use error::{bad, Found};
+pub use error::{ConfigError, ConfigErrors};
+pub use redis::{RedisHaArgs, RedisTls, SentinelConfig, DEFAULT_REDIS_URL};
 pub use traces::{OtlpProtocol, Sampler, SamplerRoot, TraceArgs, TraceConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -230,51 +237,51 @@ pub struct InboxConfig {
 }
 
 impl InboxArgs {
-    pub fn validate(&self) -> Result<InboxConfig, ConfigError> {
+    /// Every inbox setting checked, each bad one named.
+    pub fn validate(&self) -> Result<InboxConfig, ConfigErrors> {
+        let mut found = Found::default();
         if self.retry_base_ms == 0 {
-            return Err(bad(setting::FENCEHOOK_RETRY_BASE_MS, "must be above 0"));
+            found.refuse(setting::FENCEHOOK_RETRY_BASE_MS, "must be above 0");
         }
         if self.retry_max_ms < self.retry_base_ms {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_RETRY_MAX_MS,
                 format!(
                     "must be at least {fencehook_retry_base_ms}",
                     fencehook_retry_base_ms = setting::FENCEHOOK_RETRY_BASE_MS
                 ),
-            ));
-        }
-        if self.max_attempts == 0 {
-            return Err(bad(setting::FENCEHOOK_MAX_ATTEMPTS, "must be at least 1"));
-        }
-        if self.retry_max_ms > MAX_RETRY_MAX_MS {
-            return Err(bad(
+            );
+        } else if self.retry_max_ms > MAX_RETRY_MAX_MS {
+            found.refuse(
                 setting::FENCEHOOK_RETRY_MAX_MS,
                 format!("must be at most {MAX_RETRY_MAX_MS} (30 days)"),
-            ));
+            );
+        }
+        if self.max_attempts == 0 {
+            found.refuse(setting::FENCEHOOK_MAX_ATTEMPTS, "must be at least 1");
         }
         if self.max_age_secs == 0 {
-            return Err(bad(setting::FENCEHOOK_MAX_AGE_SECS, "must be above 0"));
-        }
-        if self.max_age_secs > MAX_RETENTION_DAYS * 86_400 {
-            return Err(bad(
+            found.refuse(setting::FENCEHOOK_MAX_AGE_SECS, "must be above 0");
+        } else if self.max_age_secs > MAX_RETENTION_DAYS * 86_400 {
+            found.refuse(
                 setting::FENCEHOOK_MAX_AGE_SECS,
                 format!(
                     "must be at most {} ({MAX_RETENTION_DAYS} days)",
                     MAX_RETENTION_DAYS * 86_400
                 ),
-            ));
+            );
         }
-        let retention = retention(self.event_retention_days)?;
+        let retention = found.ok(retention(self.event_retention_days));
         if self.prune_interval_secs > MAX_PRUNE_INTERVAL_SECS {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_PRUNE_INTERVAL_SECS,
                 format!("must be at most {MAX_PRUNE_INTERVAL_SECS} (a week), or 0 for never"),
-            ));
+            );
         }
         if self.workers > 256 {
-            return Err(bad(setting::FENCEHOOK_WORKERS, "must be at most 256"));
+            found.refuse(setting::FENCEHOOK_WORKERS, "must be at most 256");
         }
-        Ok(InboxConfig {
+        found.finish(retention, |retention| InboxConfig {
             mode: self.mode,
             workers: self.workers,
             retry_base: Duration::from_millis(self.retry_base_ms),
@@ -317,302 +324,6 @@ pub fn retention(days: u64) -> Result<Duration, ConfigError> {
 /// a duration never meets a date unchecked.
 pub fn time_before(now: time::OffsetDateTime, age: Duration) -> Option<time::OffsetDateTime> {
     now.checked_sub(time::Duration::try_from(age).ok()?)
-}
-
-/// PostgreSQL settings, shared by `serve`, `migrate` and `audit`.
-#[derive(Debug, Clone, Args)]
-pub struct DbArgs {
-    /// PostgreSQL URL. `migrate --create-database` creates a missing database;
-    /// nothing else does.
-    #[arg(
-        long,
-        env = setting::DATABASE_URL,
-        default_value = "postgres://postgres@127.0.0.1:5432/fencehook",
-        hide_env_values = true
-    )]
-    pub database_url: String,
-    /// Connections in the pool.
-    #[arg(long, env = setting::FENCEHOOK_DB_POOL_SIZE, default_value_t = 16)]
-    pub db_pool_size: usize,
-    /// Longest a request waits for a pooled connection before answering 503.
-    #[arg(long, env = setting::FENCEHOOK_DB_POOL_WAIT_MS, default_value_t = 2000)]
-    pub db_pool_wait_ms: u64,
-    /// statement_timeout of every connection.
-    #[arg(
-        long,
-        env = setting::FENCEHOOK_DB_STATEMENT_TIMEOUT_MS,
-        default_value_t = 5000
-    )]
-    pub db_statement_timeout_ms: u64,
-    /// Timeout of opening one connection.
-    #[arg(long, env = setting::FENCEHOOK_DB_CONNECT_TIMEOUT_MS, default_value_t = 3000)]
-    pub db_connect_timeout_ms: u64,
-}
-
-/// Where the Redis master comes from when it is not `REDIS_URL` (Sentinel),
-/// and the TLS material of `rediss://`.
-#[derive(Debug, Clone, Args, Default)]
-pub struct RedisHaArgs {
-    /// Redis Sentinel addresses (host:port,host:port,…): the master is asked
-    /// of them, and asked again after an error. REDIS_URL must be unset.
-    #[arg(long, env = setting::FENCEHOOK_REDIS_SENTINELS)]
-    pub redis_sentinels: Option<String>,
-    /// Name of the master the sentinels monitor (`sentinel monitor <name> …`).
-    #[arg(long, env = setting::FENCEHOOK_REDIS_SENTINEL_MASTER)]
-    pub redis_sentinel_master: Option<String>,
-    /// Password of the sentinels themselves (their `requirepass`).
-    #[arg(
-        long,
-        env = setting::FENCEHOOK_REDIS_SENTINEL_PASSWORD,
-        hide_env_values = true
-    )]
-    pub redis_sentinel_password: Option<String>,
-    /// PEM file of the CA that signed the Redis server's certificate
-    /// (rediss://); without it the system's trust store is used.
-    #[arg(long, env = setting::FENCEHOOK_REDIS_CA_FILE)]
-    pub redis_ca_file: Option<PathBuf>,
-    /// PEM certificate (chain) presented to Redis (rediss://, with
-    /// FENCEHOOK_REDIS_CLIENT_KEY_FILE).
-    #[arg(long, env = setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE)]
-    pub redis_client_cert_file: Option<PathBuf>,
-    /// PEM private key of FENCEHOOK_REDIS_CLIENT_CERT_FILE.
-    #[arg(long, env = setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE)]
-    pub redis_client_key_file: Option<PathBuf>,
-}
-
-/// `REDIS_URL` when none is set (and no sentinel either).
-pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
-
-/// The master is found through Redis Sentinel.
-#[derive(Clone)]
-pub struct SentinelConfig {
-    /// `host:port` of every sentinel.
-    pub sentinels: Vec<String>,
-    pub master: String,
-    pub password: Option<String>,
-}
-
-impl std::fmt::Debug for SentinelConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelConfig")
-            .field("sentinels", &self.sentinels)
-            .field("master", &self.master)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
-}
-
-/// TLS material for `rediss://`, read and parsed at start (PEM).
-#[derive(Clone, Default)]
-pub struct RedisTls {
-    /// The CA bundle; `None`: the system's trust store.
-    pub ca: Option<Vec<u8>>,
-    /// Client certificate chain and key.
-    pub client: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl std::fmt::Debug for RedisTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisTls")
-            .field("ca", &self.ca.is_some())
-            .field("client", &self.client.is_some())
-            .finish()
-    }
-}
-
-impl RedisHaArgs {
-    /// The Sentinel settings, if any, checked against `REDIS_URL`.
-    fn sentinel(&self, redis_url: Option<&str>) -> Result<Option<SentinelConfig>, ConfigError> {
-        let blank = |v: &Option<String>| v.as_deref().is_none_or(|s| s.trim().is_empty());
-        match (
-            blank(&self.redis_sentinels),
-            blank(&self.redis_sentinel_master),
-        ) {
-            (true, true) => {
-                if self.redis_sentinel_password.is_some() {
-                    return Err(bad(
-                        setting::FENCEHOOK_REDIS_SENTINEL_PASSWORD,
-                        format!("is set without {fencehook_redis_sentinels}", fencehook_redis_sentinels = setting::FENCEHOOK_REDIS_SENTINELS),
-                    ));
-                }
-                return Ok(None);
-            }
-            (false, true) => return Err(bad(
-                setting::FENCEHOOK_REDIS_SENTINEL_MASTER,
-                format!("must name the master the sentinels monitor when {fencehook_redis_sentinels} is set", fencehook_redis_sentinels = setting::FENCEHOOK_REDIS_SENTINELS),
-            )),
-            (true, false) => return Err(bad(
-                setting::FENCEHOOK_REDIS_SENTINELS,
-                format!("must list the sentinels (host:port,…) when {fencehook_redis_sentinel_master} is set", fencehook_redis_sentinel_master = setting::FENCEHOOK_REDIS_SENTINEL_MASTER),
-            )),
-            (false, false) => {}
-        }
-        if redis_url.is_some() {
-            return Err(bad(
-                setting::REDIS_URL,
-                format!("must be unset when {fencehook_redis_sentinels} is set: the sentinels name the master", fencehook_redis_sentinels = setting::FENCEHOOK_REDIS_SENTINELS),
-            ));
-        }
-        let mut sentinels = Vec::new();
-        for node in self.redis_sentinels.as_deref().unwrap_or("").split(',') {
-            let node = node.trim();
-            let port = node
-                .rsplit_once(':')
-                .map(|(host, port)| (host, port.parse::<u16>()));
-            match port {
-                Some((host, Ok(port))) if !host.is_empty() && port > 0 && !host.contains('/') => {
-                    sentinels.push(node.to_owned())
-                }
-                _ => {
-                    return Err(bad(
-                        setting::FENCEHOOK_REDIS_SENTINELS,
-                        format!("`{node}` is not host:port"),
-                    ))
-                }
-            }
-        }
-        let master = self.redis_sentinel_master.as_deref().unwrap_or("").trim();
-        if master.chars().any(char::is_whitespace) {
-            return Err(bad(
-                setting::FENCEHOOK_REDIS_SENTINEL_MASTER,
-                "must not contain spaces",
-            ));
-        }
-        if self.redis_ca_file.is_some() || self.redis_client_cert_file.is_some() {
-            return Err(bad(
-                setting::FENCEHOOK_REDIS_SENTINELS,
-                format!("TLS to a Sentinel-managed Redis is not supported by this build; use a private network, or rediss:// in {redis_url} without Sentinel", redis_url = setting::REDIS_URL),
-            ));
-        }
-        Ok(Some(SentinelConfig {
-            sentinels,
-            master: master.to_owned(),
-            password: self
-                .redis_sentinel_password
-                .clone()
-                .filter(|p| !p.is_empty()),
-        }))
-    }
-
-    /// The TLS files, read and parsed; only with `rediss://`.
-    fn tls(&self, tls_url: bool) -> Result<RedisTls, ConfigError> {
-        if !tls_url {
-            for (setting, file) in [
-                (setting::FENCEHOOK_REDIS_CA_FILE, &self.redis_ca_file),
-                (
-                    setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE,
-                    &self.redis_client_cert_file,
-                ),
-                (
-                    setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE,
-                    &self.redis_client_key_file,
-                ),
-            ] {
-                if file.is_some() {
-                    return Err(bad(
-                        setting,
-                        format!(
-                            "is set but {redis_url} is not rediss:// (TLS)",
-                            redis_url = setting::REDIS_URL
-                        ),
-                    ));
-                }
-            }
-            return Ok(RedisTls::default());
-        }
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let read = |setting: &'static str, path: &PathBuf| {
-            std::fs::read(path)
-                .map_err(|e| bad(setting, format!("cannot read {}: {e}", path.display())))
-        };
-        let certs = |setting: &'static str, path: &PathBuf, pem: &[u8]| {
-            let n = CertificateDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    bad(
-                        setting,
-                        format!("{}: not a PEM certificate: {e}", path.display()),
-                    )
-                })?
-                .len();
-            if n == 0 {
-                return Err(bad(
-                    setting,
-                    format!("{}: holds no PEM certificate", path.display()),
-                ));
-            }
-            Ok(())
-        };
-        let ca = match &self.redis_ca_file {
-            Some(path) => {
-                let pem = read(setting::FENCEHOOK_REDIS_CA_FILE, path)?;
-                certs(setting::FENCEHOOK_REDIS_CA_FILE, path, &pem)?;
-                Some(pem)
-            }
-            None => None,
-        };
-        let client = match (&self.redis_client_cert_file, &self.redis_client_key_file) {
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(bad(
-                    setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE,
-                    format!(
-                        "must be set with {fencehook_redis_client_cert_file}",
-                        fencehook_redis_client_cert_file =
-                            setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE
-                    ),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(bad(
-                    setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE,
-                    format!(
-                        "must be set with {fencehook_redis_client_key_file}",
-                        fencehook_redis_client_key_file = setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE
-                    ),
-                ))
-            }
-            (Some(cert_path), Some(key_path)) => {
-                let cert = read(setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE, cert_path)?;
-                certs(setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE, cert_path, &cert)?;
-                let key = read(setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE, key_path)?;
-                PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
-                    bad(
-                        setting::FENCEHOOK_REDIS_CLIENT_KEY_FILE,
-                        format!("{}: not a PEM private key: {e}", key_path.display()),
-                    )
-                })?;
-                Some((cert, key))
-            }
-        };
-        Ok(RedisTls { ca, client })
-    }
-}
-
-/// One invalid setting: the variable's name and what is wrong with it.
-#[derive(Debug, thiserror::Error)]
-#[error("{setting}: {reason}")]
-pub struct ConfigError {
-    pub setting: &'static str,
-    pub reason: String,
-}
-
-fn bad(setting: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        setting,
-        reason: reason.into(),
-    }
-}
-
-/// PostgreSQL pool settings, validated.
-#[derive(Debug, Clone)]
-pub struct DbConfig {
-    pub url: String,
-    pub pool_size: usize,
-    pub pool_wait: Duration,
-    pub statement_timeout: Duration,
-    pub connect_timeout: Duration,
 }
 
 /// Lease settings, validated.
@@ -684,36 +395,6 @@ impl Config {
     }
 }
 
-/// Where a database URL points, for the start log: every host with its
-/// port (a multi-host URL lists the nodes of a failover pair or cluster, and
-/// an operator needs to see that all of them were taken) and the database
-/// name; never the user or password.
-pub fn database_target(url: &str) -> String {
-    let Ok(target) = crate::db::tls::Target::parse(url) else {
-        return "?".to_owned();
-    };
-    let cfg = target.config;
-    let ports = cfg.get_ports();
-    // One port given applies to every host; none means the default.
-    let port_of = |i: usize| match ports.len() {
-        0 => 5432,
-        1 => ports[0],
-        _ => ports.get(i).copied().unwrap_or(5432),
-    };
-    let hosts: Vec<String> = match cfg.get_hosts() {
-        [] => vec![format!("localhost:{}", port_of(0))],
-        hosts => hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| match h {
-                tokio_postgres::config::Host::Tcp(h) => format!("{h}:{}", port_of(i)),
-                tokio_postgres::config::Host::Unix(p) => format!("{}:{}", p.display(), port_of(i)),
-            })
-            .collect(),
-    };
-    format!("{}/{}", hosts.join(","), cfg.get_dbname().unwrap_or("?"))
-}
-
 /// Where `REDIS_URL` points, for the start log: host:port/db of each node,
 /// never a password.
 pub fn redis_target(url: &str) -> String {
@@ -779,227 +460,328 @@ pub struct Config {
     pub traces: Option<TraceConfig>,
 }
 
-impl DbArgs {
-    pub fn validate(&self) -> Result<DbConfig, ConfigError> {
-        // Also reads sslrootcert: a file that is missing or holds no
-        // certificate stops the start here, not at the first connection.
-        crate::db::tls::Target::parse(&self.database_url)
-            .map_err(|e| bad(setting::DATABASE_URL, crate::report::chain(&e)))?;
-        if self.db_pool_size == 0 {
-            return Err(bad(setting::FENCEHOOK_DB_POOL_SIZE, "must be at least 1"));
-        }
-        if self.db_statement_timeout_ms == 0 {
-            return Err(bad(
-                setting::FENCEHOOK_DB_STATEMENT_TIMEOUT_MS,
-                "must be above 0 (0 would disable the timeout)",
-            ));
-        }
-        Ok(DbConfig {
-            url: self.database_url.clone(),
-            pool_size: self.db_pool_size,
-            pool_wait: Duration::from_millis(self.db_pool_wait_ms),
-            statement_timeout: Duration::from_millis(self.db_statement_timeout_ms),
-            connect_timeout: Duration::from_millis(self.db_connect_timeout_ms.max(1)),
-        })
+/// The providers file's errors, one line each: a loader that stops at the
+/// first gives one, one that reads on gives several.
+trait ErrorLines {
+    fn into_lines(self) -> Vec<String>;
+}
+
+impl ErrorLines for String {
+    fn into_lines(self) -> Vec<String> {
+        vec![self]
+    }
+}
+
+impl ErrorLines for Vec<String> {
+    fn into_lines(self) -> Vec<String> {
+        self
     }
 }
 
 impl ServeArgs {
-    /// Checks every setting and the rules between them.
-    pub fn validate(&self) -> Result<Config, ConfigError> {
+    /// Checks every setting and the rules between them; every bad one is
+    /// named.
+    pub fn validate(&self) -> Result<Config, ConfigErrors> {
         self.validate_with(true)
     }
 
     /// As [`ServeArgs::validate`], for `fencehook work`: workers verify no
     /// signature, so providers are optional (the same environment file as
     /// `serve` still works).
-    pub fn validate_for_workers(&self) -> Result<Config, ConfigError> {
+    pub fn validate_for_workers(&self) -> Result<Config, ConfigErrors> {
         self.validate_with(false)
     }
 
-    fn validate_with(&self, providers_required: bool) -> Result<Config, ConfigError> {
-        let listen = self.listen.parse().map_err(|_| {
+    fn validate_with(&self, providers_required: bool) -> Result<Config, ConfigErrors> {
+        let mut found = Found::default();
+        let listeners = self.listeners(&mut found);
+        let db = found.all(self.db.validate());
+        let lease = found.all(self.lease_config());
+        let downstream_url = found.ok(self.downstream_url());
+        if let (Some(Some(_)), Some(lease)) = (&downstream_url, &lease) {
+            found.ok(self.downstream_fits(lease));
+        }
+        self.limits(&mut found);
+        let providers = self.providers(providers_required, &mut found);
+        let inbox = found.all(self.inbox.validate());
+        // `work` serves no console: its token files are not read there.
+        let console = match providers_required {
+            true => found.ok(self.console.validate()),
+            false => Some(Default::default()),
+        };
+        let traces = found.ok(self.traces.validate());
+        let parts = (|| {
+            Some((
+                listeners?,
+                db?,
+                lease?,
+                downstream_url?,
+                providers?,
+                inbox?,
+                console?,
+                traces?,
+            ))
+        })();
+        found.finish(
+            parts,
+            |(
+                (listen, admin_listen),
+                db,
+                lease,
+                downstream_url,
+                providers,
+                inbox,
+                console,
+                traces,
+            )| {
+                Config {
+                    listen,
+                    admin_listen,
+                    db,
+                    lease,
+                    inflight_wait: Duration::from_millis(self.inflight_wait_ms),
+                    downstream_url,
+                    downstream_timeout: Duration::from_millis(self.downstream_timeout_ms),
+                    providers,
+                    providers_file: self.providers.clone(),
+                    max_body_bytes: self.max_body_bytes,
+                    body_timeout: Duration::from_millis(self.body_timeout_ms),
+                    max_inflight: self.max_inflight,
+                    max_connections: self.max_connections,
+                    max_connections_per_peer: self.max_connections_per_peer,
+                    connection_max_requests: self.connection_max_requests,
+                    connection_max_age: Duration::from_secs(self.connection_max_age_secs),
+                    allow_published_secrets: self.allow_published_secrets,
+                    shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+                    migrate_on_start: self.migrate_on_start,
+                    require_sync_replication: self.require_sync_replication,
+                    inbox,
+                    console,
+                    traces,
+                }
+            },
+        )
+    }
+
+    /// The public and admin addresses: each host:port, and not the same one.
+    fn listeners(&self, found: &mut Found) -> Option<(SocketAddr, SocketAddr)> {
+        let listen: Option<SocketAddr> = found.ok(self.listen.parse().map_err(|_| {
             bad(
                 setting::FENCEHOOK_LISTEN,
                 format!("`{}` is not host:port", self.listen),
             )
-        })?;
-        let admin_listen: SocketAddr = self.admin_listen.parse().map_err(|_| {
+        }));
+        let admin_listen: Option<SocketAddr> = found.ok(self.admin_listen.parse().map_err(|_| {
             bad(
                 setting::FENCEHOOK_ADMIN_LISTEN,
                 format!("`{}` is not host:port", self.admin_listen),
             )
-        })?;
+        }));
+        let (listen, admin_listen) = (listen?, admin_listen?);
         if admin_listen == listen && admin_listen.port() != 0 {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_ADMIN_LISTEN,
                 format!(
                     "must differ from {fencehook_listen}",
                     fencehook_listen = setting::FENCEHOOK_LISTEN
                 ),
+            );
+            return None;
+        }
+        Some((listen, admin_listen))
+    }
+
+    /// `FENCEHOOK_DOWNSTREAM_URL`, when one is set: an http:// URL with a host.
+    fn downstream_url(&self) -> Result<Option<hyper::Uri>, ConfigError> {
+        let Some(s) = self.downstream_url.as_deref().filter(|s| !s.is_empty()) else {
+            return Ok(None);
+        };
+        let uri: hyper::Uri = s.parse().map_err(|_| {
+            bad(
+                setting::FENCEHOOK_DOWNSTREAM_URL,
+                format!("`{s}` is not a URL"),
+            )
+        })?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(bad(
+                setting::FENCEHOOK_DOWNSTREAM_URL,
+                "must be an http:// URL with a host",
             ));
         }
-        let db = self.db.validate()?;
-        let lease = self.lease_config()?;
-        let downstream_url = match &self.downstream_url {
-            None => None,
-            Some(s) if s.is_empty() => None,
-            Some(s) => {
-                let uri: hyper::Uri = s.parse().map_err(|_| {
-                    bad(
-                        setting::FENCEHOOK_DOWNSTREAM_URL,
-                        format!("`{s}` is not a URL"),
-                    )
-                })?;
-                if uri.scheme_str() != Some("http") || uri.host().is_none() {
-                    return Err(bad(
-                        setting::FENCEHOOK_DOWNSTREAM_URL,
-                        "must be an http:// URL with a host",
-                    ));
-                }
-                Some(uri)
-            }
-        };
-        let downstream_timeout = Duration::from_millis(self.downstream_timeout_ms);
-        if downstream_url.is_some() {
-            if self.downstream_timeout_ms == 0 {
-                return Err(bad(
-                    setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS,
-                    "must be above 0",
-                ));
-            }
-            if downstream_timeout + lease.ttl > lease.max_hold {
-                return Err(bad(
-                    setting::FENCEHOOK_LEASE_MAX_MS,
-                    format!(
-                        "{} ms cannot cover {fencehook_downstream_timeout_ms} ({}) plus one lease TTL ({})",
-                        lease.max_hold.as_millis(),
-                        self.downstream_timeout_ms,
-                        self.lease_ttl_ms, fencehook_downstream_timeout_ms = setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS
-                    ),
-                ));
-            }
-        }
-        if self.max_inflight == 0 {
-            return Err(bad(setting::FENCEHOOK_MAX_INFLIGHT, "must be at least 1"));
-        }
-        // Each delivery holds at most one pooled connection at a time, so
-        // connections beyond the in-flight limit could never be used.
-        if self.db.db_pool_size > self.max_inflight {
+        Ok(Some(uri))
+    }
+
+    /// With a downstream: its timeout is set, and a lease can be held
+    /// through one call.
+    fn downstream_fits(&self, lease: &LeaseConfig) -> Result<(), ConfigError> {
+        if self.downstream_timeout_ms == 0 {
             return Err(bad(
+                setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS,
+                "must be above 0",
+            ));
+        }
+        if Duration::from_millis(self.downstream_timeout_ms) + lease.ttl > lease.max_hold {
+            return Err(bad(
+                setting::FENCEHOOK_LEASE_MAX_MS,
+                format!(
+                    "{} ms cannot cover {fencehook_downstream_timeout_ms} ({}) plus one lease TTL ({})",
+                    lease.max_hold.as_millis(),
+                    self.downstream_timeout_ms,
+                    self.lease_ttl_ms, fencehook_downstream_timeout_ms = setting::FENCEHOOK_DOWNSTREAM_TIMEOUT_MS
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bounds on deliveries, bodies and connections, each checked.
+    fn limits(&self, found: &mut Found) {
+        if self.max_inflight == 0 {
+            found.refuse(setting::FENCEHOOK_MAX_INFLIGHT, "must be at least 1");
+        } else if self.db.db_pool_size > self.max_inflight {
+            // Each delivery holds at most one pooled connection at a time, so
+            // connections beyond the in-flight limit could never be used.
+            found.refuse(
                 setting::FENCEHOOK_DB_POOL_SIZE,
                 format!(
                     "{} is more than {fencehook_max_inflight} ({}): a delivery uses one connection at a time",
                     self.db.db_pool_size, self.max_inflight, fencehook_max_inflight = setting::FENCEHOOK_MAX_INFLIGHT
                 ),
-            ));
+            );
         }
         if self.max_body_bytes < 256 {
-            return Err(bad(
-                setting::FENCEHOOK_MAX_BODY_BYTES,
-                "must be at least 256",
-            ));
+            found.refuse(setting::FENCEHOOK_MAX_BODY_BYTES, "must be at least 256");
         }
         // A PSP sends a few KiB at once; 30 s is already generous, and a
         // longer bound would let slow clients keep connections for nothing.
         if !(1..=MAX_BODY_TIMEOUT_MS).contains(&self.body_timeout_ms) {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_BODY_TIMEOUT_MS,
                 format!(
                     "{} must be between 1 and {MAX_BODY_TIMEOUT_MS} ms",
                     self.body_timeout_ms
                 ),
-            ));
+            );
         }
-        if self.max_connections == 0 {
-            return Err(bad(
+        for (setting, value) in [
+            (
                 setting::FENCEHOOK_MAX_CONNECTIONS,
-                "must be at least 1",
-            ));
-        }
-        if self.max_connections_per_peer == 0 {
-            return Err(bad(
+                self.max_connections as u64,
+            ),
+            (
                 setting::FENCEHOOK_MAX_CONNECTIONS_PER_PEER,
-                "must be at least 1",
-            ));
-        }
-        if self.connection_max_requests == 0 {
-            return Err(bad(
+                self.max_connections_per_peer as u64,
+            ),
+            (
                 setting::FENCEHOOK_CONNECTION_MAX_REQUESTS,
-                "must be at least 1",
-            ));
+                self.connection_max_requests,
+            ),
+        ] {
+            if value == 0 {
+                found.refuse(setting, "must be at least 1");
+            }
         }
         if !(1..=MAX_CONNECTION_AGE_SECS).contains(&self.connection_max_age_secs) {
-            return Err(bad(
+            found.refuse(
                 setting::FENCEHOOK_CONNECTION_MAX_AGE_SECS,
                 format!("must be between 1 and {MAX_CONNECTION_AGE_SECS} (a day)"),
-            ));
+            );
         }
+    }
+
+    /// The providers: the file's, or the built-in `generic` one; none for
+    /// `work` without either. Every error of the file is kept, and every
+    /// published secret named.
+    fn providers(&self, required: bool, found: &mut Found) -> Option<Vec<Provider>> {
+        let setting = match &self.providers {
+            Some(_) => setting::FENCEHOOK_PROVIDERS,
+            None => setting::FENCEHOOK_GENERIC_SECRET,
+        };
         let providers = match &self.providers {
-            Some(path) => {
-                providers::load_file(path).map_err(|e| bad(setting::FENCEHOOK_PROVIDERS, e))?
-            }
-            None if !providers_required && self.generic_secret.is_none() => Vec::new(),
+            Some(path) => match providers::load_file(path) {
+                Ok(providers) => providers,
+                Err(e) => {
+                    for line in e.into_lines() {
+                        found.refuse(setting, line);
+                    }
+                    return None;
+                }
+            },
+            None if !required && self.generic_secret.is_none() => Vec::new(),
             None => {
-                let secret = self.generic_secret.as_deref().ok_or_else(|| {
-                    bad(
-                        setting::FENCEHOOK_GENERIC_SECRET,
+                let Some(secret) = self.generic_secret.as_deref() else {
+                    found.refuse(
+                        setting,
                         format!(
                             "required when {fencehook_providers} is not set",
                             fencehook_providers = setting::FENCEHOOK_PROVIDERS
                         ),
-                    )
-                })?;
-                vec![Provider::generic(secret)
-                    .map_err(|e| bad(setting::FENCEHOOK_GENERIC_SECRET, e))?]
+                    );
+                    return None;
+                };
+                vec![found.ok(Provider::generic(secret).map_err(|e| bad(setting, e)))?]
             }
         };
         // Anyone who has read fencehook's repository could sign with these.
         if !self.allow_published_secrets {
-            let setting = if self.providers.is_some() {
-                setting::FENCEHOOK_PROVIDERS
-            } else {
-                setting::FENCEHOOK_GENERIC_SECRET
-            };
-            if let Some(e) = providers.iter().flat_map(|p| p.exposures()).next() {
-                return Err(bad(
+            let exposed: Vec<String> = providers
+                .iter()
+                .flat_map(|p| p.exposures().iter().cloned())
+                .collect();
+            for e in &exposed {
+                found.refuse(
                     setting,
                     format!("{e}; use the PSP's own ({fencehook_allow_published_secrets}=true serves it, for development only)", fencehook_allow_published_secrets = setting::FENCEHOOK_ALLOW_PUBLISHED_SECRETS),
-                ));
+                );
+            }
+            if !exposed.is_empty() {
+                return None;
             }
         }
-        Ok(Config {
-            listen,
-            admin_listen,
-            db,
-            lease,
-            inflight_wait: Duration::from_millis(self.inflight_wait_ms),
-            downstream_url,
-            downstream_timeout,
-            providers,
-            providers_file: self.providers.clone(),
-            max_body_bytes: self.max_body_bytes,
-            body_timeout: Duration::from_millis(self.body_timeout_ms),
-            max_inflight: self.max_inflight,
-            max_connections: self.max_connections,
-            max_connections_per_peer: self.max_connections_per_peer,
-            connection_max_requests: self.connection_max_requests,
-            connection_max_age: Duration::from_secs(self.connection_max_age_secs),
-            allow_published_secrets: self.allow_published_secrets,
-            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
-            migrate_on_start: self.migrate_on_start,
-            require_sync_replication: self.require_sync_replication,
-            inbox: self.inbox.validate()?,
-            // `work` serves no console: its token files are not read there.
-            console: match providers_required {
-                true => self.console.validate()?,
-                false => Default::default(),
-            },
-            traces: self.traces.validate()?,
-        })
+        Some(providers)
     }
 
-    fn lease_config(&self) -> Result<LeaseConfig, ConfigError> {
+    fn lease_config(&self) -> Result<LeaseConfig, ConfigErrors> {
+        let mut found = Found::default();
+        found.ok(self.backend_allowed());
+        // Only the Redis backend reads the Redis settings: with postgres (or
+        // unique-only) REDIS_URL, the sentinels and the TLS files are not
+        // looked at, so a malformed or stale one does not stop the start.
+        let redis = found.ok(match self.lease_backend {
+            LeaseBackendKind::Redis => self.redis_lease(),
+            LeaseBackendKind::Postgres | LeaseBackendKind::UniqueOnly => {
+                Ok((self.redis_url_or_default(), None, RedisTls::default()))
+            }
+        });
+        let timing = found.ok(self.lease_timing());
+        let prefix = &self.redis_key_prefix;
+        if prefix.is_empty()
+            || prefix.contains(['{', '}'])
+            || prefix.chars().any(|c| c.is_whitespace())
+        {
+            found.refuse(
+                setting::FENCEHOOK_REDIS_KEY_PREFIX,
+                "must be non-empty, without braces or spaces",
+            );
+        }
+        found.finish(
+            redis.zip(timing),
+            |((redis_url, sentinel, redis_tls), (ttl, lease_timeout, fence_key_ttl))| LeaseConfig {
+                backend: self.lease_backend,
+                redis_url,
+                sentinel,
+                redis_tls,
+                key_prefix: prefix.clone(),
+                ttl,
+                max_hold: Duration::from_millis(self.lease_max_ms),
+                fence_key_ttl,
+                lease_timeout,
+            },
+        )
+    }
+
+    /// `unique-only` only where it can run.
+    fn backend_allowed(&self) -> Result<(), ConfigError> {
         if self.lease_backend == LeaseBackendKind::UniqueOnly {
             if !cfg!(feature = "bench-baseline") {
                 return Err(bad(
@@ -1014,15 +796,12 @@ impl ServeArgs {
                 ));
             }
         }
-        // Only the Redis backend reads the Redis settings: with postgres (or
-        // unique-only) REDIS_URL, the sentinels and the TLS files are not
-        // looked at, so a malformed or stale one does not stop the start.
-        let (redis_url, sentinel, redis_tls) = match self.lease_backend {
-            LeaseBackendKind::Redis => self.redis_lease()?,
-            LeaseBackendKind::Postgres | LeaseBackendKind::UniqueOnly => {
-                (self.redis_url_or_default(), None, RedisTls::default())
-            }
-        };
+        Ok(())
+    }
+
+    /// The TTL, the lease command timeout and the counter's expiry, checked
+    /// against each other.
+    fn lease_timing(&self) -> Result<(Duration, Duration, Duration), ConfigError> {
         if self.lease_ttl_ms < 150 {
             return Err(bad(
                 setting::FENCEHOOK_LEASE_TTL_MS,
@@ -1069,27 +848,7 @@ impl ServeArgs {
                 ),
             ));
         }
-        let prefix = &self.redis_key_prefix;
-        if prefix.is_empty()
-            || prefix.contains(['{', '}'])
-            || prefix.chars().any(|c| c.is_whitespace())
-        {
-            return Err(bad(
-                setting::FENCEHOOK_REDIS_KEY_PREFIX,
-                "must be non-empty, without braces or spaces",
-            ));
-        }
-        Ok(LeaseConfig {
-            backend: self.lease_backend,
-            redis_url,
-            sentinel,
-            redis_tls,
-            key_prefix: prefix.clone(),
-            ttl,
-            max_hold: Duration::from_millis(self.lease_max_ms),
-            fence_key_ttl,
-            lease_timeout,
-        })
+        Ok((ttl, lease_timeout, fence_key_ttl))
     }
 
     /// `REDIS_URL` as given (checked only for the Redis backend), or the
@@ -1203,16 +962,79 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        parse_all(args).map_err(ConfigErrors::into_first)
+    }
+
+    /// Every error of `args`, with a generic secret and a database given
+    /// unless `args` give others.
+    fn parse_all(args: &[&str]) -> Result<Config, ConfigErrors> {
         let mut argv = vec![
             "fencehook",
             "--generic-secret",
             "whsec_dGVzdC1zZWNyZXQtZm9yLWZlbmNlaG9vay10ZXN0cw==",
+            "--database-url",
+            "postgres://fencehook_app@db.internal:5432/fencehook",
         ];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv)
             .expect("flags parse")
             .serve
             .validate()
+    }
+
+    #[test]
+    fn every_bad_setting_is_named_in_one_validation_in_the_order_checked() {
+        let e = parse_all(&[
+            "--listen",
+            "nowhere",
+            "--database-url",
+            "postgres://app:p@ss@db.internal/fencehook",
+            "--db-statement-timeout-ms",
+            "0",
+            "--lease-ttl-ms",
+            "10",
+            "--redis-key-prefix",
+            "a b",
+            "--max-body-bytes",
+            "10",
+            "--max-connections",
+            "0",
+            "--retry-base-ms",
+            "0",
+            "--workers",
+            "1000",
+            "--generic-secret",
+            "not-a-secret",
+        ])
+        .unwrap_err();
+        let named: Vec<&str> = e.all().iter().map(|e| e.setting).collect();
+        assert_eq!(
+            named,
+            [
+                "FENCEHOOK_LISTEN",
+                "DATABASE_URL",
+                "FENCEHOOK_DB_STATEMENT_TIMEOUT_MS",
+                "FENCEHOOK_LEASE_TTL_MS",
+                "FENCEHOOK_REDIS_KEY_PREFIX",
+                "FENCEHOOK_MAX_BODY_BYTES",
+                "FENCEHOOK_MAX_CONNECTIONS",
+                "FENCEHOOK_GENERIC_SECRET",
+                "FENCEHOOK_RETRY_BASE_MS",
+                "FENCEHOOK_WORKERS",
+            ]
+        );
+        assert!(
+            e.all()[1].reason.contains("percent-encode"),
+            "{}",
+            e.all()[1]
+        );
+        let one_line = e.to_string();
+        assert!(
+            one_line.starts_with("FENCEHOOK_LISTEN: ")
+                && one_line.ends_with("(9 more: `fencehook check-config` lists every one)")
+                && !one_line.contains('\n'),
+            "{one_line}"
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! What the admin listener and the periodic upkeep report about the backends:
 //! readiness probes (a writable node, the schema, the lease backend,
 //! synchronous replication), `fencehook_backend_up`,
-//! `fencehook_db_synchronous_replication`, the pool gauges and the count of
-//! payments stuck in `processing`. Deliveries never wait on anything here:
+//! `fencehook_db_synchronous_replication`, the pool gauges, the count of
+//! payments stuck in `processing` and the newest recorded audit run
+//! (`fencehook_audit_last_run_timestamp_seconds`, `fencehook_audit_violations`). Deliveries never wait on anything here:
 //! they read the last sample ([`Health::refuses_bookings`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use crate::lease::Lease;
 use crate::metrics::{self, Backend, InboxStatus, Metrics};
+use crate::store::audit::LastAudit;
 use crate::store::migrate::MIN_SCHEMA_VERSION;
 use crate::store::{NodeState, Store};
 
@@ -25,6 +27,10 @@ const NUDGE_SPACING: Duration = Duration::from_secs(1);
 /// How often (in upkeep ticks) lease rows unused for the counter's idle
 /// expiry are pruned (PostgreSQL lease backend; Redis keys expire by themselves).
 const PRUNE_EVERY_TICKS: u64 = 12;
+/// How often (in upkeep ticks, from the first) the newest recorded audit run
+/// is read for its gauges: a minute, well inside the day the staleness alert
+/// allows.
+const AUDIT_EVERY_TICKS: u64 = 12;
 
 /// The result of probing the backends: each `Err` holds the cause for `/readyz`.
 pub struct Probe {
@@ -131,10 +137,13 @@ impl Health {
             .metrics
             .gauge(metrics::DB_SYNCHRONOUS_REPLICATION, &[])
             .set(0.0);
-        health
-            .metrics
-            .gauge(metrics::PAYMENTS_STUCK_PROCESSING, &[])
-            .set(0.0);
+        for zero in [
+            metrics::PAYMENTS_STUCK_PROCESSING,
+            metrics::AUDIT_LAST_RUN_TIMESTAMP_SECONDS,
+            metrics::AUDIT_VIOLATIONS,
+        ] {
+            health.metrics.gauge(zero, &[]).set(0.0);
+        }
         health.refresh_pool_gauges();
         health
     }
@@ -242,6 +251,30 @@ impl Health {
         }
     }
 
+    /// Samples `fencehook_audit_last_run_timestamp_seconds` and
+    /// `fencehook_audit_violations` from the newest run `fencehook audit`
+    /// recorded (0 and 0 when none is, or the schema has no `audit_runs`
+    /// yet); a failed read keeps the last sample.
+    pub async fn read_last_audit(&self) {
+        let last = tokio::time::timeout(PROBE_TIMEOUT, self.store.last_audit()).await;
+        let (finished, violations) = match last {
+            Ok(Ok(LastAudit::Ran(run))) => (
+                run.finished_at.unix_timestamp() as f64,
+                run.checks.iter().map(|c| c.violations).sum::<i64>() as f64,
+            ),
+            Ok(Ok(LastAudit::Never | LastAudit::BeforeMigration)) => (0.0, 0.0),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %crate::report::chain(&e), "the last audit run could not be read");
+                return;
+            }
+            Err(_) => return,
+        };
+        let m = &self.metrics;
+        m.gauge(metrics::AUDIT_LAST_RUN_TIMESTAMP_SECONDS, &[])
+            .set(finished);
+        m.gauge(metrics::AUDIT_VIOLATIONS, &[]).set(violations);
+    }
+
     fn set_backend_up(&self, postgres: bool, lease: bool) {
         let up = |b: bool| if b { 1.0 } else { 0.0 };
         self.metrics.backend_up(Backend::Postgres).set(up(postgres));
@@ -311,6 +344,10 @@ impl Health {
             self.metrics.upkeep();
             if n % PRUNE_EVERY_TICKS == 0 {
                 self.prune_leases().await;
+            }
+            // The first tick is at once: the gauges are right from start.
+            if n % AUDIT_EVERY_TICKS == 1 {
+                self.read_last_audit().await;
             }
         }
     }

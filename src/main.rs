@@ -33,8 +33,9 @@ enum Command {
     Work(ServeArgs),
     /// Apply the migrations in sql/ (needs the database owner's rights).
     Migrate(MigrateArgs),
-    /// Validate the settings and the providers file without starting; exits 2 on the first bad one.
-    CheckConfig(ServeArgs),
+    /// Validate the settings and the providers file without starting; exits
+    /// 2 with one line per bad setting, every one found.
+    CheckConfig(tools::check_config::CheckConfigArgs),
     /// Check the database invariants; exits 1 on any violation.
     Audit(AuditArgs),
     /// Show one transaction: its row, its refunds and disputes, their ledger
@@ -56,8 +57,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match parse_cli() {
-        Ok(cli) => cli,
+    if let Err(e) = tools::check_config::load_env_file(&std::env::args_os().collect::<Vec<_>>()) {
+        eprintln!("fencehook: invalid configuration: {e}");
+        return ExitCode::from(2);
+    }
+    let (cli, unparsable) = match parse_cli() {
+        Ok(parsed) => parsed,
         Err(e) => return bad_arguments(e),
     };
     // Arms failpoints from FAILPOINTS; a no-op unless built with `--features test-support`.
@@ -72,16 +77,69 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli))
+    runtime.block_on(run(cli, unparsable))
 }
 
 /// The command line, with `--help` naming each setting's variable without its
 /// current value (`[env: DATABASE_URL]`): values can be secrets, and an unset
 /// one would print as `[env: X=]`.
-fn parse_cli() -> Result<Cli, clap::Error> {
-    let cmd = hide_env_values(Cli::command());
-    let matches = cmd.try_get_matches()?;
-    Cli::from_arg_matches(&matches)
+///
+/// `check-config` names every bad setting in one run, those clap cannot
+/// parse too (a word where a number goes): each is said (the lines
+/// returned), left out, and the rest parsed again, so the checks after the
+/// parse still run.
+fn parse_cli() -> Result<(Cli, Vec<String>), clap::Error> {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let checking = argv.get(1).is_some_and(|a| a == "check-config");
+    let mut unparsable = Vec::new();
+    loop {
+        let parsed = hide_env_values(Cli::command())
+            .try_get_matches_from(&argv)
+            .and_then(|m| Cli::from_arg_matches(&m));
+        let e = match parsed {
+            Ok(cli) => return Ok((cli, unparsable)),
+            Err(e) => e,
+        };
+        match invalid_value(&e) {
+            Some(bad) if checking && leave_out(&mut argv, &bad) => unparsable.push(bad.line),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// A value clap could not parse: the flag, the setting (its variable, or
+/// the flag when it has none), and the line that says so.
+struct InvalidValue {
+    long: String,
+    setting: Option<String>,
+    line: String,
+}
+
+/// Takes the value of `bad` out of the command line (`--flag value`,
+/// `--flag=value`) or, when it came from the environment, out of that.
+/// Whether there was one to take out.
+fn leave_out(argv: &mut Vec<std::ffi::OsString>, bad: &InvalidValue) -> bool {
+    let flag = format!("--{}", bad.long);
+    let with_value = format!("{flag}=");
+    if let Some(i) = argv.iter().position(|a| *a == *flag) {
+        argv.drain(i..(i + 2).min(argv.len()));
+        return true;
+    }
+    if let Some(i) = argv
+        .iter()
+        .position(|a| a.to_string_lossy().starts_with(&with_value))
+    {
+        argv.remove(i);
+        return true;
+    }
+    match &bad.setting {
+        // Before the runtime starts: no other thread reads the environment.
+        Some(var) if std::env::var_os(var).is_some() => {
+            std::env::remove_var(var);
+            true
+        }
+        _ => false,
+    }
 }
 
 fn hide_env_values(cmd: clap::Command) -> clap::Command {
@@ -95,9 +153,11 @@ fn hide_env_values(cmd: clap::Command) -> clap::Command {
     })
 }
 
-async fn run(cli: Cli) -> ExitCode {
+async fn run(cli: Cli, unparsable: Vec<String>) -> ExitCode {
     match cli.command {
-        Command::CheckConfig(args) => tools::check_config::run(&args, &unknown_settings()),
+        Command::CheckConfig(args) => {
+            tools::check_config::run(&args, &unknown_settings(), &unparsable)
+        }
         Command::Serve(args) => run_until_signal(&args, Role::Serve).await,
         Command::Work(args) => run_until_signal(&args, Role::Work).await,
         Command::Migrate(args) => tools::migrate::run(&args).await,
@@ -194,19 +254,34 @@ async fn ctrl_c() {
 
 /// A value clap could not parse (`FENCEHOOK_LEASE_TTL_MS=abc`) stops the
 /// start with one line naming the environment variable, like every other bad
-/// setting; help, version and usage errors are printed as clap formats them.
+/// setting; a bad value of a flag that is no setting (`events --status
+/// deadd`) names the flag and the values it takes. Help, version and usage
+/// errors are printed as clap formats them.
 fn bad_arguments(e: clap::Error) -> ExitCode {
-    use clap::error::{ContextKind, ErrorKind};
+    match invalid_value(&e) {
+        Some(bad) => {
+            eprintln!("fencehook: {}", bad.line);
+            ExitCode::from(2)
+        }
+        None => {
+            let _ = e.print();
+            if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+    }
+}
+
+/// What `e` says of a value it could not parse; `None` for other errors.
+fn invalid_value(e: &clap::Error) -> Option<InvalidValue> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     if !matches!(
         e.kind(),
         ErrorKind::InvalidValue | ErrorKind::ValueValidation
     ) {
-        let _ = e.print();
-        return if e.use_stderr() {
-            ExitCode::from(2)
-        } else {
-            ExitCode::SUCCESS
-        };
+        return None;
     }
     let arg = e
         .get(ContextKind::InvalidArg)
@@ -223,8 +298,7 @@ fn bad_arguments(e: clap::Error) -> ExitCode {
         .get_subcommands()
         .flat_map(|sub| sub.get_arguments())
         .find(|a| a.get_long() == Some(long.as_str()))
-        .and_then(|a| a.get_env().map(|env| env.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| format!("--{long}"));
+        .and_then(|a| a.get_env().map(|env| env.to_string_lossy().into_owned()));
     let value = e
         .get(ContextKind::InvalidValue)
         .map(|v| v.to_string())
@@ -233,12 +307,25 @@ fn bad_arguments(e: clap::Error) -> ExitCode {
         .get(ContextKind::ValidValue)
         .map(|v| format!(" (one of: {v})"))
         .unwrap_or_default();
+    let suggested = match e.get(ContextKind::SuggestedValue) {
+        Some(ContextValue::String(near)) => format!("; did you mean `{near}`?"),
+        _ => String::new(),
+    };
     // A value parser's own reason (`--since 100000y`: before any date).
-    let why = std::error::Error::source(&e)
+    let why = std::error::Error::source(e)
         .map(|reason| format!(": {reason}"))
         .unwrap_or_default();
-    eprintln!("fencehook: invalid configuration: {setting}: invalid value `{value}`{valid}{why}");
-    ExitCode::from(2)
+    let line = match &setting {
+        Some(setting) => format!(
+            "invalid configuration: {setting}: invalid value `{value}`{valid}{suggested}{why}"
+        ),
+        None => format!("--{long}: invalid value `{value}`{valid}{suggested}{why}"),
+    };
+    Some(InvalidValue {
+        long,
+        setting,
+        line,
+    })
 }
 
 /// The warnings about variables that look like settings but are none

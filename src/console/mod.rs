@@ -53,7 +53,9 @@ use metrics::Counter;
 
 use self::auth::{Role, Session, Throttle, Tokens, COOKIE, SESSION_LIFETIME};
 use self::recent::Recent;
-use crate::config::console::{read_tokens, ConsoleConfig};
+use crate::config::console::{
+    read_tokens, ConsoleConfig, MIN_TOKEN_BYTES, OPERATOR_SETTING, VIEWER_SETTING,
+};
 use crate::http::{Body, PeerAddr};
 use crate::metrics::{label_values, Family, Metrics, CONSOLE_REPLAYS_TOTAL, CONSOLE_SIGNINS_TOTAL};
 use crate::store::Store;
@@ -208,10 +210,7 @@ pub struct Shared<'a> {
 /// Serves a request under `/console` (the admin route sends them here).
 pub async fn handle(state: Shared<'_>, req: Request<Incoming>) -> Response<Body> {
     let Some(console) = state.console else {
-        return crate::http::json(
-            StatusCode::NOT_FOUND,
-            serde_json::json!({"result": "not_found"}),
-        );
+        return off(&req);
     };
     let mut resp = match Ask::read(req, console.secure_cookie).await {
         Ok(ask) => pages::route(state, console, ask).await,
@@ -224,6 +223,36 @@ pub async fn handle(state: Shared<'_>, req: Request<Incoming>) -> Response<Body>
             HeaderValue::from_static(value),
         );
     }
+    resp
+}
+
+/// Why `/console` is 404: it is off until a token file is set.
+pub fn off_reason() -> String {
+    format!(
+        "the console is off: set {VIEWER_SETTING} and/or {OPERATOR_SETTING} (files holding a token of at least {MIN_TOKEN_BYTES} bytes, mode 0600) to turn it on; for development, `make run CONSOLE=1`"
+    )
+}
+
+/// The console's answer while it is off: 404 and the line that says how to
+/// turn it on (as JSON to a client that asks for it).
+fn off(req: &Request<Incoming>) -> Response<Body> {
+    let wants_json = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/json"));
+    if wants_json {
+        return crate::http::json(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"result": "not_found", "reason": off_reason()}),
+        );
+    }
+    let mut resp = Response::new(Body::from(format!("{}\n", off_reason())));
+    *resp.status_mut() = StatusCode::NOT_FOUND;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     resp
 }
 

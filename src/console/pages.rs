@@ -640,7 +640,9 @@ pub fn timeline(found: &Inspection) -> Vec<Moment> {
         if row.updated_at > row.created_at {
             let text = format!(
                 "{} is {} (last change, fence {})",
-                row.transaction_id, row.status, row.fence
+                row.transaction_id,
+                views::row_status(&row.kind, &row.status),
+                row.fence
             );
             out.push((
                 row.updated_at,

@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 
 use super::auth::{Role, Session};
 use super::pages::{
-    encode_segment, AuditView, EventsView, Overview, PaymentView, RefusalsView, ReplayView,
+    encode_segment, AuditView, EventsView, Moment, Overview, PaymentView, RefusalsView, ReplayView,
     SearchView,
 };
 use crate::providers::major_units;
@@ -44,7 +44,7 @@ a { color:var(--accent); }
 .card .label { color:var(--muted); font-size:12px; }
 .card .value { font-size:22px; font-weight:600; }
 .badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600; background:#e7eaf0; }
-.s-succeeded, .s-done { background:#dcf3e4; color:#17683a; }
+.s-succeeded, .s-done, .s-reinstated { background:#dcf3e4; color:#17683a; }
 .s-failed { background:#fbe3d4; color:#8a3b0c; }
 .s-dead, .s-violations { background:#f9d7d9; color:#9b1c25; }
 .s-clean { background:#dcf3e4; color:#17683a; }
@@ -90,6 +90,25 @@ pub fn when(t: &OffsetDateTime) -> String {
         .unwrap_or(&text)
         .trim_end_matches('Z');
     format!("{} UTC", text.replacen('T', " ", 1))
+}
+
+/// [`when`] with milliseconds, for the lines of a timeline that share a
+/// second: without them their order reads as arbitrary.
+pub fn when_ms(t: &OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    let text = when(&t);
+    let seconds = text.trim_end_matches(" UTC");
+    format!("{seconds}.{:03} UTC", t.millisecond())
+}
+
+/// A row's status in a payments reader's words: a dispute whose money came
+/// back (the merchant won it: the PSP reinstated the funds) is
+/// "reinstated", never "failed", which reads as a chargeback lost.
+pub fn row_status<'a>(kind: &str, status: &'a str) -> &'a str {
+    match (kind, status) {
+        ("dispute", "failed") => "reinstated",
+        _ => status,
+    }
 }
 
 /// How long ago, for people: the largest whole unit (`42 seconds ago`,
@@ -210,7 +229,7 @@ fn payments_table(rows: &[crate::store::console::PaymentLine]) -> Markup {
                         td { (r.provider) }
                         td.mono { a href=(payment_href(&r.provider, &r.transaction_id)) { (r.transaction_id) } }
                         td { (r.kind) @if let Some(p) = &r.parent_transaction_id { " of " a.mono href=(payment_href(&r.provider, p)) { (p) } } }
-                        td { (badge(&r.status)) }
+                        td { (badge(row_status(&r.kind, &r.status))) }
                         td.num { (major_units(r.amount_minor, &r.currency)) }
                         td.num { (r.fence) }
                     }
@@ -349,7 +368,7 @@ pub fn search(session: &Session, v: &SearchView) -> Markup {
 fn row_summary(r: &RowView) -> Markup {
     html! {
         dl.summary {
-            dt { "Status" } dd { (badge(&r.status)) " by " code { (r.event_type) } }
+            dt { "Status" } dd { (badge(row_status(&r.kind, &r.status))) " by " code { (r.event_type) } }
             dt { "Amount" } dd.amount { (major_units(r.amount_minor, &r.currency)) }
             @if r.kind == "payment" {
                 dt { "Refunded or disputed (net)" } dd { (major_units(r.amount_out_minor, &r.currency)) }
@@ -426,7 +445,7 @@ pub fn payment(session: &Session, v: &PaymentView) -> Markup {
                         @for c in &found.children {
                             tr {
                                 td.mono { a href=(payment_href(&c.provider, &c.transaction_id)) { (c.transaction_id) } }
-                                td { (c.kind) } td { (badge(&c.status)) }
+                                td { (c.kind) } td { (badge(row_status(&c.kind, &c.status))) }
                                 td.num { (major_units(c.amount_minor, &c.currency)) }
                                 td.num { (c.fence) } td { (when(&c.created_at)) }
                             }
@@ -446,9 +465,9 @@ pub fn payment(session: &Session, v: &PaymentView) -> Markup {
             }
             h2 { "Timeline" }
             ol.timeline {
-                @for m in &v.timeline {
+                @for (i, m) in v.timeline.iter().enumerate() {
                     li class={ "t-" (m.what) } {
-                        span.when { (when(&m.at)) }
+                        span.when { @if shares_a_second(&v.timeline, i) { (when_ms(&m.at)) } @else { (when(&m.at)) } }
                         (m.text)
                         @if let Some(t) = m.token { span.tok { "lease token " (t) } }
                         @if let Some(o) = &m.out_so_far { span.tok { "· out so far " (o) } }
@@ -465,6 +484,14 @@ pub fn payment(session: &Session, v: &PaymentView) -> Markup {
             }
         },
     )
+}
+
+/// Whether another line of the timeline falls in the second of line `i`
+/// (the timeline is in time order: a neighbour would).
+fn shares_a_second(timeline: &[Moment], i: usize) -> bool {
+    let second = |j: usize| timeline.get(j).map(|m| m.at.unix_timestamp());
+    let own = second(i);
+    (i > 0 && second(i - 1) == own) || second(i + 1) == own
 }
 
 pub fn events(session: &Session, v: &EventsView) -> Markup {
@@ -599,6 +626,21 @@ pub fn refusals(session: &Session, v: &RefusalsView) -> Markup {
 mod tests {
     use super::*;
     use crate::store::audit::{AuditRun, CheckCount, LastAudit};
+
+    #[test]
+    fn only_a_dispute_reads_reinstated_where_its_row_says_failed() {
+        assert_eq!(row_status("dispute", "failed"), "reinstated");
+        assert_eq!(row_status("dispute", "succeeded"), "succeeded");
+        assert_eq!(row_status("refund", "failed"), "failed");
+        assert_eq!(row_status("payment", "failed"), "failed");
+    }
+
+    #[test]
+    fn times_in_a_shared_second_show_milliseconds() {
+        let t = OffsetDateTime::from_unix_timestamp_nanos(1_700_000_000_042_900_000).unwrap();
+        assert_eq!(when(&t), "2023-11-14 22:13:20 UTC");
+        assert_eq!(when_ms(&t), "2023-11-14 22:13:20.042 UTC");
+    }
 
     fn run(age_seconds: i64, violations: i64) -> AuditRun {
         AuditRun {

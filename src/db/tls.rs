@@ -62,8 +62,10 @@ impl SslMode {
 /// Why a database URL cannot be used. Never carries the password.
 #[derive(Debug, thiserror::Error)]
 pub enum UrlError {
-    #[error("not a PostgreSQL URL")]
+    #[error("not a PostgreSQL URL as written (in the URL form, special characters of the user and password are percent-encoded: `@` as %40, `/` as %2F)")]
     Url(#[source] tokio_postgres::Error),
+    #[error("the user or password holds a raw `{0}`, which ends that part of the URL early (the rest would be taken for the host): percent-encode it as {pct} and every other special character there", pct = percent(*.0))]
+    RawInUserinfo(char),
     #[error("sslmode `{0}` is not one of disable, prefer, require, verify-ca, verify-full")]
     SslMode(String),
     #[error(
@@ -119,11 +121,52 @@ struct Split {
 }
 
 fn split(url: &str) -> Result<Split, UrlError> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(split_url(url))
-    } else {
-        Ok(split_words(url))
+    match url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        Some(rest) => {
+            check_userinfo(rest)?;
+            Ok(split_url(url))
+        }
+        None => Ok(split_words(url)),
     }
+}
+
+/// A user or password holding a raw `@`, `/`, `?` or `#` parses as something
+/// else than its writer meant: the password's tail taken for the host, a
+/// host that never answers, waited for as if it were down. Refused here, as
+/// a setting to fix. `rest` is the URL after its scheme.
+fn check_userinfo(rest: &str) -> Result<(), UrlError> {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    if authority.matches('@').count() > 1 {
+        return Err(UrlError::RawInUserinfo('@'));
+    }
+    let Some(delimiter) = rest[end..].chars().next() else {
+        return Ok(());
+    };
+    if authority.contains('@') {
+        return Ok(());
+    }
+    // No `@` before the first delimiter, but one soon after it (before any
+    // path, parameter or value): the delimiter was in the user or password.
+    let tail = &rest[end + 1..];
+    match tail.find('@') {
+        Some(at) if !tail[..at].contains(['/', '=', '&']) => {
+            Err(UrlError::RawInUserinfo(delimiter))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `c` percent-encoded.
+fn percent(c: char) -> String {
+    let mut buf = [0u8; 4];
+    c.encode_utf8(&mut buf)
+        .bytes()
+        .map(|b| format!("%{b:02X}"))
+        .collect()
 }
 
 /// The URL form: the two parameters come out of the query string, decoded;
@@ -616,6 +659,57 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "sslmode `allow` is not one of disable, prefer, require, verify-ca, verify-full"
+        );
+    }
+
+    #[test]
+    fn a_raw_delimiter_in_the_user_or_password_is_refused_naming_its_encoding() {
+        for (url, raw, encoded) in [
+            ("postgres://app:p@ss@db.internal:5432/fencehook", '@', "%40"),
+            ("postgresql://app:pa/ss@db.internal/fencehook", '/', "%2F"),
+            ("postgres://app:pa?ss@db.internal/fencehook", '?', "%3F"),
+            ("postgres://app:pa#ss@db.internal/fencehook", '#', "%23"),
+            ("postgres://a@b:p@h1:5432,h2:5432/db", '@', "%40"),
+        ] {
+            let e = Target::parse(url).err().unwrap_or_else(|| panic!("{url}"));
+            assert!(
+                matches!(e, UrlError::RawInUserinfo(c) if c == raw),
+                "{url}: {e}"
+            );
+            let said = e.to_string();
+            assert!(
+                said.contains("percent-encode") && said.contains(encoded),
+                "{said}"
+            );
+            assert!(!said.contains("ss@"), "no part of the password: {said}");
+        }
+    }
+
+    #[test]
+    fn urls_written_as_meant_still_parse() {
+        for url in [
+            "postgres://app:p%40ss%2Fw@db.internal:5432/fencehook",
+            "postgres://app@%2Frun%2Fpostgresql/fencehook",
+            "postgresql:///fencehook?host=/run/postgresql",
+            "postgres://app:s3cret@h1:5432,h2:5432/db?target_session_attrs=read-write",
+            "postgres://db/app?application_name=a@b",
+            "postgres://app:pa:ss@db/app",
+            "postgres://db",
+            "host=db user=app password=p@ss/w dbname=x",
+        ] {
+            Target::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
+    }
+
+    #[test]
+    fn an_unknown_parameter_is_refused_saying_how_the_url_is_written() {
+        let e = Target::parse("postgres://app@db/fencehook?sslmdoe=require")
+            .err()
+            .unwrap();
+        let said = crate::report::chain(&e);
+        assert!(
+            said.contains("sslmdoe") && said.contains("percent-encoded"),
+            "{said}"
         );
     }
 }

@@ -153,6 +153,10 @@ metric_table! {
         "Replays asked for from the operator console, by scope: event (one dead event), filter (every dead event matching a filter).";
     PRUNED_TOTAL = "fencehook_pruned_total", counter, [],
         "Finished inbox events deleted past FENCEHOOK_EVENT_RETENTION_DAYS by the scheduled prune.";
+    AUDIT_LAST_RUN_TIMESTAMP_SECONDS = "fencehook_audit_last_run_timestamp_seconds", gauge, [],
+        "When the newest run of `fencehook audit` recorded in the database finished (Unix time); 0 while none is recorded. Read at start and every minute.";
+    AUDIT_VIOLATIONS = "fencehook_audit_violations", gauge, [],
+        "Invariant violations the newest recorded run of `fencehook audit` found, over all its checks; 0 while none is recorded. Read at start and every minute.";
     TRACE_SPANS_DROPPED_TOTAL = "fencehook_trace_spans_dropped_total", counter, [reason],
         "Finished trace spans not exported, by reason (queue_full, export_failed); 0 with tracing off.";
 }

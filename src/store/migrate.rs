@@ -68,6 +68,14 @@ pub enum MigrateError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The role may not create what a migration creates: `serve` started as
+    /// the app role on a database nobody migrated (or not since an upgrade).
+    #[error("the role `{role}` may not create fencehook's tables (permission denied): run `fencehook migrate` as the database's owner (DATABASE_URL of the owner role) first, then start again")]
+    NoPrivilege {
+        role: String,
+        #[source]
+        source: refinery::Error,
+    },
     #[error("migration failed")]
     Run(#[from] refinery::Error),
     #[error("database error")]
@@ -159,12 +167,32 @@ async fn run_until(
     client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
-    let report = result?;
+    let report = result.map_err(|e| refused(e, &cfg))?;
     Ok(report
         .applied_migrations()
         .iter()
         .map(|m| m.to_string())
         .collect())
+}
+
+/// A migration the role was not allowed to run, said as such; any other
+/// failure as it is.
+fn refused(e: refinery::Error, cfg: &Target) -> MigrateError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let denied = c
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(|pg| pg.code())
+            .is_some_and(|code| *code == SqlState::INSUFFICIENT_PRIVILEGE);
+        if denied {
+            return MigrateError::NoPrivilege {
+                role: cfg.config.get_user().unwrap_or("?").to_owned(),
+                source: e,
+            };
+        }
+        cause = c.source();
+    }
+    MigrateError::Run(e)
 }
 
 async fn connect(cfg: &Target) -> Result<tokio_postgres::Client, tokio_postgres::Error> {

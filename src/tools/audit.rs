@@ -37,7 +37,10 @@ pub struct AuditArgs {
 /// audit before anything is printed as "clean". Then records the result
 /// (best effort: see the module).
 pub async fn run(args: &AuditArgs) -> Result<bool, String> {
-    let database_url = args.db.database_url.as_str();
+    let database_url = args
+        .db
+        .url()
+        .map_err(|e| format!("invalid configuration: {e}"))?;
     let answers = args
         .answers
         .as_deref()

@@ -18,7 +18,8 @@ pub struct MigrateArgs {
     create_database: bool,
 }
 
-/// Exits 0 with the count applied, 1 when a migration failed.
+/// Exits 0 with the count applied, 1 when a migration failed, 2 on a bad
+/// DATABASE_URL.
 pub async fn run(args: &MigrateArgs) -> ExitCode {
     // No trace settings: cannot fail.
     let _ = fencehook::telemetry::install(LogFormat::Text, "info", None);
@@ -27,7 +28,14 @@ pub async fn run(args: &MigrateArgs) -> ExitCode {
     } else {
         MissingDatabase::Refuse
     };
-    match migrate::run(&args.db.database_url, missing).await {
+    let url = match args.db.url() {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("fencehook: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match migrate::run(url, missing).await {
         Ok(applied) => {
             println!("migrate: {} migration(s) applied", applied.len());
             ExitCode::SUCCESS

@@ -4,6 +4,7 @@
 use clap::Args;
 use fencehook::config::DbArgs;
 use fencehook::providers::major_units;
+use fencehook::store::console::EVENT_STATUSES;
 use fencehook::store::inbox::{EventFilter, EventRow, Inspection, Replay};
 use fencehook::store::Store;
 use time::format_description::well_known::Rfc3339;
@@ -30,7 +31,9 @@ pub struct InspectArgs {
 pub struct ReplayArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// Replay this provider's dead events (with --transaction-id: of that transaction).
+    /// Which provider: with --transaction-id, the one of that transaction;
+    /// with --dead, replay only this provider's dead events. Alone it
+    /// replays nothing (say --transaction-id or --dead).
     #[arg(long)]
     pub provider: Option<String>,
     /// Replay the dead events of this transaction (needs --provider).
@@ -61,8 +64,9 @@ pub struct EventsArgs {
     /// Received before (RFC 3339, or an age like 30m).
     #[arg(long, value_parser = parse_time)]
     pub until: Option<OffsetDateTime>,
-    /// queued | processing | done | dead
-    #[arg(long)]
+    /// Only events in this status, spelled exactly (anything else is
+    /// refused, naming the statuses: a typo must not read as "none").
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(EVENT_STATUSES))]
     pub status: Option<String>,
     /// At most this many events, newest first (1 to 100000).
     #[arg(long, default_value_t = 100)]

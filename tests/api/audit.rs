@@ -324,3 +324,51 @@ async fn the_record_keeps_the_newest_hundred_runs_and_no_record_writes_none() {
     assert_eq!(ctx.count("SELECT count(*) FROM audit_runs").await, 100);
     assert_eq!(ctx.count("SELECT max(id) FROM audit_runs").await, id);
 }
+
+/// The audit is a command, so an alert cannot see it fail or stop running
+/// unless serve exports what its newest recorded run found: at zero from
+/// start while none is recorded, read at start (no scrape or call needed),
+/// and read again by the upkeep (here: the read it makes every minute, made
+/// at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_exports_the_time_and_violations_of_the_newest_recorded_audit_run() {
+    use fencehook::metrics::{AUDIT_LAST_RUN_TIMESTAMP_SECONDS, AUDIT_VIOLATIONS};
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config()).await;
+    let (_, exposition) = app.get_admin("/metrics").await;
+    for name in [AUDIT_LAST_RUN_TIMESTAMP_SECONDS, AUDIT_VIOLATIONS] {
+        assert!(
+            exposition.lines().any(|l| l == format!("{name} 0")),
+            "{name} exported at 0 while no run is recorded:\n{exposition}"
+        );
+    }
+    app.stop().await;
+
+    let app = ctx.spawn(ctx.config()).await;
+    assert_eq!(
+        app.deliver(&payment("pay_audit", 1000)).await.result(),
+        "processed"
+    );
+    let before = crate::helpers::now();
+    let (code, out, err) = audit(&ctx, &[]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    app.stop().await;
+    let app = ctx.spawn(ctx.config()).await;
+    crate::helpers::wait_for(
+        "the newest run read at start",
+        std::time::Duration::from_secs(10),
+        || async { app.metric(AUDIT_LAST_RUN_TIMESTAMP_SECONDS, &[]) >= (before - 5) as f64 },
+    )
+    .await;
+    assert_eq!(app.metric(AUDIT_VIOLATIONS, &[]), 0.0);
+
+    ctx.db().await.batch_execute(FORGED_REFUND).await.unwrap();
+    let (code, out, err) = audit(&ctx, &[]).await;
+    assert_eq!(code, 1, "the forged refund is a violation: {out}{err}");
+    app.state.health.read_last_audit().await;
+    assert!(
+        app.metric(AUDIT_VIOLATIONS, &[]) >= 1.0,
+        "{}",
+        app.get_admin("/metrics").await.1
+    );
+}

@@ -71,6 +71,10 @@ fn check_config(env: &[(&str, String)]) -> (i32, String) {
         }
     }
     cmd.env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET);
+    cmd.env(
+        "DATABASE_URL",
+        "postgres://fencehook_app@127.0.0.1:5432/fencehook",
+    );
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -81,8 +85,11 @@ fn check_config(env: &[(&str, String)]) -> (i32, String) {
     )
 }
 
+/// The 404 of a console that is off says which settings turn it on: a bare
+/// 404 reads as a wrong path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_token_file_the_console_is_404_and_it_is_never_on_the_public_listener() {
+async fn without_a_token_file_the_console_is_404_naming_the_settings_and_never_on_the_public_listener(
+) {
     let ctx = TestContext::new().await;
     let app = ctx.spawn(ctx.config()).await;
     let off = Browser::new(&app.admin);
@@ -92,8 +99,26 @@ async fn without_a_token_file_the_console_is_404_and_it_is_never_on_the_public_l
         "/console/payments",
         "/console/style.css",
     ] {
-        assert_eq!(off.get(path).await.status, 404, "{path}");
+        let page = off.get(path).await;
+        assert_eq!(page.status, 404, "{path}");
+        assert_eq!(page.text.lines().count(), 1, "{path}: {}", page.text);
+        assert!(
+            page.text.starts_with("the console is off: set FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE and/or FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE")
+                && page.text.contains("make run CONSOLE=1"),
+            "{path}: {}",
+            page.text
+        );
     }
+    let page = off.get_json("/console").await;
+    assert_eq!(page.status, 404);
+    assert_eq!(page.json()["result"], "not_found");
+    assert!(
+        page.json()["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE")),
+        "{}",
+        page.text
+    );
     app.stop().await;
 
     let files = TokenFiles::new();
@@ -871,6 +896,71 @@ async fn the_payment_page_shows_major_units_its_refunds_ledger_tokens_and_one_ti
     assert_eq!(b.get("/console/payments/generic/nope").await.status, 404);
 }
 
+/// A chargeback the merchant won comes back as a reinstatement: its row is
+/// `failed` in the table (the withdrawal undone), which the console must not
+/// show as an orange "failed" (a lost chargeback to a payments reader). The
+/// row, its ledger entry and the payment's own lines share a second: their
+/// times show milliseconds, so their order reads as what it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reinstated_dispute_reads_reinstated_never_failed_and_lines_sharing_a_second_show_milliseconds(
+) {
+    let ctx = TestContext::new().await;
+    let files = TokenFiles::new();
+    let app = ctx.spawn(files.enable(ctx.config())).await;
+    assert_eq!(
+        app.deliver(&payment("pay_won", 10000)).await.result(),
+        "processed"
+    );
+    for event_type in ["dispute.funds_withdrawn", "dispute.funds_reinstated"] {
+        let dispute = json!({"transaction_id": "dp_won", "payment_transaction_id": "pay_won",
+            "amount": 10000, "currency": "EUR", "event_type": event_type});
+        assert_eq!(
+            app.deliver(&dispute).await.result(),
+            "processed",
+            "{event_type}"
+        );
+    }
+    let mut b = Browser::new(&app.admin);
+    b.sign_in(&files.viewer).await;
+    for path in [
+        "/console/payments/generic/dp_won",
+        "/console/payments/generic/pay_won",
+        "/console/payments?transaction_id=dp_won",
+    ] {
+        let page = b.get(path).await;
+        assert_eq!(page.status, 200, "{path}");
+        assert!(
+            page.text
+                .contains("<span class=\"badge s-reinstated\">reinstated</span>"),
+            "{path}: {}",
+            page.text
+        );
+        assert!(!page.text.contains("s-failed"), "{path}: {}", page.text);
+    }
+    let page = b.get("/console/payments/generic/dp_won").await;
+    assert!(page.text.contains("dp_won is reinstated"), "{}", page.text);
+    // The dispute's row and its ledger entry are written by one transaction:
+    // one timestamp, so they share a second whatever the clock.
+    let with_ms = |text: &str| {
+        text.split("<span class=\"when\">")
+            .skip(1)
+            .filter_map(|rest| rest.split('<').next())
+            .filter(|when| {
+                let seconds = when.trim_end_matches(" UTC");
+                seconds.len() == "2026-01-01 00:00:00.000".len()
+                    && seconds.as_bytes()[19] == b'.'
+                    && seconds[20..].bytes().all(|b| b.is_ascii_digit())
+            })
+            .count()
+    };
+    assert!(with_ms(&page.text) >= 2, "{}", page.text);
+    let v = b.get_json("/console/payments/generic/dp_won").await.json();
+    assert_eq!(
+        v["row"]["status"], "failed",
+        "the JSON keeps the stored status"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_value_is_html_escaped_and_stored_bodies_are_shown_to_operators_only() {
     let ctx = TestContext::new().await;
@@ -1200,4 +1290,87 @@ async fn on_a_million_payments_every_search_is_an_index_scan_reading_about_a_pag
             plan[0]["Execution Time"]
         );
     }
+}
+
+/// `make run CONSOLE=1`'s tokens (scripts/dev-console.sh): two fresh
+/// tokens of at least 32 bytes in private files under a gitignored
+/// directory, the exports that turn the console on, the URL and how to sign
+/// in; a real `fencehook serve` started with the exports serves the console
+/// to the printed token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_run_console_writes_private_throwaway_tokens_and_prints_how_to_sign_in() {
+    use std::os::unix::fs::PermissionsExt;
+    let ctx = TestContext::new().await;
+    let dir = std::env::temp_dir().join(format!("fencehook-devconsole-{}", &ctx.prefix[7..]));
+    let run = || {
+        let out = std::process::Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/dev-console.sh"
+        ))
+        .env("FENCEHOOK_DEV_CONSOLE_DIR", &dir)
+        .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:9090")
+        .output()
+        .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (exports, said) = run();
+    let viewer = dir.join("viewer.token");
+    let operator = dir.join("operator.token");
+    assert_eq!(
+        exports,
+        format!(
+            "export FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE={}\nexport FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE={}\n",
+            viewer.display(),
+            operator.display()
+        )
+    );
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+    let (v, o) = (read(&viewer), read(&operator));
+    assert!(v.len() >= 32 && o.len() >= 32 && v != o, "{v} {o}");
+    for file in [&viewer, &operator] {
+        let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+    assert!(
+        said.contains("console on http://127.0.0.1:9090/console")
+            && said.contains(&format!("operator token: {o}"))
+            && said.contains(&format!("viewer:           {v}")),
+        "{said}"
+    );
+    let script = include_str!("../../scripts/dev-console.sh");
+    assert!(
+        script.contains("dir=${FENCEHOOK_DEV_CONSOLE_DIR:-$PWD/target/dev-console}")
+            && include_str!("../../.gitignore")
+                .lines()
+                .any(|l| l == "/target"),
+        "by default under target/, which git ignores"
+    );
+    let (_, again) = run();
+    assert_ne!(read(&operator), o, "a new token every run");
+    assert!(again.contains(&read(&operator)));
+
+    let p = ServeProcess::start(&[
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        (
+            "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE",
+            viewer.display().to_string(),
+        ),
+        (
+            "FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE",
+            operator.display().to_string(),
+        ),
+    ])
+    .await;
+    let mut browser = Browser::new(&p.admin);
+    browser.sign_in(read(&operator).trim()).await;
+    let overview = browser.get("/console").await;
+    assert_eq!(overview.status, 200, "{}", overview.text);
+    drop(p);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -39,6 +39,10 @@ fn fencehook_command() -> std::process::Command {
     cmd
 }
 
+/// A database URL for the commands that only check settings (nothing
+/// connects to it).
+const EXAMPLE_DATABASE_URL: &str = "postgres://fencehook_app@db.internal:5432/fencehook";
+
 /// Every setting of `fencehook serve --help`: its variable and its default
 /// (`None` where the help shows none).
 fn serve_settings() -> BTreeMap<String, Option<String>> {
@@ -146,20 +150,33 @@ fn the_example_providers_file_is_refused_as_it_stands_and_passes_check_config_fo
     let out = fencehook_command()
         .arg("check-config")
         .env("FENCEHOOK_PROVIDERS", deploy_path("providers.example.toml"))
+        .env("DATABASE_URL", EXAMPLE_DATABASE_URL)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // Every published placeholder in one run, one line each.
+    for provider in ["adyen", "alipay", "shop", "stripe", "wechat"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains(&format!(
+                    "invalid configuration: FENCEHOOK_PROVIDERS: provider `{provider}`: "
+                )) && l.contains("FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true serves it")),
+            "{provider}: {stderr}"
+        );
+    }
     assert!(
-        stderr.contains("FENCEHOOK_PROVIDERS: provider `adyen`: secrets: ")
-            && stderr.contains("published"),
+        stderr
+            .lines()
+            .all(|l| l.starts_with("fencehook: invalid configuration: FENCEHOOK_PROVIDERS: ")),
         "{stderr}"
     );
 
     let out = fencehook_command()
         .arg("check-config")
         .env("FENCEHOOK_PROVIDERS", deploy_path("providers.example.toml"))
+        .env("DATABASE_URL", EXAMPLE_DATABASE_URL)
         .env("FENCEHOOK_ALLOW_PUBLISHED_SECRETS", "true")
         .output()
         .unwrap();
@@ -238,6 +255,77 @@ fn the_example_settings_file_names_every_setting_of_serve_with_its_default_and_n
     );
 }
 
+/// The install block's `check-config` line, run as written (its paths moved
+/// to a scratch directory holding the example files): it sees the settings
+/// file, so it reads the providers file that one names, and says every
+/// published placeholder; with development said in the file, it passes.
+#[test]
+fn the_install_blocks_check_config_line_works_as_written() {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let install = &guide[guide.find("useradd --system").expect("the install block")..];
+    let line = install
+        .lines()
+        .take_while(|l| !l.starts_with("```"))
+        .find(|l| l.contains(" check-config"))
+        .expect("a check-config line in the install block");
+    let command = line.split(" # ").next().unwrap().trim();
+    let etc = Scratch::new("etc");
+    let here = |text: &str| text.replace("/etc/fencehook/", &format!("{}/", etc.display()));
+    let settings = here(&deploy_file("fencehook.env.example"));
+    std::fs::write(etc.join("fencehook.env"), &settings).unwrap();
+    std::fs::write(
+        etc.join("providers.toml"),
+        deploy_file("providers.example.toml"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(etc.join("keys")).unwrap();
+    for key in std::fs::read_dir(deploy_path("keys")).unwrap() {
+        let key = key.unwrap().path();
+        std::fs::copy(&key, etc.join("keys").join(key.file_name().unwrap())).unwrap();
+    }
+    let run = || {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c").arg(
+            here(command).replace("/usr/local/bin/fencehook", env!("CARGO_BIN_EXE_fencehook")),
+        );
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.output().unwrap()
+    };
+    let out = run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "`{command}`: {stderr}");
+    assert!(
+        stderr.lines().count() > 1
+            && stderr.lines().all(|l| l
+                .starts_with("fencehook: invalid configuration: FENCEHOOK_PROVIDERS: provider `")),
+        "only the providers file's placeholders, every one: {stderr}"
+    );
+    std::fs::write(
+        etc.join("fencehook.env"),
+        format!("{settings}FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true\n"),
+    )
+    .unwrap();
+    let out = run();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with(
+            "configuration ok: providers [adyen, alipay, paypal, shop, stripe, wechat]"
+        ),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn the_prometheus_config_loads_the_alert_rules_and_scrapes_the_admin_port_of_the_example() {
     let text = deploy_file("prometheus.yml");
@@ -277,6 +365,55 @@ fn the_prometheus_config_loads_the_alert_rules_and_scrapes_the_admin_port_of_the
             admin_port,
             "{target} is the admin listener of fencehook.env.example"
         );
+    }
+}
+
+/// The alert rules are checked by Prometheus's own tool, and their unit tests
+/// (deploy/alerts.test.yml: series in, alerts out) pass: each rule that
+/// pages for a refused provider, a silent one or the audit fires when it
+/// should and stays quiet when it should not.
+#[test]
+fn the_alert_rules_pass_promtool_and_their_unit_tests_cover_the_rules_that_page() {
+    let promtool = find_program("promtool").expect(
+        "promtool is not installed: `make tools` installs it (Debian's prometheus package)",
+    );
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(deploy_path(""))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let tests = yaml_rust2::YamlLoader::load_from_str(&deploy_file("alerts.test.yml"))
+        .expect("alerts.test.yml is YAML");
+    let mut fired: Vec<&str> = Vec::new();
+    let mut quiet: Vec<&str> = Vec::new();
+    for case in tests[0]["tests"].as_vec().expect("tests") {
+        for check in case["alert_rule_test"].as_vec().expect("alert_rule_test") {
+            let name = check["alertname"].as_str().expect("alertname");
+            match check["exp_alerts"].as_vec().map(Vec::len) {
+                Some(0) => quiet.push(name),
+                _ => fired.push(name),
+            }
+        }
+    }
+    for rule in [
+        "FencehookDeliveriesUnauthorized",
+        "FencehookProviderSilent",
+        "FencehookAuditViolations",
+        "FencehookAuditStale",
+    ] {
+        assert!(fired.contains(&rule), "{rule} is tested firing");
+        assert!(quiet.contains(&rule), "{rule} is tested quiet");
     }
 }
 

@@ -32,5 +32,6 @@ mod schema;
 mod shutdown;
 mod startup;
 mod sync_commit;
+mod tools;
 mod topology;
 mod traces;

@@ -123,16 +123,30 @@ async fn every_metric_in_the_spec_dashboard_and_alerts_is_emitted_after_traffic(
     }
 }
 
-/// Runs `fencehook check-config` with only these `FENCEHOOK_*` settings.
+/// Runs `fencehook check-config` with only these settings (a generic secret
+/// and a database URL unless they say otherwise).
 fn check_config(env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut all = vec![
+        ("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET),
+        (
+            "DATABASE_URL",
+            "postgres://fencehook_app@127.0.0.1:5432/fencehook",
+        ),
+    ];
+    all.extend_from_slice(env);
+    bare(&["check-config"], &all)
+}
+
+/// `fencehook <args>` with only `env` for settings (none from the test's
+/// environment; a later pair wins over an earlier one of the same name).
+fn bare(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
-    cmd.arg("check-config");
+    cmd.args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
             cmd.env_remove(k);
         }
     }
-    cmd.env("FENCEHOOK_GENERIC_SECRET", crate::helpers::SECRET);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -326,6 +340,127 @@ fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
     assert!(
         err.contains("DATABSE_URL is not a setting and is ignored; did you mean DATABASE_URL?"),
         "near misses of any setting too: {err}"
+    );
+}
+
+#[test]
+fn check_config_names_every_bad_setting_in_one_run_one_line_each() {
+    let (code, out, err) = check_config(&[
+        ("FENCEHOOK_LISTEN", "not-an-address"),
+        (
+            "DATABASE_URL",
+            "postgres://app:p@ss@127.0.0.1:5432/fencehook",
+        ),
+        ("FENCEHOOK_LEASE_TTL_MS", "five seconds"),
+        ("FENCEHOOK_MAX_BODY_BYTES", "10"),
+        ("FENCEHOOK_RETRY_BASE_MS", "0"),
+        ("FENCEHOOK_MIGRATE_ON_START", "maybe"),
+        (
+            "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE",
+            "/nonexistent/viewer.token",
+        ),
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.is_empty(), "no `configuration ok`: {out}");
+    let lines: Vec<&str> = err.lines().collect();
+    let named = |setting: &str| {
+        lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("fencehook: invalid configuration: {setting}: ")))
+            .count()
+    };
+    for setting in [
+        "FENCEHOOK_LISTEN",
+        "DATABASE_URL",
+        "FENCEHOOK_LEASE_TTL_MS",
+        "FENCEHOOK_MAX_BODY_BYTES",
+        "FENCEHOOK_RETRY_BASE_MS",
+        "FENCEHOOK_MIGRATE_ON_START",
+        "FENCEHOOK_CONSOLE_VIEWER_TOKEN_FILE",
+    ] {
+        assert_eq!(named(setting), 1, "{setting} named once:\n{err}");
+    }
+    assert_eq!(lines.len(), 7, "one line each, nothing else:\n{err}");
+    assert!(!err.contains("p@ss"), "no password: {err}");
+}
+
+#[test]
+fn check_config_reads_the_settings_file_the_units_read() {
+    let dir = std::env::temp_dir().join(format!(
+        "fencehook-envfile-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("fencehook.env");
+    std::fs::write(
+        &file,
+        format!(
+            "# as systemd's EnvironmentFile= reads it\n\
+             DATABASE_URL='postgres://fencehook_app:s3cret@db.internal:5432/fencehook?sslmode=disable'\n\
+             ; another comment\n\
+             FENCEHOOK_LEASE_TTL_MS=\"3000\"\n\
+             FENCEHOOK_GENERIC_SECRET={}\n",
+            crate::helpers::SECRET
+        ),
+    )
+    .unwrap();
+    let file_arg = file.display().to_string();
+    let run = |extra: &[(&str, &str)]| bare(&["check-config", "--env-file", &file_arg], extra);
+    let (code, stdout, stderr) = run(&[("FENCEHOOK_LEASE_TTL_MS", "9000")]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("ttl 3000 ms"),
+        "the file's value wins, as in the unit: {stdout}"
+    );
+
+    std::fs::write(&file, "DATABASE_URL\n").unwrap();
+    let (code, _, stderr) = run(&[]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--env-file") && stderr.contains(":1: not NAME=value"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// At 3 a.m. "none matched" after a typo reads as "nothing is dead".
+#[tokio::test(flavor = "multi_thread")]
+async fn events_takes_only_the_real_statuses_spelled_exactly() {
+    let ctx = TestContext::new().await;
+    let db = [("DATABASE_URL", ctx.database_url.as_str())];
+    for typo in ["Dead", "deadd", "failed"] {
+        let (code, out, err) = bare(&["events", "--status", typo], &db);
+        assert_eq!(code, 2, "{typo}: {out}{err}");
+        assert!(out.is_empty(), "{typo}: nothing listed: {out}");
+        assert!(
+            err.contains(&format!("--status: invalid value `{typo}`"))
+                && err.contains("(one of: queued, processing, done, dead)")
+                && err.lines().count() == 1,
+            "{typo}: {err}"
+        );
+    }
+    let (_, _, err) = bare(&["events", "--status", "deadd"], &db);
+    assert!(err.contains("did you mean `dead`?"), "{err}");
+    let (code, out, err) = bare(&["events", "--status", "dead"], &db);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("events: none matched"), "{out}");
+}
+
+#[test]
+fn replay_says_what_its_provider_flag_does() {
+    let (code, help, _) = bare(&["replay", "--help"], &[]);
+    assert_eq!(code, 0);
+    let provider = help
+        .split("--provider")
+        .nth(1)
+        .and_then(|rest| rest.split("\n      --").next())
+        .unwrap_or_else(|| panic!("{help}"));
+    let provider = provider.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        provider.contains("with --transaction-id, the one of that transaction")
+            && provider.contains("with --dead, replay only this provider's dead events")
+            && provider.contains("Alone it replays nothing"),
+        "{provider}"
     );
 }
 

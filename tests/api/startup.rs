@@ -165,6 +165,130 @@ async fn a_role_with_only_dml_rights_can_serve_a_current_schema() {
         .unwrap();
 }
 
+/// `fencehook <args>` with only `env` for settings, bounded: a command
+/// that waits where it should have stopped fails the test instead of hanging it.
+async fn bare(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+    cmd.args(args).kill_on_drop(true);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("FENCEHOOK_GENERIC_SECRET", SECRET)
+        .env("FENCEHOOK_LISTEN", "127.0.0.1:0")
+        .env("FENCEHOOK_ADMIN_LISTEN", "127.0.0.1:0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("`fencehook {args:?}` still runs after 60 s"))
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A misspelt variable (`DATABSE_URL`) once left a built-in URL in force:
+/// the local superuser's `fencehook` database, served after a warning.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_database_url_serve_work_and_migrate_stop_naming_it() {
+    for args in [&["serve"][..], &["work"], &["migrate"], &["audit"]] {
+        let (code, err) = bare(
+            args,
+            &[("DATABSE_URL", "postgres://postgres@127.0.0.1:5432/x")],
+        )
+        .await;
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains("invalid configuration"))
+            .unwrap_or_else(|| panic!("{args:?}: {err}"));
+        assert!(
+            line.contains("DATABASE_URL: is not set") && line.contains("no default database"),
+            "{args:?}: {line}"
+        );
+    }
+}
+
+/// A raw `@` in the password made the password's tail a host, which never
+/// answered: the start waited for it forever, as for an outage.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_raw_at_or_slash_in_the_password_stops_the_start_saying_to_percent_encode() {
+    for (url, encoded) in [
+        (
+            "postgres://fencehook_app:p@ss@127.0.0.1:5432/fencehook",
+            "%40",
+        ),
+        (
+            "postgres://fencehook_app:pa/ss@127.0.0.1:5432/fencehook",
+            "%2F",
+        ),
+    ] {
+        for command in ["serve", "work"] {
+            let (code, err) = bare(&[command], &[("DATABASE_URL", url)]).await;
+            assert_eq!(code, Some(2), "{command} {url}: {err}");
+            assert!(
+                err.contains("invalid configuration: DATABASE_URL: ")
+                    && err.contains("percent-encode")
+                    && err.contains(encoded),
+                "{command} {url}: {err}"
+            );
+            assert!(!err.contains("ss@"), "no part of the password: {err}");
+            assert!(!err.contains("waiting for it"), "not waited for: {err}");
+        }
+    }
+}
+
+/// The app role has no DDL rights: on a database nobody migrated, its start
+/// says who must migrate rather than only "permission denied for schema public".
+#[tokio::test(flavor = "multi_thread")]
+async fn the_app_role_on_an_unmigrated_database_is_told_to_run_migrate_as_the_owner() {
+    let ctx = TestContext::empty().await;
+    let role = format!("fh_app_{}", &ctx.prefix[7..]);
+    ctx.db()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+             GRANT CONNECT ON DATABASE \"{}\" TO {role};",
+            ctx.db_name
+        ))
+        .await
+        .unwrap();
+    let url = ctx
+        .database_url
+        .replacen("postgres@", &format!("{role}@"), 1);
+    let (code, err) = bare(
+        &["serve"],
+        &[
+            ("DATABASE_URL", &url),
+            ("REDIS_URL", &ctx.redis_url),
+            ("FENCEHOOK_REDIS_KEY_PREFIX", &ctx.prefix),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the role `{role}` may not create fencehook's tables"
+        )) && err.contains("run `fencehook migrate` as the database's owner")
+            && err.contains("permission denied"),
+        "{err}"
+    );
+    let tables = ctx
+        .count("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        .await;
+    assert_eq!(tables, 0, "nothing created");
+    ctx.db()
+        .await
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role};"))
+        .await
+        .unwrap();
+}
+
 /// SIGHUP re-reads the providers file: a new secret verifies without a
 /// restart; a file that does not parse leaves the old providers in force.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
