@@ -21,7 +21,7 @@
 # the ones a plain `podman images` lists.
 set -euo pipefail
 
-command -v podman >/dev/null || { echo "podman is not installed: make tools" >&2; exit 127; }
+command -v podman >/dev/null || { echo "podman is not installed: make tools (or scripts/tools.sh install image)" >&2; exit 127; }
 
 global=(--runtime runc --cgroup-manager cgroupfs --events-backend file)
 

@@ -276,7 +276,7 @@ fn proc_status(pid: &str, key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_image_migrates_serves_one_booking_as_non_root_without_a_shell_and_drains_on_sigterm() {
     if !on_path("podman") {
-        eprintln!("SKIPPED the container test: podman is not installed (`make tools` installs it)");
+        eprintln!("SKIPPED the container test: podman is not installed (`make test` and `make image` install it)");
         return;
     }
     let image = image_under_test();

@@ -1,6 +1,6 @@
 //! deploy/kubernetes as `kubectl apply -k` would send it: every object valid
 //! against the Kubernetes 1.37 schemas (`kubernetes-validate --strict`, from
-//! PyPI; `make tools` installs it), and held to what the binary and the image
+//! PyPI; `make test` installs it), and held to what the binary and the image
 //! read — the probes on the admin port's paths, the ports the image listens
 //! on, every variable a setting of `serve`, every file a setting names inside
 //! a mounted Secret that holds it, the commands, the drain, and the
@@ -156,7 +156,7 @@ fn the_kubernetes_manifests_validate_against_the_kubernetes_1_37_schemas() {
     // Fails rather than skips: a skipped test reads as a passed one.
     assert!(
         on_path("kubernetes-validate"),
-        "kubernetes-validate is not installed: `make tools` installs it"
+        "kubernetes-validate is not installed: `make test` (or `make tools`) installs it"
     );
     let out = std::process::Command::new("kubernetes-validate")
         .args(["--strict", "--kubernetes-version", "1.37.0"])
