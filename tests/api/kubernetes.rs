@@ -547,7 +547,11 @@ fn the_example_secrets_stop_the_start_until_they_are_replaced() {
     std::fs::write(&providers, key("fencehook-providers", "providers.toml")).unwrap();
     let check = |env: &[(&str, &std::path::Path)], allow: bool| {
         let mut cmd = fencehook_command();
-        cmd.arg("check-config");
+        // A database to name (no built-in one); check-config connects to none.
+        cmd.arg("check-config").env(
+            "DATABASE_URL",
+            "postgres://fencehook_app@db.invalid:5432/fencehook",
+        );
         for (k, v) in env {
             cmd.env(k, v);
         }
