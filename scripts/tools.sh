@@ -3,14 +3,16 @@
 # where missing, so that `make test` passes on a fresh machine without a separate step.
 #
 # Usage:
-#   scripts/tools.sh list [test|lint|all]     one line per program: program package group why
-#   scripts/tools.sh missing [test|lint|all]  the packages whose program is missing (one line; empty: none)
-#   scripts/tools.sh install [test|lint|all]  install those (one apt-get run, after fetching the package
+#   scripts/tools.sh list [test|lint|image|all]     one line per program: program package groups why
+#   scripts/tools.sh missing [test|lint|image|all]  the packages whose program is missing (one line; empty: none)
+#   scripts/tools.sh install [test|lint|image|all]  install those (one apt-get run, after fetching the package
 #                                             lists), saying first what is missing and why; silent when
 #                                             nothing is. Exit 1 when a program is still missing after it.
 #
-# test: what the integration tests run (tests/api/deploy.rs, console_browser.rs, patroni.rs); lint:
-# what `make lint` runs besides cargo's own subcommands (those `make tools` installs with cargo).
+# test: what the integration tests run (tests/api/deploy.rs, console_browser.rs, patroni.rs,
+# container.rs); lint: what `make lint` runs besides cargo's own subcommands (those `make tools`
+# installs with cargo) and PyPI's hadolint; image: what `make image` runs. A program may be in several
+# groups (`test,image`).
 #
 # Environment:
 #   TOOLS_PATH     where programs are looked for (default: $PATH plus the sbin directories a
@@ -21,7 +23,7 @@
 # their own, on ports of their own.
 set -euo pipefail
 
-# program package group why
+# program package groups why
 TOOLS="\
 nginx nginx test tests/api/deploy.rs runs deploy/nginx.conf in front of fencehook
 systemd-analyze systemd test tests/api/deploy.rs verifies the systemd units
@@ -30,12 +32,14 @@ chromedriver chromium-driver test the console's browser tests drive Chromium thr
 patroni patroni test tests/api/patroni.rs runs deploy/patroni/patroni.yml as a three-node cluster
 etcd etcd-server test Patroni's store in tests/api/patroni.rs
 promtool prometheus test tests/api/deploy.rs runs the unit tests of deploy/alerts.yml
+podman podman test,image make image builds the image with it, tests/api/container.rs runs it
+runc runc test,image the runtime scripts/podman.sh names (crun, which podman brings alone, refuses hybrid cgroups)
 shellcheck shellcheck lint make lint checks the shell scripts"
 
 group=${2:-all}
 case $group in
-  test | lint | all) ;;
-  *) echo "tools.sh: unknown group \`$group\` (test, lint or all)" >&2; exit 2 ;;
+  test | lint | image | all) ;;
+  *) echo "tools.sh: unknown group \`$group\` (test, lint, image or all)" >&2; exit 2 ;;
 esac
 
 lookup_path=${TOOLS_PATH:-$PATH:/usr/local/sbin:/usr/sbin:/sbin}
@@ -44,7 +48,7 @@ lookup_path=${TOOLS_PATH:-$PATH:/usr/local/sbin:/usr/sbin:/sbin}
 listed() {
   local program package g why
   while read -r program package g why; do
-    if [[ $group == all || $g == "$group" ]]; then
+    if [[ $group == all || ,$g, == *,"$group",* ]]; then
       echo "$program $package $g $why"
     fi
   done <<<"$TOOLS"

@@ -258,7 +258,11 @@ impl App {
                 tracing::info!(?applied, "migrations applied");
             }
         }
+        // Test seam (`test-support`): `FAILPOINTS=before_public_bind=sleep(8000)`
+        // holds the start here, the admin listener up and the schema current.
+        fail::fail_point!("before_public_bind");
         let listener = bind(cfg.listen).await?;
+        state.start_listening();
         Ok(App {
             state,
             providers_file,

@@ -121,21 +121,30 @@ fn bad(setting: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// One token file: readable by its owner only (no group or other read
-/// bit), at least [`MIN_TOKEN_BYTES`] once a trailing newline is dropped
-/// (`echo` and editors add one).
+/// One token file: readable by its owner, by no other user, and by its
+/// group only when that group is the one this process runs as; at least
+/// [`MIN_TOKEN_BYTES`] once a trailing newline is dropped (`echo` and
+/// editors add one).
+///
+/// The group exception is how Kubernetes mounts a Secret for a non-root
+/// process: owned by root, group the pod's `fsGroup`, mode 0440 at the
+/// least (`defaultMode` 0400 is widened to it). With `runAsGroup` equal to
+/// `fsGroup` that group is the process's own, as `root:fencehook 0640` is for
+/// the systemd unit's user; a group of other users never reads a token.
 fn read_token(setting: &'static str, path: &Path) -> Result<Token, ConfigError> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let shown = path.display();
     let meta =
         std::fs::metadata(path).map_err(|e| bad(setting, format!("cannot read {shown}: {e}")))?;
     let mode = meta.permissions().mode();
-    if mode & 0o044 != 0 {
+    let own_group = effective_gid() == Some(meta.gid());
+    if mode & 0o004 != 0 || (mode & 0o040 != 0 && !own_group) {
         return Err(bad(
             setting,
             format!(
-                "{shown} is readable by group or others (mode {:o}): chmod 600 it",
-                mode & 0o777
+                "{shown} is readable by group or others (mode {:o}, group {}): chmod 600 it (group-readable only by this process's own group)",
+                mode & 0o777,
+                meta.gid()
             ),
         ));
     }
@@ -160,6 +169,15 @@ fn read_token(setting: &'static str, path: &Path) -> Result<Token, ConfigError> 
     })
 }
 
+/// This process's effective group ID (Linux: `/proc/self/status`); `None`
+/// where it cannot be read, and then no group is trusted.
+fn effective_gid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let gids = status.lines().find_map(|l| l.strip_prefix("Gid:"))?;
+    // Real, effective, saved, filesystem.
+    gids.split_whitespace().nth(1)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn token_files_must_be_long_private_readable_and_distinct() {
+    fn token_files_must_be_long_readable_by_no_other_user_or_group_and_distinct() {
         let d = dir();
         let good = "v".repeat(32) + "\n";
         let viewer = file(&d, "viewer", &good, 0o600);
@@ -196,12 +214,31 @@ mod tests {
         assert_eq!(e.setting, VIEWER_SETTING);
         assert!(e.reason.contains("31 bytes"), "{e}");
 
-        let open = file(&d, "open", &"o".repeat(40), 0o640);
-        let e = read_tokens(None, Some(&open)).unwrap_err();
+        let world = file(&d, "world", &"w".repeat(40), 0o604);
+        let e = read_tokens(None, Some(&world)).unwrap_err();
         assert_eq!(e.setting, OPERATOR_SETTING);
         assert!(e.reason.contains("group or others"), "{e}");
-        let world = file(&d, "world", &"w".repeat(40), 0o604);
-        assert!(read_tokens(Some(&world), None).is_err());
+        let own = effective_gid().expect("this process's group");
+        // Group-readable by this process's own group: Kubernetes' Secret
+        // mount (root:<fsGroup> 0440), the unit's root:fencehook 0640.
+        let grouped = file(&d, "grouped", &"g".repeat(40), 0o640);
+        std::os::unix::fs::chown(&grouped, None, Some(own)).unwrap();
+        assert!(read_tokens(Some(&grouped), None).is_ok());
+        // By any other group: refused. Giving the file another group needs
+        // root (or membership of it); tests run as root.
+        let other = file(&d, "other", &"o".repeat(40), 0o640);
+        if std::os::unix::fs::chown(&other, None, Some(own + 1)).is_ok() {
+            let e = read_tokens(None, Some(&other)).unwrap_err();
+            assert_eq!(e.setting, OPERATOR_SETTING);
+            assert!(e.reason.contains("group or others"), "{e}");
+            std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o600)).unwrap();
+            assert!(
+                read_tokens(None, Some(&other)).is_ok(),
+                "not group-readable: fine"
+            );
+        } else {
+            eprintln!("SKIPPED the other group's file: chown needs root");
+        }
 
         let e = read_tokens(None, Some(&d.join("missing"))).unwrap_err();
         assert_eq!(e.setting, OPERATOR_SETTING);

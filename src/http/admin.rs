@@ -35,11 +35,13 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
     }
 }
 
-/// 200 only when every check passes; the body names each check and its
-/// state. Synchronous replication is always reported, and decides only with
+/// 200 only when every check passes, the public listener is bound and the
+/// process is not draining; the body names each check and its state.
+/// Synchronous replication is always reported, and decides only with
 /// `FENCEHOOK_REQUIRE_SYNC_REPLICATION=true`.
 async fn readyz(state: &State) -> Response<Body> {
     let probe = state.health.probe().await;
+    let listening = state.is_listening();
     let draining = state.is_draining();
     let show = |r: &Result<(), String>| match r {
         Ok(()) => "ok".to_owned(),
@@ -55,9 +57,10 @@ async fn readyz(state: &State) -> Response<Body> {
         "schema": show(&probe.schema),
         "lease_backend": show(&probe.lease),
         "synchronous_replication": sync,
+        "listening": listening,
         "draining": draining,
     });
-    let status = if probe.ok() && !draining {
+    let status = if probe.ok() && listening && !draining {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -37,6 +37,7 @@ pub struct State {
     console: std::sync::OnceLock<crate::console::Console>,
     /// The answers and refusals of late, for the console.
     pub recent: crate::console::recent::Recent,
+    listening: AtomicBool,
     draining: AtomicBool,
 }
 
@@ -73,6 +74,7 @@ impl State {
             inflight: Semaphore::new(max_inflight),
             console: Default::default(),
             recent: Default::default(),
+            listening: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }
     }
@@ -103,6 +105,17 @@ impl State {
     pub fn replace_providers(&self, providers: Vec<Provider>) {
         let new = Arc::new(by_name(providers));
         *self.providers.write().unwrap_or_else(|e| e.into_inner()) = new;
+    }
+
+    /// Once the public listener is bound: before it, readiness fails (a
+    /// delivery routed here would find no listener; the admin listener and
+    /// the schema can be ready first, while the start's migration step runs).
+    pub fn is_listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
+    pub fn start_listening(&self) {
+        self.listening.store(true, Ordering::Relaxed);
     }
 
     /// After shutdown was asked for: readiness fails, new items answer 503.

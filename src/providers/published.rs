@@ -7,7 +7,7 @@
 //! built (`include_str!`): every `secrets` entry of
 //! `deploy/providers.example.toml`, the placeholder key under `deploy/keys`,
 //! and every secret-shaped token quoted in the README, the docs, the
-//! environment example and the Makefile (the development secret
+//! environment example, the Kubernetes Secrets' example and the Makefile (the development secret
 //! `make run` uses, Adyen's library test key, the examples' `whsec_…`). A
 //! secret added to any of them later is refused without a change here.
 //!
@@ -34,6 +34,7 @@ const DOCUMENTS: &[&str] = &[
     include_str!("../../docs/operations.md"),
     include_str!("../../docs/load.md"),
     include_str!("../../deploy/fencehook.env.example"),
+    include_str!("../../deploy/kubernetes/secrets.example.yaml"),
     include_str!("../../Makefile"),
 ];
 

@@ -143,7 +143,8 @@ async fn without_a_token_file_the_console_is_404_naming_the_settings_and_never_o
 }
 
 #[test]
-fn a_short_unreadable_or_group_readable_token_file_stops_the_start_naming_its_setting() {
+fn a_short_unreadable_world_readable_or_other_group_readable_token_file_stops_the_start_naming_its_setting(
+) {
     let files = TokenFiles::new();
     let path = |name: &str| files.path(name).display().to_string();
     let (code, err) = check_config(&[("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE", path("operator"))]);
@@ -158,12 +159,20 @@ fn a_short_unreadable_or_group_readable_token_file_stops_the_start_naming_its_se
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 
-    use std::os::unix::fs::PermissionsExt;
+    // Readable by its group: by fencehook's own group (a Kubernetes Secret
+    // mounted for the pod's fsGroup), fine; by any other group, refused.
+    // Giving the file a group needs root; tests run as root.
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     std::fs::set_permissions(
         files.path("operator"),
         std::fs::Permissions::from_mode(0o640),
     )
     .unwrap();
+    let own = std::fs::metadata(files.path("operator")).unwrap().gid();
+    let (code, err) = check_config(&[("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE", path("operator"))]);
+    assert_eq!(code, 0, "its group is the process's own: {err}");
+    std::os::unix::fs::chown(files.path("operator"), None, Some(own + 1))
+        .expect("chown: the test runs as root");
     let (code, err) = check_config(&[("FENCEHOOK_CONSOLE_OPERATOR_TOKEN_FILE", path("operator"))]);
     assert_eq!(code, 2, "{err}");
     assert!(

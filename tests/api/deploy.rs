@@ -17,19 +17,19 @@ use fencehook::providers::SchemeKind;
 use crate::helpers::process::ServeProcess;
 use crate::helpers::{closed_port, now, payment, wait_for, TestContext, SECRET};
 
-fn deploy_path(name: &str) -> PathBuf {
+pub(crate) fn deploy_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy")
         .join(name)
 }
 
-fn deploy_file(name: &str) -> String {
+pub(crate) fn deploy_file(name: &str) -> String {
     let path = deploy_path(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// The binary with no setting inherited from the test's environment.
-fn fencehook_command() -> std::process::Command {
+pub(crate) fn fencehook_command() -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
     for (k, _) in std::env::vars() {
         if k.starts_with("FENCEHOOK_") || k == "DATABASE_URL" || k == "REDIS_URL" {
@@ -45,7 +45,7 @@ const EXAMPLE_DATABASE_URL: &str = "postgres://fencehook_app@db.internal:5432/fe
 
 /// Every setting of `fencehook serve --help`: its variable and its default
 /// (`None` where the help shows none).
-fn serve_settings() -> BTreeMap<String, Option<String>> {
+pub(crate) fn serve_settings() -> BTreeMap<String, Option<String>> {
     let out = fencehook_command()
         .args(["serve", "--help"])
         .output()
@@ -114,7 +114,7 @@ fn fencehook_words(text: &str) -> Vec<String> {
 }
 
 /// The values the settings file sets (not the commented defaults).
-fn example_settings() -> BTreeMap<String, String> {
+pub(crate) fn example_settings() -> BTreeMap<String, String> {
     env_lines(&deploy_file("fencehook.env.example"))
         .into_iter()
         .filter(|l| !l.commented)
@@ -122,7 +122,7 @@ fn example_settings() -> BTreeMap<String, String> {
         .collect()
 }
 
-fn port_of(addr: &str) -> u16 {
+pub(crate) fn port_of(addr: &str) -> u16 {
     addr.rsplit_once(':')
         .and_then(|(_, p)| p.parse().ok())
         .unwrap_or_else(|| panic!("`{addr}` is host:port"))
@@ -456,7 +456,7 @@ fn timespan(value: &str) -> Duration {
     }
 }
 
-fn default_of(settings: &BTreeMap<String, Option<String>>, name: &str) -> u64 {
+pub(crate) fn default_of(settings: &BTreeMap<String, Option<String>>, name: &str) -> u64 {
     settings[name]
         .as_deref()
         .unwrap_or_else(|| panic!("{name} has a default"))
@@ -608,12 +608,12 @@ fn systemd_analyze_verify() {
     );
 }
 
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     find_program(program).is_some()
 }
 
 /// `program` on PATH, or in the sbin directories a non-root PATH may lack.
-fn find_program(program: &str) -> Option<PathBuf> {
+pub(crate) fn find_program(program: &str) -> Option<PathBuf> {
     let path = std::env::var("PATH").unwrap_or_default();
     path.split(':')
         .map(PathBuf::from)
@@ -624,10 +624,10 @@ fn find_program(program: &str) -> Option<PathBuf> {
 
 /// A fresh directory under the system's temporary directory, removed when
 /// dropped; kept when the test fails, for the logs in it.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(PathBuf);
 
 impl Scratch {
-    fn new(what: &str) -> Scratch {
+    pub(crate) fn new(what: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!(
             "fencehook-{what}-{}",
             uuid::Uuid::new_v4().simple()
