@@ -89,10 +89,10 @@ use super::fields::{
 };
 use super::keys::{CertificateInfo, RsaSigner};
 use super::paypal_api::{ApiConfirm, ApiSettings, DEFAULT_API_URL};
-use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
 pub use super::scheme::TransmissionKey;
-use super::scheme::{Item, Reject, Scheme, SettingError, Setup};
-use super::settings::Settings;
+use super::scheme::{Item, Reject, Scheme};
+use super::setup::{SettingError, Setup};
 use crate::domain::{CanonicalEvent, EventKind};
 use crate::outbound::{self, HttpsClient};
 
@@ -153,6 +153,41 @@ impl Default for Window {
 /// default), or each new event fetched from PayPal's API too.
 pub const CONFIRM_OFFLINE: &str = "offline";
 pub const CONFIRM_API: &str = "api";
+
+/// The provider's webhook id, which the tools sign into a delivery.
+pub const WEBHOOK_ID: Key = Key {
+    flag: "webhook-id",
+    what: "the provider's webhook id, part of what PayPal signs",
+    in_file: true,
+};
+
+/// `PAYPAL-CERT-URL` of what the tools sign: where the service fetches the
+/// certificate of their private key.
+pub const CERT_URL: Key = Key {
+    flag: "cert-url",
+    what: "PAYPAL-CERT-URL, where the service fetches the certificate of --private-key",
+    in_file: false,
+};
+
+/// A `paypal` provider's table.
+#[derive(serde::Deserialize)]
+pub struct Settings {
+    /// The webhook's id at PayPal: part of what PayPal signs.
+    webhook_id: Option<String>,
+    /// Where a certificate may be fetched from (default
+    /// [`DEFAULT_CERT_URL_PREFIXES`]).
+    cert_url_prefixes: Option<Vec<String>>,
+    /// How old a transmission time may be (default 3 days).
+    max_age_secs: Option<u64>,
+    /// How far ahead of the clock a transmission time may be.
+    future_skew_secs: Option<u64>,
+    /// [`CONFIRM_OFFLINE`] (the default) or [`CONFIRM_API`].
+    confirm: Option<String>,
+    /// With `confirm = "api"`: the REST API's base URL and the app's credentials.
+    api_url: Option<String>,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+}
 
 type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
 
@@ -477,16 +512,7 @@ impl Paypal {
 
 impl Scheme for Paypal {
     const NAME: &'static str = "paypal";
-    const SETTINGS: &'static [&'static str] = &[
-        "webhook_id",
-        "cert_url_prefixes",
-        "max_age_secs",
-        "future_skew_secs",
-        "confirm",
-        "api_url",
-        "client_id",
-        "client_secret",
-    ];
+    type Settings = Settings;
     const SIGNATURE_HEADER: Option<&'static str> = Some(TRANSMISSION_SIG_HEADER);
     const SENDS: &'static [EventKind] = &[
         EventKind::PaymentSucceeded,
@@ -496,15 +522,18 @@ impl Scheme for Paypal {
     ];
     const DELIVERY_ID_PREFIX: &'static str = "WH-";
     const PAYMENT_ID: Option<&'static str> = Some("the capture id");
+    const KEYS: &'static [Key] = &[WEBHOOK_ID, CERT_URL];
 
     fn build(settings: Settings, setup: &mut Setup) -> Result<Paypal, String> {
         let api = (settings.api_url, settings.client_id, settings.client_secret);
+        let webhook_id = setup.required(
+            settings.webhook_id,
+            "webhook_id",
+            "the webhook's id at PayPal",
+        )?;
+        setup.offer(&WEBHOOK_ID, &webhook_id);
         let p = Paypal::new(
-            &setup.required(
-                settings.webhook_id,
-                "webhook_id",
-                "the webhook's id at PayPal",
-            )?,
+            &webhook_id,
             settings.cert_url_prefixes.as_deref(),
             Window {
                 max_age_secs: settings.max_age_secs.unwrap_or(DEFAULT_MAX_AGE_SECS),
@@ -610,8 +639,8 @@ impl Scheme for Paypal {
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
         psp.signer()
-            .and(psp.webhook_id())
-            .and(psp.cert_url())
+            .and(psp.key(&WEBHOOK_ID))
+            .and(psp.key(&CERT_URL))
             .map(drop)
     }
 
@@ -624,8 +653,8 @@ impl Scheme for Paypal {
         delivery_id: &str,
         ts: i64,
     ) -> Result<Delivery, String> {
-        let webhook_id = psp.webhook_id()?;
-        let cert_url = psp.cert_url()?;
+        let webhook_id = psp.key(&WEBHOOK_ID)?;
+        let cert_url = psp.key(&CERT_URL)?;
         let signer = psp.signer()?;
         let body = match body {
             Some(b) => b.to_owned(),
@@ -1443,12 +1472,10 @@ mod round_trip {
             4_000_000_000,
         );
         scheme.preload(CERT_URL, cert.as_bytes()).unwrap();
-        let psp = TestCredentials {
-            signer: Some(testkeys::signer(0)),
-            webhook_id: Some(WEBHOOK_ID.into()),
-            cert_url: Some(CERT_URL.into()),
-            ..Default::default()
-        };
+        let psp = TestCredentials::new(
+            &[(super::WEBHOOK_ID, WEBHOOK_ID), (super::CERT_URL, CERT_URL)],
+            Some(testkeys::signer(0)),
+        );
         (scheme, psp)
     });
 

@@ -63,7 +63,7 @@ pub struct ApiConfirm {
 }
 
 impl ApiConfirm {
-    pub fn new(s: ApiSettings) -> Result<ApiConfirm, super::scheme::SettingError> {
+    pub fn new(s: ApiSettings) -> Result<ApiConfirm, super::setup::SettingError> {
         check_prefix(&s.api_url).map_err(|e| ("api_url", format!("{}: {e}", s.api_url)))?;
         if s.client_id.is_empty() || !s.client_id.bytes().all(|b| b.is_ascii_graphic()) {
             return Err((
