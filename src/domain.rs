@@ -3,6 +3,9 @@
 //! here knows about HTTP, Redis, SQL or any provider's wire format; every
 //! other room depends on this one.
 //!
+//! Amounts are minor units; how many make a major unit of each currency,
+//! and an amount written for people, is [`amount`].
+//!
 //! # The lifecycle (what must stay true)
 //!
 //! A row is one money object the PSP reports: a payment, a refund or a
@@ -27,6 +30,8 @@
 //! `queued`, `processing` and `dead` mean no event has settled the row yet
 //! (no money moved), so they decide like "no row". Transitions out of a
 //! settled status keep the row's status until their final write.
+
+pub mod amount;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;

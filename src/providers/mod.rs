@@ -77,9 +77,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use self::fields::{
-    check_currency, check_transaction_id, major_amount, major_units, minor_unit_exponent,
-};
+pub use self::fields::{check_currency, check_transaction_id};
 pub use self::file::load_file;
 use self::psp::Key;
 pub use self::scheme::{AckBody, Item, Reject, Scheme, Spec, TransmissionKey};

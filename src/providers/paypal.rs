@@ -84,8 +84,8 @@ use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
 use super::fields::{
-    self, check_currency, check_transaction_id, decimal_minor, invalid, minor_unit_exponent, opt,
-    opt_str, req_object, req_str, signed_header, Object,
+    self, check_currency, check_transaction_id, decimal_minor, invalid, opt, opt_str, req_object,
+    req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaSigner};
 use super::paypal_api::{ApiConfirm, ApiSettings, DEFAULT_API_URL};
@@ -93,6 +93,7 @@ use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
 pub use super::scheme::TransmissionKey;
 use super::scheme::{Item, Reject, Scheme};
 use super::setup::{SettingError, Setup};
+use crate::domain::amount::minor_unit_exponent;
 use crate::domain::{CanonicalEvent, EventKind};
 use crate::outbound::{self, HttpsClient};
 

@@ -40,8 +40,8 @@ use time::OffsetDateTime;
 use tokio_postgres::types::{Json, Type};
 
 use super::{payment_at, PaymentRow, Store, StoreError};
+use crate::domain::amount::major_amount;
 use crate::domain::CanonicalEvent;
-use crate::providers::major_amount;
 
 /// The channel accepts notify and workers listen on.
 pub const CHANNEL: &str = "fencehook_inbox";
