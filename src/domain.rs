@@ -295,6 +295,16 @@ impl Transition {
     }
 }
 
+/// Whether a refund its PSP may have meant as a cancel (Adyen's
+/// `CANCEL_OR_REFUND`, which says which only in a field it does not sign)
+/// was a cancel, which moves nothing: so when its payment is recorded
+/// `failed`; otherwise it is the refund, booked (or waiting for its
+/// payment) as every refund is. Decided when it is booked, by its payment's
+/// row (`kind`, `status`) as it stands then.
+pub fn cancelled(payment_kind: ObjectKind, payment_status: Status) -> bool {
+    payment_kind == ObjectKind::Payment && payment_status == Status::Failed
+}
+
 /// What an event does to its row (see the table in the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {

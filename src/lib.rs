@@ -25,6 +25,13 @@
 //! - [`console`]: the operator console on the admin listener (`/console`):
 //!   sign-in and roles, the pages (search, a payment's timeline, inbox events,
 //!   refusals) as HTML or JSON, and the replays, which are the CLI's.
+//! - [`delivery`]: what happens to a verified delivery's items, whoever
+//!   verified them (the webhook handler; later, a PSP's events API):
+//!   ignored, quarantined (a batch item that cannot be booked), a refund
+//!   the PSP may have meant as a cancel decided by the ledger, stored for
+//!   the inbox workers or booked now by the processor; and, for the webhook,
+//!   a transmission bound to its body and confirmed with the PSP's API
+//!   where its scheme's signature does not cover the body well.
 //! - [`inbox`]: inbox mode (`FENCEHOOK_MODE=inbox`): a delivery's events
 //!   stored in one statement at accept, then booked by workers (`serve`'s
 //!   and `fencehook work`'s) through the processor, retried with backoff,
@@ -83,6 +90,7 @@ pub mod app;
 pub mod config;
 pub mod console;
 pub mod db;
+pub mod delivery;
 pub mod domain;
 pub mod downstream;
 pub mod error;

@@ -434,26 +434,24 @@ impl Provider {
         self.scheme.accept(&self.name, headers, body, now).await
     }
 
-    /// PayPal: the transmission id of a delivery whose signature verified,
-    /// to be bound to its body (see `paypal`'s docs: PayPal signs only the
-    /// CRC-32 of the body). `None` for the other schemes.
-    pub fn paypal_transmission(
-        &self,
-        headers: &http::HeaderMap,
-        body: &[u8],
-    ) -> Option<TransmissionKey> {
+    /// The transmission id of a delivery whose signature verified, to be
+    /// bound to its body, for a scheme whose signature does not cover the
+    /// body well (PayPal's covers only its CRC-32; see `paypal`'s docs).
+    /// `None` for the other schemes.
+    pub fn transmission(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<TransmissionKey> {
         self.scheme.transmission(headers, body)
     }
 
-    /// PayPal with `confirm = "api"`: checks what the delivery mapped to
-    /// against PayPal's API. Ok for every other provider.
-    pub async fn paypal_confirm(&self, body: &[u8], item: &Item) -> Result<(), Reject> {
-        self.scheme.confirm(&self.name, body, item).await
+    /// Whether deliveries are confirmed with the PSP's API before booking
+    /// (PayPal with `confirm = "api"`).
+    pub fn confirms(&self) -> bool {
+        self.scheme.confirms()
     }
 
-    /// Whether deliveries are confirmed with PayPal's API before booking.
-    pub fn paypal_confirms(&self) -> bool {
-        self.scheme.confirms()
+    /// Checks what the delivery mapped to against the PSP's API, when the
+    /// provider [`confirms`](Provider::confirms). Ok for every other provider.
+    pub async fn confirm(&self, body: &[u8], item: &Item) -> Result<(), Reject> {
+        self.scheme.confirm(&self.name, body, item).await
     }
 
     /// PayPal: puts a certificate in the provider's cache as if fetched from
