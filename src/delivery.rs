@@ -12,7 +12,10 @@
 //!   does not hold up the other items of its batch;
 //! - a refund its PSP may have meant as a cancel (Adyen's
 //!   `CANCEL_OR_REFUND`) is decided by the ledger
-//!   ([`domain::cancelled`](crate::domain::cancelled));
+//!   ([`domain::cancelled`](crate::domain::cancelled)): against a payment
+//!   recorded `failed` now it is ignored; otherwise it is booked as a
+//!   refund, or in inbox mode stored marked, and decided again by the
+//!   worker that books it, when the payment's failure may have been booked;
 //! - while shutting down, or while commits do not wait for a required
 //!   synchronous standby, no event is booked (retry);
 //! - otherwise the event is stored for the inbox workers (inbox mode) or
@@ -206,7 +209,7 @@ impl Deliveries {
             Some(inbox) => {
                 let accepting = spans::inbox_accept(&ev);
                 let accepted = inbox
-                    .accept(&ev, received.psp_event_id, received.body)
+                    .accept(&ev, may_cancel, received.psp_event_id, received.body)
                     .instrument(accepting)
                     .await;
                 match accepted {
