@@ -56,6 +56,7 @@
 
 pub mod adyen;
 pub mod alipay;
+mod fetch;
 mod fields;
 mod file;
 mod hmac;
