@@ -394,7 +394,9 @@ async fn reload_on_sighup(
         let read = tokio::task::spawn_blocking({
             let path = path.clone();
             move || {
-                let providers = crate::providers::load_file(&path)?;
+                // Every error of the file, on the one log line.
+                let providers =
+                    crate::providers::load_file(&path).map_err(|e| e.lines().join("; "))?;
                 // What the start refuses, a reload refuses too.
                 match providers.iter().flat_map(|p| p.exposures()).next() {
                     Some(e) if !allow_published_secrets => Err(e.clone()),
