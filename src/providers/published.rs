@@ -1,7 +1,10 @@
-//! Secrets and keys that must never serve: those published in fencehook's
-//! own files, and those shorter than their PSP issues. Anyone who has read
-//! the repository can sign with the first kind, and the second is a guess
-//! away; either way deliveries would be booked that no PSP sent.
+//! Secrets and keys that must never serve because they are published in
+//! fencehook's own files: anyone who has read the repository can sign with
+//! them, and deliveries would be booked that no PSP sent. (Those shorter
+//! than their PSP issues, a guess away, are the scheme's to say,
+//! `Scheme::short_secret`.) A provider's build checks its secrets and key
+//! files against this list as it reads them (`Setup::secrets`,
+//! `Setup::key_file`).
 //!
 //! The published list is read from the repository's files as they were
 //! built (`include_str!`): every `secrets` entry of
@@ -11,7 +14,7 @@
 //! `make run` uses, Adyen's library test key, the examples' `whsec_…`). A
 //! secret added to any of them later is refused without a change here.
 //!
-//! Found here, refused by the configuration ([`crate::config`]) unless
+//! Found here, refused by the configuration at start and on SIGHUP unless
 //! `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` says this is development.
 
 use std::collections::HashSet;
