@@ -15,6 +15,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::config::{Config, Mode};
+use crate::delivery::Deliveries;
 use crate::downstream::Downstream;
 use crate::health::Health;
 use crate::http::state::{RequestLimits, State};
@@ -61,6 +62,8 @@ pub struct App {
     /// SIGHUP, listened for from the build on: one that arrives as soon as
     /// the start is logged must not find the default action (exit) in place.
     hangup: Option<Signal>,
+    /// Inbox mode: the inbox whose workers run beside the listeners.
+    inbox: Option<Arc<Inbox>>,
     /// Inbox workers to run beside the listeners.
     workers: usize,
     listener: TcpListener,
@@ -230,16 +233,23 @@ impl App {
             prune,
             inbox_mode,
         } = parts;
-        let console = crate::console::Console::new(&cfg.console, store, &metrics, inbox_mode);
+        let console =
+            crate::console::Console::new(&cfg.console, store.clone(), &metrics, inbox_mode);
         let mut limits = Limits::public(&cfg, metrics.clone());
         limits.max_connections = fit_open_files(&cfg);
         let allow_published_secrets = cfg.allow_published_secrets;
         let workers = cfg.inbox.workers;
         let providers_file = cfg.providers_file.clone();
+        let deliveries = Deliveries::new(
+            store.clone(),
+            processor,
+            inbox.clone(),
+            metrics.clone(),
+            health.clone(),
+        );
         let state = Arc::new(State::new(
             cfg.providers,
-            processor,
-            inbox,
+            deliveries,
             metrics,
             health,
             RequestLimits {
@@ -273,6 +283,7 @@ impl App {
             limits,
             allow_published_secrets,
             prune,
+            inbox,
             workers,
         })
     }
@@ -307,6 +318,7 @@ impl App {
             limits,
             allow_published_secrets,
             prune,
+            inbox,
             workers,
             providers_file,
             hangup,
@@ -320,10 +332,7 @@ impl App {
             allow_published_secrets,
         ));
         let (workers_stop, workers_stopped) = watch::channel(false);
-        let workers_task = state
-            .inbox
-            .clone()
-            .map(|inbox| tokio::spawn(inbox.run(workers, workers_stopped)));
+        let workers_task = inbox.map(|inbox| tokio::spawn(inbox.run(workers, workers_stopped)));
         let public_shutdown = {
             let state = state.clone();
             async move {
@@ -385,7 +394,9 @@ async fn reload_on_sighup(
         let read = tokio::task::spawn_blocking({
             let path = path.clone();
             move || {
-                let providers = crate::providers::load_file(&path)?;
+                // Every error of the file, on the one log line.
+                let providers =
+                    crate::providers::load_file(&path).map_err(|e| e.lines().join("; "))?;
                 // What the start refuses, a reload refuses too.
                 match providers.iter().flat_map(|p| p.exposures()).next() {
                     Some(e) if !allow_published_secrets => Err(e.clone()),

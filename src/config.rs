@@ -460,24 +460,6 @@ pub struct Config {
     pub traces: Option<TraceConfig>,
 }
 
-/// The providers file's errors, one line each: a loader that stops at the
-/// first gives one, one that reads on gives several.
-trait ErrorLines {
-    fn into_lines(self) -> Vec<String>;
-}
-
-impl ErrorLines for String {
-    fn into_lines(self) -> Vec<String> {
-        vec![self]
-    }
-}
-
-impl ErrorLines for Vec<String> {
-    fn into_lines(self) -> Vec<String> {
-        self
-    }
-}
-
 impl ServeArgs {
     /// Checks every setting and the rules between them; every bad one is
     /// named.

@@ -3,6 +3,9 @@
 //! here knows about HTTP, Redis, SQL or any provider's wire format; every
 //! other room depends on this one.
 //!
+//! Amounts are minor units; how many make a major unit of each currency,
+//! and an amount written for people, is [`amount`].
+//!
 //! # The lifecycle (what must stay true)
 //!
 //! A row is one money object the PSP reports: a payment, a refund or a
@@ -27,6 +30,8 @@
 //! `queued`, `processing` and `dead` mean no event has settled the row yet
 //! (no money moved), so they decide like "no row". Transitions out of a
 //! settled status keep the row's status until their final write.
+
+pub mod amount;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -288,6 +293,16 @@ impl Transition {
             Some(from) => vec![from.as_str()],
         }
     }
+}
+
+/// Whether a refund its PSP may have meant as a cancel (Adyen's
+/// `CANCEL_OR_REFUND`, which says which only in a field it does not sign)
+/// was a cancel, which moves nothing: so when its payment is recorded
+/// `failed`; otherwise it is the refund, booked (or waiting for its
+/// payment) as every refund is. Decided when it is booked, by its payment's
+/// row (`kind`, `status`) as it stands then.
+pub fn cancelled(payment_kind: ObjectKind, payment_status: Status) -> bool {
+    payment_kind == ObjectKind::Payment && payment_status == Status::Failed
 }
 
 /// What an event does to its row (see the table in the module doc).

@@ -228,9 +228,12 @@ impl Inbox {
     }
 
     /// Stores an event for the workers; the one durable write of inbox mode.
+    /// `cancel_if_payment_failed`: a refund its PSP may have meant as a
+    /// cancel, which the worker that books it decides by the ledger.
     pub async fn accept(
         &self,
         ev: &CanonicalEvent,
+        cancel_if_payment_failed: bool,
         psp_event_id: Option<&str>,
         body: &str,
     ) -> Result<Accepted, Error> {
@@ -242,6 +245,7 @@ impl Inbox {
             psp_event_id: psp_event_id.map(str::to_owned),
             body: body.to_owned(),
             trace_context: trace_context.clone(),
+            cancel_if_payment_failed,
         };
         let (answer, answered) = oneshot::channel();
         let accepted = match self.batcher.send(Pending { item, answer }).await {
@@ -254,7 +258,14 @@ impl Inbox {
             None => {
                 let fp = ev.fingerprint();
                 self.store
-                    .accept(ev, &fp, psp_event_id, body, trace_context.as_deref())
+                    .accept(
+                        ev,
+                        &fp,
+                        psp_event_id,
+                        body,
+                        trace_context.as_deref(),
+                        cancel_if_payment_failed,
+                    )
                     .await?
             }
         };
@@ -441,12 +452,19 @@ impl Inbox {
             taken.attempts + 1,
             taken.trace_context.as_deref(),
         );
-        let outcome = self
-            .processor
-            .process_after(&taken.event, taken.row.clone())
-            .instrument(span)
-            .await;
-        let (settle, counted) = self.settle_for(&taken, age, outcome);
+        let (settle, counted) = match self.cancelled(&taken).await {
+            // A cancel: it moves nothing, and there is nothing to book.
+            Ok(true) => (Settle::Done, InboxAttempt::Done),
+            Ok(false) => {
+                let outcome = self
+                    .processor
+                    .process_after(&taken.event, taken.row.clone())
+                    .instrument(span)
+                    .await;
+                self.settle_for(&taken, age, outcome)
+            }
+            Err(e) => self.settle_for(&taken, age, Err(e)),
+        };
         self.metrics.inbox_attempts(counted).increment(1);
         if settle == Settle::Done {
             self.metrics
@@ -454,6 +472,25 @@ impl Inbox {
                 .record(age_of(taken.received_at).as_secs_f64());
         }
         (taken, settle)
+    }
+
+    /// Whether the event is a refund its PSP may have meant as a cancel and
+    /// was one: decided here, when it is booked, by its payment's row as it
+    /// stands now (at accept, the payment's failure may still have been
+    /// queued; see [`crate::domain::cancelled`]).
+    async fn cancelled(&self, taken: &Taken) -> Result<bool, Error> {
+        if !taken.cancel_if_payment_failed {
+            return Ok(false);
+        }
+        let ev = &taken.event;
+        let parent = ev.parent_transaction_id.as_deref().unwrap_or_default();
+        let payment = self.store.lookup(&ev.provider, parent).await?;
+        let cancelled = payment.is_some_and(|p| crate::domain::cancelled(p.kind, p.status));
+        if cancelled {
+            tracing::debug!(provider = %ev.provider, transaction_id = %ev.transaction_id,
+                payment = parent, "a refund of a failed payment that was a cancel: nothing to book");
+        }
+        Ok(cancelled)
     }
 
     /// What an attempt's outcome means for its event.

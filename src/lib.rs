@@ -25,6 +25,13 @@
 //! - [`console`]: the operator console on the admin listener (`/console`):
 //!   sign-in and roles, the pages (search, a payment's timeline, inbox events,
 //!   refusals) as HTML or JSON, and the replays, which are the CLI's.
+//! - [`delivery`]: what happens to a verified delivery's items, whoever
+//!   verified them (the webhook handler; later, a PSP's events API):
+//!   ignored, quarantined (a batch item that cannot be booked), a refund
+//!   the PSP may have meant as a cancel decided by the ledger, stored for
+//!   the inbox workers or booked now by the processor; and, for the webhook,
+//!   a transmission bound to its body and confirmed with the PSP's API
+//!   where its scheme's signature does not cover the body well.
 //! - [`inbox`]: inbox mode (`FENCEHOOK_MODE=inbox`): a delivery's events
 //!   stored in one statement at accept, then booked by workers (`serve`'s
 //!   and `fencehook work`'s) through the processor, retried with backoff,
@@ -56,16 +63,21 @@
 //! - [`db`]: the PostgreSQL pool builder the store and the lease backend share,
 //!   and every connection's TLS (`sslmode`, `sslrootcert`: [`db::tls`]).
 //! - [`providers`]: one file per scheme, each a [`providers::Scheme`]:
-//!   its settings, signature check and payload mapping to a
-//!   [`domain::CanonicalEvent`], the body its PSP expects, and the PSP's
-//!   side the tools play (a delivery built and signed as the PSP does);
-//!   `providers/mod.rs` lists the schemes once. The providers file is read
-//!   in `providers/file.rs`; PayPal's optional fetch-to-confirm API client
-//!   is `providers/paypal_api.rs`.
+//!   its settings (its own table of the providers file), signature check
+//!   and payload mapping to a [`domain::CanonicalEvent`], the body its PSP
+//!   expects, and the PSP's side the tools play (a delivery built and signed
+//!   as the PSP does, with keys asked for by name); `providers/mod.rs` lists
+//!   the schemes once. The providers file is read in `providers/file.rs`,
+//!   each table for its scheme in [`providers::settings`]; fetching from a
+//!   PSP (bounded in flight, time and size) is `providers/fetch.rs`, which
+//!   PayPal's certificates and its REST API client
+//!   ([`providers::paypal_api`]) use.
 //! - [`outbound`]: the outgoing HTTP clients (the downstream call's, the
 //!   PayPal certificate and API fetches', the OTLP exporter's), below the
 //!   edge, the downstream call, the providers and telemetry.
-//! - [`domain`]: the canonical event, its kinds and fingerprint, row statuses.
+//! - [`domain`]: the canonical event, its kinds and fingerprint, row
+//!   statuses, the lifecycle rules; amounts in minor units and their
+//!   currencies' exponents ([`domain::amount`]).
 //! - [`report`]: the one-line cause chain for logs, below every room.
 //!
 //! The operator and demo tools (`send`, `load`, `audit`'s printing and its
@@ -83,6 +95,7 @@ pub mod app;
 pub mod config;
 pub mod console;
 pub mod db;
+pub mod delivery;
 pub mod domain;
 pub mod downstream;
 pub mod error;

@@ -1,6 +1,7 @@
 //! The outgoing HTTP/1 clients: the downstream call's (plain `http://`), the
-//! PayPal certificate and API fetches' and the OTLP exporter's (`https://`
-//! or `http://`, over rustls), and the tools that play a PSP.
+//! providers' fetches from their PSPs' (`providers/fetch.rs`) and the OTLP
+//! exporter's (`https://` or `http://`, over rustls), and the tools that
+//! play a PSP.
 //!
 //! A room of its own below the HTTP edge, the downstream call, the providers
 //! and telemetry, so none of them reaches into another to open a connection.

@@ -622,67 +622,6 @@ impl Processor {
         Ok(ControlFlow::Continue(row))
     }
 
-    /// Records a batch item that cannot be booked (see `quarantined_items`);
-    /// true the first time an item of this `key` is seen.
-    pub async fn quarantine(
-        &self,
-        provider: &str,
-        transaction_id: Option<&str>,
-        reason: &str,
-        item: &str,
-        key: &str,
-    ) -> Result<bool, Error> {
-        let seen = self
-            .store
-            .quarantine(provider, transaction_id, reason, item, key)
-            .await?;
-        Ok(seen == 1)
-    }
-
-    /// PayPal's API confirmed the body bound to this transmission id (`true`),
-    /// or contradicted it (`false`: the binding is dropped, so the genuine
-    /// body can still take the id).
-    pub async fn settle_transmission(
-        &self,
-        provider: &str,
-        key: &crate::providers::paypal::TransmissionKey,
-        confirmed: bool,
-    ) -> Result<(), Error> {
-        if confirmed {
-            self.store
-                .confirm_transmission(provider, &key.id, &key.body_sha256)
-                .await?;
-        } else {
-            self.store
-                .unbind_transmission(provider, &key.id, &key.body_sha256)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// The row of (provider, transaction_id), as it stands now.
-    pub async fn payment_row(
-        &self,
-        provider: &str,
-        transaction_id: &str,
-    ) -> Result<Option<PaymentRow>, Error> {
-        Ok(self.store.lookup(provider, transaction_id).await?)
-    }
-
-    /// Binds a verified PayPal delivery's transmission id to its body (see
-    /// `store::transmissions`): whether it is new, a retry of the same body,
-    /// or the same headers on another body.
-    pub async fn bind_transmission(
-        &self,
-        provider: &str,
-        key: &crate::providers::paypal::TransmissionKey,
-    ) -> Result<crate::store::transmissions::Transmission, Error> {
-        Ok(self
-            .store
-            .bind_transmission(provider, &key.id, &key.body_sha256, key.expires_at)
-            .await?)
-    }
-
     async fn lookup(&self, ev: &CanonicalEvent) -> Result<Option<PaymentRow>, StoreError> {
         self.store.lookup(&ev.provider, &ev.transaction_id).await
     }

@@ -20,8 +20,8 @@ use super::{
     authenticate, may_write, now_unix, session_cookie, views, Ask, Console, ReplayScope, Shared,
     SignIn,
 };
+use crate::domain::amount::major_units;
 use crate::http::Body;
-use crate::providers::major_units;
 use crate::store::audit::{AuditRun, LastAudit};
 use crate::store::console::{
     Cursor, DeadGroup, EventList, Page, PaymentLine, PaymentSearch, QuarantineSummary,

@@ -13,7 +13,7 @@ use super::pages::{
     encode_segment, AuditView, EventsView, Moment, Overview, PaymentView, RefusalsView, ReplayView,
     SearchView,
 };
-use crate::providers::major_units;
+use crate::domain::amount::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
 use crate::store::inbox::{EventRow, RowView};
 

@@ -1,8 +1,9 @@
 //! THE mapping from what happened to a delivery to what the PSP is told:
 //! status, `result`, `Retry-After`, and (through the provider) the body.
 //!
-//! A processing [`Outcome`], a processing error, an ignored item or a
-//! refused delivery ([`Reject`]) each become one [`Answer`]; a batch's items
+//! What became of an item (its [`Fate`]: a processing [`Outcome`], an
+//! inbox accept, a quarantine, an ignored item, an error) or a refused
+//! delivery ([`Reject`]) each become one [`Answer`]; a batch's items
 //! are folded into the answer of its most serious item; the provider shapes
 //! the body its PSP expects ([`Provider::ack_body`]). 5xx bodies are opaque:
 //! the cause chain goes to the log, never to the client.
@@ -20,9 +21,11 @@ use hyper::{Response, StatusCode};
 use serde_json::json;
 
 use super::Body;
+use crate::delivery::{Fate, Handled};
 use crate::metrics::{RejectReason, WebhookResult};
 use crate::processor::Outcome;
 use crate::providers::{AckBody, Provider, Reject};
+use crate::store::inbox::Accepted;
 
 /// Retry-After for 503s: the provider should come back soon, not hammer.
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -134,8 +137,29 @@ impl Answer {
         }
     }
 
+    /// What became of one item of a delivery.
+    pub fn of_item(item: Handled) -> Answer {
+        let Handled {
+            fate,
+            transaction_id,
+        } = item;
+        let result = |result| Answer {
+            transaction_id: transaction_id.clone(),
+            ..Answer::new(result)
+        };
+        match fate {
+            Fate::Ignored => result(WebhookResult::Ignored),
+            Fate::Quarantined => result(WebhookResult::Quarantined),
+            Fate::Stored(Accepted::New) => result(WebhookResult::Accepted),
+            Fate::Stored(Accepted::Duplicate) => result(WebhookResult::Duplicate),
+            Fate::Stored(Accepted::Mismatch) => result(WebhookResult::PayloadMismatch),
+            Fate::Processed(outcome) => Answer::of_outcome(&outcome, transaction_id),
+            Fate::Unavailable => Answer::unavailable(transaction_id),
+        }
+    }
+
     /// What the processor did with one event.
-    pub fn of_outcome(outcome: &Outcome, transaction_id: String) -> Answer {
+    pub fn of_outcome(outcome: &Outcome, transaction_id: Option<String>) -> Answer {
         let (result, retry_after) = match outcome {
             Outcome::Processed { .. } => (WebhookResult::Processed, None),
             Outcome::Duplicate => (WebhookResult::Duplicate, None),
@@ -156,7 +180,7 @@ impl Answer {
             result,
             retry_after,
             reason,
-            transaction_id: Some(transaction_id),
+            transaction_id,
             token: outcome.token(),
         }
     }

@@ -36,7 +36,7 @@ pub enum Kind {
     Overloaded,
     /// A connection beyond the listener's cap, answered 503 and closed.
     ConnectionRefused,
-    /// What verification needs could not be had (PayPal's certificate did
+    /// What verification needs could not be had (a signing certificate did
     /// not download): answered 503.
     VerificationUnavailable,
     /// A connection the listener could not accept (out of file

@@ -9,19 +9,17 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::log_sample::LogSampler;
+use crate::delivery::Deliveries;
 use crate::health::Health;
-use crate::inbox::Inbox;
 use crate::metrics::Metrics;
-use crate::processor::Processor;
 use crate::providers::Provider;
 
 pub struct State {
     /// The providers by name; replaced whole when SIGHUP re-reads the
     /// providers file (a delivery keeps the provider it looked up).
     providers: RwLock<Arc<HashMap<String, Arc<Provider>>>>,
-    pub processor: Processor,
-    /// Inbox mode: deliveries are accepted here instead of booked.
-    pub inbox: Option<Arc<Inbox>>,
+    /// Where verified items go to be booked (or stored, in inbox mode).
+    pub deliveries: Deliveries,
     pub metrics: Metrics,
     pub health: Arc<Health>,
     /// Largest request body accepted.
@@ -51,8 +49,7 @@ pub struct RequestLimits {
 impl State {
     pub fn new(
         providers: Vec<Provider>,
-        processor: Processor,
-        inbox: Option<Arc<Inbox>>,
+        deliveries: Deliveries,
         metrics: Metrics,
         health: Arc<Health>,
         limits: RequestLimits,
@@ -64,8 +61,7 @@ impl State {
         } = limits;
         State {
             providers: RwLock::new(Arc::new(by_name(providers))),
-            processor,
-            inbox,
+            deliveries,
             metrics,
             health,
             max_body_bytes,

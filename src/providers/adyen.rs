@@ -98,9 +98,9 @@ use super::fields::{
     req_str, Object,
 };
 use super::hmac;
-use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
-use super::scheme::{AckBody, Item, Reject, Scheme, Setup};
-use super::settings::Settings;
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::scheme::{AckBody, Item, Reject, Scheme};
+use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
 /// What Adyen expects as the body of a successful answer: Adyen marks a
@@ -169,19 +169,20 @@ impl Adyen {
 
 impl Scheme for Adyen {
     const NAME: &'static str = "adyen";
-    const SETTINGS: &'static [&'static str] = &["secrets"];
-    const HMAC: bool = true;
+    type Settings = hmac::Table;
     const SIGNATURE_HEADER: Option<&'static str> = None;
     const BATCH: bool = true;
     const PAYMENT_ID: Option<&'static str> = Some("the payment's pspReference");
+    const KEYS: &'static [Key] = &[psp::SECRET];
 
     fn not_taken(setting: &str) -> Option<&'static str> {
         (setting == "tolerance_secs")
             .then_some("adyen notifications carry no signed timestamp; remove the setting")
     }
 
-    fn build(settings: Settings, setup: &mut Setup) -> Result<Adyen, String> {
-        Adyen::new(settings.secrets()).map_err(|e| setup.error("secrets", e))
+    fn build(settings: hmac::Table, setup: &mut Setup) -> Result<Adyen, String> {
+        let secrets = settings.read(setup)?;
+        Adyen::new(&secrets).map_err(|e| setup.error("secrets", e))
     }
 
     fn short_secret(secret: &str) -> Option<String> {
@@ -212,7 +213,7 @@ impl Scheme for Adyen {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        signature(psp.secret()?, "")
+        signature(psp.key(&psp::SECRET)?, "")
             .map(drop)
             .map_err(|e| PspError::new("secret", e))
     }
@@ -230,7 +231,7 @@ impl Scheme for Adyen {
             Some(b) => serde_json::from_str(b).map_err(|e| format!("--body is not JSON: {e}"))?,
             None => batch_of(notice, ts)?,
         };
-        sign_batch(psp.secret()?, &mut batch)?;
+        sign_batch(psp.key(&psp::SECRET)?, &mut batch)?;
         Ok(Delivery {
             body: batch.to_string(),
             content_type: JSON,
@@ -1186,7 +1187,7 @@ mod round_trip {
             ts in 1_000_000_000i64..4_000_000_000,
         ) {
             let scheme = Adyen::new(&[KEY.to_owned()]).unwrap();
-            let psp = TestCredentials { secret: Some(KEY.into()), ..Default::default() };
+            let psp = TestCredentials::new(&[(psp::SECRET, KEY)], None);
             // The item's eventDate.
             let event = CanonicalEvent { occurred_at: at(ts), ..event };
             prop_assert_eq!(round_trip(&scheme, &psp, &event, ts)?, event);

@@ -61,9 +61,9 @@ use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 
 use super::fields::{check_transaction_id, decimal_minor, invalid};
 use super::keys::{RsaPublicKey, RsaSigner};
-use super::psp::{self, Credentials, Delivery, Notice, PspError};
-use super::scheme::{AckBody, Item, Reject, Scheme, SettingError, Setup};
-use super::settings::Settings;
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError};
+use super::scheme::{AckBody, Item, Reject, Scheme};
+use super::setup::{SettingError, Setup};
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// Alipay marks a notification delivered only on exactly this body.
@@ -75,6 +75,22 @@ pub const CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
 const CURRENCY: &str = "CNY";
 /// Suffix of the refund object of a trade (see the module docs).
 pub const REFUND_SUFFIX: &str = ":refund";
+
+/// The application's `app_id`, which the tools put in a notification.
+pub const APP_ID: Key = Key {
+    flag: "app-id",
+    what: "the application's app_id",
+    in_file: true,
+};
+
+/// An `alipay` provider's table.
+#[derive(serde::Deserialize)]
+pub struct Settings {
+    /// The application's `app_id`, which every notification must carry.
+    app_id: Option<String>,
+    /// Files of Alipay's public keys (PEM or bare base64); several: rotation.
+    public_keys: Option<Vec<String>>,
+}
 
 #[derive(Clone)]
 pub struct Alipay {
@@ -146,7 +162,7 @@ impl Alipay {
 
 impl Scheme for Alipay {
     const NAME: &'static str = "alipay";
-    const SETTINGS: &'static [&'static str] = &["app_id", "public_keys"];
+    type Settings = Settings;
     const SIGNATURE_HEADER: Option<&'static str> = None;
     const CURRENCY: &'static str = CURRENCY;
     const SENDS: &'static [EventKind] = &[
@@ -155,17 +171,22 @@ impl Scheme for Alipay {
         EventKind::RefundSucceeded,
     ];
     const PAYMENT_ID: Option<&'static str> = Some("trade_no");
+    const KEYS: &'static [Key] = &[APP_ID];
 
     fn build(settings: Settings, setup: &mut Setup) -> Result<Alipay, String> {
-        Alipay::new(
-            &setup.required(settings.app_id, "app_id", "the application's app_id")?,
-            &setup.required(
-                settings.public_keys,
-                "public_keys",
-                "a list of Alipay public key files",
-            )?,
-        )
-        .map_err(|e| setup.setting(e))
+        let app_id = setup.required(settings.app_id, "app_id", "the application's app_id")?;
+        setup.offer(&APP_ID, &app_id);
+        let files = setup.required(
+            settings.public_keys,
+            "public_keys",
+            "a list of Alipay public key files",
+        )?;
+        let mut keys: Vec<(String, Vec<u8>)> = Vec::with_capacity(files.len());
+        for path in files {
+            let contents = setup.key_file("public_keys", None, &path)?;
+            keys.push((path, contents));
+        }
+        Alipay::new(&app_id, &keys).map_err(|e| setup.setting(e))
     }
 
     fn accepts_content_type(essence: &str) -> bool {
@@ -192,7 +213,7 @@ impl Scheme for Alipay {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        psp.signer().and(psp.app_id()).map(drop)
+        psp.signer().and(psp.key(&APP_ID)).map(drop)
     }
 
     /// A notification built from `notice`, or a form body of your own
@@ -209,7 +230,7 @@ impl Scheme for Alipay {
             Some(b) => {
                 parse_form(b.as_bytes()).map_err(|e| format!("--body is not a form: {e}"))?
             }
-            None => params_of(notice, psp.app_id()?, ts)?,
+            None => params_of(notice, psp.key(&APP_ID)?, ts)?,
         };
         Ok(Delivery {
             body: sign_form(signer, &params),
@@ -962,11 +983,7 @@ mod round_trip {
     static SIDES: LazyLock<(Alipay, TestCredentials)> = LazyLock::new(|| {
         let key = testkeys::public_key_base64(0).into_bytes();
         let scheme = Alipay::new(APP_ID, &[("k".to_owned(), key)]).unwrap();
-        let psp = TestCredentials {
-            signer: Some(testkeys::signer(0)),
-            app_id: Some(APP_ID.into()),
-            ..Default::default()
-        };
+        let psp = TestCredentials::new(&[(super::APP_ID, APP_ID)], Some(testkeys::signer(0)));
         (scheme, psp)
     });
 

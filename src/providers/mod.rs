@@ -6,12 +6,14 @@
 //! # One scheme, one file, one registry line
 //!
 //! Every PSP's scheme implements [`Scheme`] in its own file: the settings it
-//! takes, how a provider of it is built, verification and mapping, the
-//! answer body its PSP reads and, for the tools that play the PSP, the PSP's
-//! side (its body built from a canonical event, signed as the PSP signs).
-//! The registry below lists the schemes once; it makes [`SchemeKind`] and the
-//! one place a configured scheme is dispatched. [`Provider`] is the same for
-//! every scheme: what differs, it asks the scheme.
+//! takes (its own table of the providers file, a serde struct), how a
+//! provider of it is built, verification and mapping, the answer body its
+//! PSP reads and, for the tools that play the PSP, the PSP's side (its body
+//! built from a canonical event, signed as the PSP signs, with the keys it
+//! asks the tools for by name). The registry below lists the schemes once;
+//! it makes [`SchemeKind`] and the one place a configured scheme is
+//! dispatched. [`Provider`] is the same for every scheme: what differs, it
+//! asks the scheme; no file but the scheme's names one of its settings.
 //!
 //! - [`standard`]: Standard Webhooks headers, the generic payload;
 //! - [`stripe`]: `Stripe-Signature`, Stripe events: payments keyed by the
@@ -24,11 +26,14 @@
 //!   one scheme whose verification awaits: [`Provider::accept`] is async).
 //!
 //! Shared: [`scheme`] (the trait, [`Item`], [`Reject`], [`AckBody`]),
-//! [`settings`] (the providers file's settings), [`psp`] (what the PSP side
-//! of every scheme builds with), `file.rs` (the providers file),
-//! `published.rs` (secrets that must never serve), `fields.rs` (strict JSON
-//! readers, exact decimal amounts), `hmac.rs` (the HMAC schemes' check),
-//! [`keys`] (RSA public keys and certificates, the SHA256withRSA check).
+//! `file.rs` (the providers file), [`settings`] (one provider's table read
+//! for its scheme: unknown keys, type errors, the value types schemes
+//! share), [`setup`] (what a scheme builds a provider with: key files,
+//! exposed secrets, warnings), [`psp`] (what the PSP side of every scheme
+//! builds with), `published.rs` (secrets that must never serve), `fields.rs`
+//! (strict JSON readers, exact decimal amounts), `hmac.rs` (the HMAC
+//! schemes' check and tables), [`keys`] (RSA public keys and certificates,
+//! the SHA256withRSA check).
 //!
 //! # What must stay true
 //!
@@ -45,12 +50,13 @@
 //! - What a scheme's PSP side builds, its own verification and mapping read
 //!   back as the canonical event it was built from (each scheme's round-trip
 //!   property test).
-//! - Secrets never leave this module but through [`Provider::first_secret`],
+//! - Secrets never leave this module but through [`Provider::psp_value`],
 //!   which only the tools that play the PSP read (`fencehook send`, `load`):
 //!   [`Provider`]'s `Debug` hides them and no [`Reject`] message contains one.
 
 pub mod adyen;
 pub mod alipay;
+mod fetch;
 mod fields;
 mod file;
 mod hmac;
@@ -61,24 +67,23 @@ pub mod psp;
 mod published;
 pub mod scheme;
 pub mod settings;
+pub mod setup;
 pub mod standard;
 pub mod stripe;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkeys;
 pub mod wechatpay;
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use self::fields::{
-    check_currency, check_transaction_id, major_amount, major_units, minor_unit_exponent,
-};
+pub use self::fields::{check_currency, check_transaction_id};
 pub use self::file::load_file;
-pub use self::scheme::{AckBody, Item, Reject, Scheme, Spec};
-use self::scheme::{Setup, TransmissionKey};
-pub use self::settings::{
-    Settings, DEFAULT_TOLERANCE_SECS, MAX_TOLERANCE_SECS, TOLERANCE_WARN_SECS,
-};
+use self::psp::Key;
+pub use self::scheme::{AckBody, Item, Reject, Scheme, Spec, TransmissionKey};
+pub use self::settings::SettingErrors;
+use self::setup::Setup;
 
 /// Makes the registry's types from its list: [`SchemeKind`] (a scheme before
 /// any provider of it is configured) and `Configured` (a configured
@@ -104,11 +109,11 @@ macro_rules! registry {
                 }
             }
 
-            /// A provider's scheme from its settings (see [`Scheme::build`]).
-            fn build(self, settings: Settings, setup: &mut Setup) -> Result<Configured, String> {
+            /// A provider's scheme from its table (see [`Scheme::build`]).
+            fn build(self, table: toml::Table, setup: &mut Setup) -> Result<Configured, SettingErrors> {
                 match self {
                     $(SchemeKind::$kind => {
-                        <$scheme as Scheme>::build(settings, setup).map(Configured::$kind)
+                        settings::build::<$scheme>(table, setup).map(Configured::$kind)
                     })+
                 }
             }
@@ -169,8 +174,7 @@ macro_rules! registry {
 
 // The registry: every scheme, once. A scheme of its own is a file (or a
 // folder) implementing `Scheme`, its `mod` line above, and one line here.
-// The order is the order of `SchemeKind::ALL`, of the choices in messages
-// and of the settings listed for an unknown one.
+// The order is the order of `SchemeKind::ALL` and of the choices in messages.
 registry! {
     Standard => standard::Standard,
     Stripe => stripe::Stripe,
@@ -186,12 +190,6 @@ impl SchemeKind {
         self.spec().name
     }
 
-    /// Whether the scheme signs with HMAC secrets (all it needs is
-    /// `secrets`), rather than with RSA keys of its own settings.
-    pub fn is_hmac(self) -> bool {
-        self.spec().hmac
-    }
-
     /// `standard | stripe | adyen | …`, for messages.
     pub fn choices() -> String {
         SchemeKind::ALL
@@ -199,18 +197,6 @@ impl SchemeKind {
             .map(|s| s.as_str())
             .collect::<Vec<_>>()
             .join(" | ")
-    }
-
-    /// Every setting some scheme takes, in the registry's order: what a
-    /// `[providers.<name>]` table may hold besides `scheme`.
-    pub fn every_setting() -> Vec<&'static str> {
-        let mut all: Vec<&'static str> = Vec::new();
-        for setting in SchemeKind::ALL.iter().flat_map(|k| k.spec().settings) {
-            if !all.contains(setting) {
-                all.push(setting);
-            }
-        }
-        all
     }
 }
 
@@ -237,17 +223,9 @@ pub struct Provider {
     /// refused at start unless development is said (see [`Provider::exposures`]).
     exposures: Vec<String>,
     /// What a sender playing this provider's PSP signs with, as the file
-    /// names it: the scheme's own types keep only the decoded keys.
-    psp_side: PspSide,
-}
-
-/// The settings of a provider's table that its PSP signs or shapes
-/// deliveries with (see [`Provider::first_secret`]).
-#[derive(Clone, Default)]
-struct PspSide {
-    first_secret: Option<String>,
-    app_id: Option<String>,
-    webhook_id: Option<String>,
+    /// gives it, by the flag of its [`Key`]: the scheme's own types keep
+    /// only the decoded keys.
+    psp_side: Vec<(&'static str, String)>,
 }
 
 impl std::fmt::Debug for Provider {
@@ -291,95 +269,73 @@ impl Provider {
         &self.exposures
     }
 
-    /// One provider of an HMAC scheme (standard, stripe, adyen): its
-    /// secrets and tolerance. Errors name the provider and the field:
-    /// `provider `shop`: secrets: ...`.
+    /// One provider of a scheme whose settings are its HMAC keys and
+    /// timestamp window in seconds (standard, stripe; adyen without a
+    /// window). Errors name the provider and the field.
     pub fn new(
         name: &str,
         scheme: SchemeKind,
-        secrets: &[String],
-        tolerance_secs: Option<u64>,
+        hmac_keys: &[String],
+        window_secs: Option<u64>,
     ) -> Result<Provider, String> {
-        Provider::with_settings(
-            name,
-            scheme,
-            Settings {
-                secrets: Some(secrets.to_vec()),
-                tolerance_secs,
-                ..Settings::default()
-            },
-        )
+        let table = hmac::table(hmac_keys, window_secs);
+        Provider::build(name, scheme, table, Path::new(".")).map_err(String::from)
     }
 
-    /// One provider, as a `[providers.<name>]` table describes it. Errors name
-    /// the provider and the field: `provider `shop`: secrets: ...`. What
-    /// every scheme shares is checked here (the name, settings the scheme
-    /// does not take, `secrets` and `tolerance_secs`); the rest is the
-    /// scheme's [`Scheme::build`].
-    pub fn with_settings(
+    /// One provider, as its `[providers.<name>]` table describes it: its
+    /// `scheme`, then the settings that scheme takes, read by the scheme
+    /// ([`Scheme::Settings`]). Key files are read relative to `dir`. Errors
+    /// name the provider and the field: `provider `shop`: <field>: ...`.
+    pub fn from_table(
+        name: &str,
+        mut table: toml::Table,
+        dir: &Path,
+    ) -> Result<Provider, SettingErrors> {
+        let error = |why: String| SettingErrors::one(format!("provider `{name}`: scheme: {why}"));
+        let kind = match table.remove("scheme") {
+            Some(toml::Value::String(s)) => s.parse::<SchemeKind>().map_err(error)?,
+            Some(_) => {
+                return Err(error(format!(
+                    "must be a string ({})",
+                    SchemeKind::choices()
+                )))
+            }
+            None => return Err(error(format!("required ({})", SchemeKind::choices()))),
+        };
+        Provider::build(name, kind, table, dir)
+    }
+
+    /// A provider of scheme `kind` from the rest of its table.
+    fn build(
         name: &str,
         kind: SchemeKind,
-        settings: Settings,
-    ) -> Result<Provider, String> {
-        let field = |field: &str, e: String| format!("provider `{name}`: {field}: {e}");
+        table: toml::Table,
+        dir: &Path,
+    ) -> Result<Provider, SettingErrors> {
         if name.is_empty()
             || !name
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
         {
-            return Err(format!("provider `{name}`: name must be [a-z0-9_-]+"));
+            return Err(SettingErrors::one(format!(
+                "provider `{name}`: name must be [a-z0-9_-]+"
+            )));
         }
-        let spec = kind.spec();
-        let takes = spec.settings;
-        if let Some(other) = settings.given().into_iter().find(|s| !takes.contains(s)) {
-            let why = match spec.not_taken(other) {
-                Some(why) => why.to_owned(),
-                None => format!(
-                    "not a setting of scheme {} (it takes {})",
-                    spec.name,
-                    takes.join(", ")
-                ),
-            };
-            return Err(field(other, why));
-        }
-        let psp_side = PspSide {
-            first_secret: settings.secrets().first().cloned(),
-            app_id: settings.app_id.clone(),
-            webhook_id: settings.webhook_id.clone(),
-        };
-        let exposures = published::exposures(name, kind, &settings);
-        if takes.contains(&"secrets") && settings.secrets().is_empty() {
-            return Err(field("secrets", "at least one secret is required".into()));
-        }
-        if settings.tolerance_secs == Some(0) {
-            return Err(field("tolerance_secs", "must be above 0".into()));
-        }
-        if let Some(t) = settings.tolerance_secs.filter(|t| *t > MAX_TOLERANCE_SECS) {
-            return Err(field(
-                "tolerance_secs",
-                format!("{t} is above {MAX_TOLERANCE_SECS} (100 years)"),
-            ));
-        }
-        let tolerance = settings.tolerance();
-        let mut setup = Setup::new(name, unix_now());
-        let scheme = kind.build(settings, &mut setup)?;
-        let mut warnings = setup.into_warnings();
-        if tolerance > TOLERANCE_WARN_SECS && takes.contains(&"tolerance_secs") {
-            warnings.push(format!(
-                "provider `{name}`: tolerance_secs = {tolerance}: signed deliveries stay replayable for that long (keep it at most {TOLERANCE_WARN_SECS} in production)"
-            ));
-        }
+        let short_secret = |secret: &str| kind.spec().short_secret(secret);
+        let mut setup = Setup::new(name, dir, unix_now(), &short_secret);
+        let scheme = kind.build(table, &mut setup)?;
+        let found = setup.into_found();
         Ok(Provider {
             name: name.to_owned(),
             scheme,
-            warnings,
-            exposures,
-            psp_side,
+            warnings: found.warnings,
+            exposures: found.exposures,
+            psp_side: found.psp_side,
         })
     }
 
     /// Every provider of a providers file's text.
-    pub fn from_toml_str(text: &str) -> Result<Vec<Provider>, String> {
+    pub fn from_toml_str(text: &str) -> Result<Vec<Provider>, SettingErrors> {
         file::parse(text)
     }
 
@@ -391,24 +347,15 @@ impl Provider {
         self.scheme().spec()
     }
 
-    /// The first of `secrets`, as written: the key a PSP signs new deliveries
-    /// with (standard, stripe, adyen) or encrypts their resource with
-    /// (wechatpay's APIv3 key); the others verify during a rotation. For the
-    /// tools that play the PSP (`fencehook send`, `load`); the service never
-    /// reads it back. `None` for the schemes without secrets.
-    pub fn first_secret(&self) -> Option<&str> {
-        self.psp_side.first_secret.as_deref()
-    }
-
-    /// alipay: the `app_id` a notification must carry. `None` for other schemes.
-    pub fn app_id(&self) -> Option<&str> {
-        self.psp_side.app_id.as_deref()
-    }
-
-    /// paypal: the `webhook_id` that is part of what PayPal signs. `None`
-    /// for other schemes.
-    pub fn webhook_id(&self) -> Option<&str> {
-        self.psp_side.webhook_id.as_deref()
+    /// What this provider's table gives of `key`, as written (what its
+    /// scheme offered while the provider was built, `Setup::offer`): what
+    /// the tools that play its PSP (`fencehook send`, `load`) sign with when
+    /// no flag gives it. The service never reads it back.
+    pub fn psp_value(&self, key: &Key) -> Option<&str> {
+        self.psp_side
+            .iter()
+            .find(|(flag, _)| *flag == key.flag)
+            .map(|(_, value)| value.as_str())
     }
 
     /// Whether a delivery carries the header its signature is read from, for
@@ -488,26 +435,24 @@ impl Provider {
         self.scheme.accept(&self.name, headers, body, now).await
     }
 
-    /// PayPal: the transmission id of a delivery whose signature verified,
-    /// to be bound to its body (see `paypal`'s docs: PayPal signs only the
-    /// CRC-32 of the body). `None` for the other schemes.
-    pub fn paypal_transmission(
-        &self,
-        headers: &http::HeaderMap,
-        body: &[u8],
-    ) -> Option<TransmissionKey> {
+    /// The transmission id of a delivery whose signature verified, to be
+    /// bound to its body, for a scheme whose signature does not cover the
+    /// body well (PayPal's covers only its CRC-32; see `paypal`'s docs).
+    /// `None` for the other schemes.
+    pub fn transmission(&self, headers: &http::HeaderMap, body: &[u8]) -> Option<TransmissionKey> {
         self.scheme.transmission(headers, body)
     }
 
-    /// PayPal with `confirm = "api"`: checks what the delivery mapped to
-    /// against PayPal's API. Ok for every other provider.
-    pub async fn paypal_confirm(&self, body: &[u8], item: &Item) -> Result<(), Reject> {
-        self.scheme.confirm(&self.name, body, item).await
+    /// Whether deliveries are confirmed with the PSP's API before booking
+    /// (PayPal with `confirm = "api"`).
+    pub fn confirms(&self) -> bool {
+        self.scheme.confirms()
     }
 
-    /// Whether deliveries are confirmed with PayPal's API before booking.
-    pub fn paypal_confirms(&self) -> bool {
-        self.scheme.confirms()
+    /// Checks what the delivery mapped to against the PSP's API, when the
+    /// provider [`confirms`](Provider::confirms). Ok for every other provider.
+    pub async fn confirm(&self, body: &[u8], item: &Item) -> Result<(), Reject> {
+        self.scheme.confirm(&self.name, body, item).await
     }
 
     /// PayPal: puts a certificate in the provider's cache as if fetched from
@@ -527,7 +472,7 @@ pub(crate) mod testing {
     use serde_json::Value;
 
     use super::keys::RsaSigner;
-    use super::psp::{Credentials, Delivery, Notice, PspError};
+    use super::psp::{Credentials, Delivery, Key, Notice, PspError};
     use super::{Item, Reject, Scheme};
     use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
@@ -635,52 +580,33 @@ pub(crate) mod testing {
     }
 
     /// Credentials a test hands a scheme's PSP side directly.
-    #[derive(Default)]
     pub(crate) struct TestCredentials {
-        pub secret: Option<String>,
-        pub signer: Option<RsaSigner>,
-        pub serial: Option<String>,
-        pub apiv3_key: Option<String>,
-        pub app_id: Option<String>,
-        pub webhook_id: Option<String>,
-        pub cert_url: Option<String>,
+        keys: Vec<(Key, String)>,
+        signer: Option<RsaSigner>,
+    }
+
+    impl TestCredentials {
+        /// Giving each of `keys` its value, and signing with `signer`.
+        pub(crate) fn new(keys: &[(Key, &str)], signer: Option<RsaSigner>) -> TestCredentials {
+            TestCredentials {
+                keys: keys.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+                signer,
+            }
+        }
     }
 
     impl Credentials for TestCredentials {
-        fn secret(&self) -> Result<&str, PspError> {
-            self.secret
-                .as_deref()
-                .ok_or_else(|| PspError::new("secret", "none"))
+        fn key(&self, key: &Key) -> Result<&str, PspError> {
+            self.keys
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+                .ok_or_else(|| PspError::new(key.flag, "none"))
         }
         fn signer(&self) -> Result<&RsaSigner, PspError> {
             self.signer
                 .as_ref()
                 .ok_or_else(|| PspError::new("private-key", "none"))
-        }
-        fn serial(&self) -> Result<&str, PspError> {
-            self.serial
-                .as_deref()
-                .ok_or_else(|| PspError::new("serial", "none"))
-        }
-        fn apiv3_key(&self) -> Result<&str, PspError> {
-            self.apiv3_key
-                .as_deref()
-                .ok_or_else(|| PspError::new("apiv3-key", "none"))
-        }
-        fn app_id(&self) -> Result<&str, PspError> {
-            self.app_id
-                .as_deref()
-                .ok_or_else(|| PspError::new("app-id", "none"))
-        }
-        fn webhook_id(&self) -> Result<&str, PspError> {
-            self.webhook_id
-                .as_deref()
-                .ok_or_else(|| PspError::new("webhook-id", "none"))
-        }
-        fn cert_url(&self) -> Result<&str, PspError> {
-            self.cert_url
-                .as_deref()
-                .ok_or_else(|| PspError::new("cert-url", "none"))
         }
     }
 
@@ -743,19 +669,19 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use serde_json::json;
 
     use super::*;
 
     #[test]
     fn providers_file_errors_name_provider_and_field() {
-        let err =
-            file::parse("[providers.shop]\nscheme = \"standard\"\nsecrets = []\n").unwrap_err();
+        let err = file::parse("[providers.shop]\nscheme = \"standard\"\nsecrets = []\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("shop") && err.contains("secrets"), "{err}");
         let err = file::parse("[providers.shop]\nscheme = \"standard\"\nsecrets = [\"nope\"]\n")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("shop") && err.contains("secrets"), "{err}");
         let ok = file::parse(
             "[providers.shop]\nscheme = \"standard\"\nsecrets = [\"whsec_c2VjcmV0LWtleS1vbGQ=\", \"whsec_c2VjcmV0LWtleS1uZXc=\"]\ntolerance_secs = 60\n",
@@ -777,8 +703,8 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            err,
-            "provider `s`: tolerance: unknown setting (expected scheme, secrets, tolerance_secs, platform_keys, app_id, public_keys, webhook_id, cert_url_prefixes, max_age_secs, future_skew_secs, confirm, api_url, client_id, client_secret)"
+            err.lines(),
+            ["provider `s`: tolerance: not a setting of scheme stripe; did you mean tolerance_secs? (it takes secrets, tolerance_secs)"]
         );
         let refund = psp::Notice {
             transaction_id: "re_1".into(),
@@ -841,7 +767,7 @@ secrets = ["{ADYEN_KEY}"]
     #[test]
     fn every_providers_file_error_is_one_line_naming_provider_and_field() {
         for (text, field) in [
-            ("[providers.s]\nscheme = \"square\"\nsecrets = [\"x\"]", "scheme"),
+            ("[providers.s]\nscheme = \"not-a-scheme\"\nsecrets = [\"x\"]", "scheme"),
             ("[providers.s]\nsecrets = [\"x\"]", "scheme"),
             ("[providers.s]\nscheme = 5\nsecrets = [\"x\"]", "scheme"),
             ("[providers.s]\nscheme = \"stripe\"", "secrets"),
@@ -868,7 +794,7 @@ secrets = ["{ADYEN_KEY}"]
         ] {
             let err = file::parse(text).unwrap_err();
             assert!(
-                err.starts_with(&format!("provider `s`: {field}:")) && !err.contains('\n'),
+                matches!(err.lines(), [line] if line.starts_with(&format!("provider `s`: {field}:")) && !line.contains('\n')),
                 "{text}: {err}"
             );
         }
@@ -887,36 +813,32 @@ secrets = ["{ADYEN_KEY}"]
 
     /// One provider of every scheme, the RSA ones with test keys.
     fn every_scheme() -> Vec<Provider> {
-        let key = testkeys::public_key_pem(0).into_bytes();
-        let rsa = |scheme, settings| Provider::with_settings("r", scheme, settings).unwrap();
-        vec![
+        let key = testkeys::public_key_pem(0);
+        let mut all = vec![
             Provider::generic("whsec_c2VjcmV0LWtleS1vbGQ=").unwrap(),
             Provider::new("s", SchemeKind::Stripe, &["whsec_x".into()], None).unwrap(),
             Provider::new("a", SchemeKind::Adyen, &[ADYEN_KEY.into()], None).unwrap(),
-            rsa(
-                SchemeKind::WechatPay,
-                Settings {
-                    secrets: Some(vec!["0123456789abcdef0123456789abcdef".into()]),
-                    platform_keys: Some(BTreeMap::from([("PUB_KEY_ID_1".into(), key.clone())])),
-                    ..Settings::default()
-                },
-            ),
-            rsa(
-                SchemeKind::Alipay,
-                Settings {
-                    app_id: Some("2021000000000000".into()),
-                    public_keys: Some(vec![("k".into(), key)]),
-                    ..Settings::default()
-                },
-            ),
-            rsa(
-                SchemeKind::Paypal,
-                Settings {
-                    webhook_id: Some("WH-1".into()),
-                    ..Settings::default()
-                },
-            ),
-        ]
+        ];
+        let rsa = testkeys::providers_file(
+            r#"
+[providers.w]
+scheme = "wechatpay"
+secrets = ["0123456789abcdef0123456789abcdef"]
+platform_keys = { PUB_KEY_ID_1 = "key.pem" }
+
+[providers.alipay]
+scheme = "alipay"
+app_id = "2021000000000000"
+public_keys = ["key.pem"]
+
+[providers.p]
+scheme = "paypal"
+webhook_id = "WH-1"
+"#,
+            &[("key.pem", key.as_bytes())],
+        );
+        all.extend(rsa.unwrap());
+        all
     }
 
     #[test]
@@ -968,10 +890,10 @@ cert_url_prefixes = ["https://api.paypal.com/"]
         );
         // A missing file and a certificate under another serial name their field.
         std::fs::write(&path, text.replace("keys/alipay.txt", "keys/missing.txt")).unwrap();
-        let err = load_file(&path).unwrap_err();
+        let err = load_file(&path).unwrap_err().to_string();
         assert!(err.contains("provider `alipay`: public_keys:"), "{err}");
         std::fs::write(&path, text.replace(serial, "ABCDEF")).unwrap();
-        let err = load_file(&path).unwrap_err();
+        let err = load_file(&path).unwrap_err().to_string();
         assert!(
             err.contains("provider `wechat`: platform_keys: ABCDEF:"),
             "{err}"
@@ -1030,62 +952,77 @@ cert_url_prefixes = ["https://api.paypal.com/"]
 
     #[test]
     fn rsa_schemes_take_only_their_own_settings() {
-        let key = testkeys::public_key_pem(0).into_bytes();
-        let err = |scheme, settings| Provider::with_settings("p", scheme, settings).unwrap_err();
-        let e = err(
-            SchemeKind::Alipay,
-            Settings {
-                app_id: Some("2021000000000000".into()),
-                public_keys: Some(vec![("k".into(), key.clone())]),
-                secrets: Some(vec!["x".into()]),
-                ..Settings::default()
-            },
-        );
+        let key = testkeys::public_key_pem(0);
+        let err = |table: &str| {
+            let text = format!("[providers.p]\n{table}");
+            let errors =
+                testkeys::providers_file(&text, &[("key.pem", key.as_bytes())]).unwrap_err();
+            assert_eq!(errors.lines().len(), 1, "{errors}");
+            errors.lines()[0].clone()
+        };
+        let e = err("scheme = \"alipay\"\napp_id = \"2021000000000000\"\npublic_keys = [\"key.pem\"]\nsecrets = [\"x\"]");
         assert!(
-            e.starts_with("provider `p`: secrets: not a setting of scheme alipay"),
+            e.starts_with("provider `p`: secrets: not a setting of scheme alipay (it takes app_id, public_keys)"),
             "{e}"
         );
-        let e = err(SchemeKind::Alipay, Settings::default());
+        let e = err("scheme = \"alipay\"");
         assert!(e.starts_with("provider `p`: app_id: required"), "{e}");
-        let e = err(SchemeKind::Paypal, Settings::default());
+        let e = err("scheme = \"paypal\"");
         assert!(e.starts_with("provider `p`: webhook_id: required"), "{e}");
-        let e = err(
-            SchemeKind::WechatPay,
-            Settings {
-                secrets: Some(vec!["0123456789abcdef0123456789abcdef".into()]),
-                ..Settings::default()
-            },
-        );
+        let e = err("scheme = \"wechatpay\"\nsecrets = [\"0123456789abcdef0123456789abcdef\"]");
         assert!(
             e.starts_with("provider `p`: platform_keys: required"),
             "{e}"
         );
-        let e = err(
-            SchemeKind::Stripe,
-            Settings {
-                secrets: Some(vec!["whsec_x".into()]),
-                webhook_id: Some("WH-1".into()),
-                ..Settings::default()
-            },
-        );
+        let e = err("scheme = \"stripe\"\nsecrets = [\"whsec_x\"]\nwebhook_id = \"WH-1\"");
         assert!(
             e.starts_with("provider `p`: webhook_id: not a setting"),
             "{e}"
         );
-        let local = Provider::with_settings(
-            "p",
-            SchemeKind::Paypal,
-            Settings {
-                webhook_id: Some("WH-1".into()),
-                cert_url_prefixes: Some(vec!["http://127.0.0.1:9/".into()]),
-                ..Settings::default()
-            },
+        let local = Provider::from_toml_str(
+            "[providers.p]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\ncert_url_prefixes = [\"http://127.0.0.1:9/\"]",
         )
         .unwrap();
         assert!(
-            local.warnings()[0].contains("http://"),
+            local[0].warnings()[0].contains("http://"),
             "{:?}",
-            local.warnings()
+            local[0].warnings()
+        );
+    }
+
+    #[test]
+    fn every_provider_of_a_file_and_every_unknown_key_is_reported_in_one_read() {
+        let errors = file::parse(
+            r#"
+[extra]
+[providers.a]
+scheme = "stripe"
+secrets = ["whsec_x"]
+tolerence_secs = 60
+webhook = "x"
+
+[providers.b]
+scheme = "stripe"
+
+[providers.c]
+scheme = "stripe"
+secrets = ["whsec_x"]
+"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            errors.lines(),
+            [
+                "`extra`: unknown table; providers go in [providers.<name>]",
+                "provider `a`: tolerence_secs: not a setting of scheme stripe; did you mean tolerance_secs? (it takes secrets, tolerance_secs)",
+                "provider `a`: webhook: not a setting of scheme stripe (it takes secrets, tolerance_secs)",
+                "provider `b`: secrets: required (a list of strings)",
+            ]
+        );
+        let syntax = file::parse("[providers.a]\nscheme = stripe\n").unwrap_err();
+        assert!(
+            syntax.lines()[0].starts_with("not TOML: line 2, column 10: "),
+            "{syntax}"
         );
     }
 

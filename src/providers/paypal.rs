@@ -76,25 +76,26 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use super::fetch::{check_base, Fetcher};
 use super::fields::{
-    self, check_currency, check_transaction_id, decimal_minor, invalid, minor_unit_exponent, opt,
-    opt_str, req_object, req_str, signed_header, Object,
+    self, check_currency, check_transaction_id, decimal_minor, invalid, opt, opt_str, req_object,
+    req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaSigner};
-use super::paypal_api::{ApiConfirm, ApiSettings, DEFAULT_API_URL};
-use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
+use super::paypal_api::{Api, ApiSettings, DEFAULT_API_URL};
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
 pub use super::scheme::TransmissionKey;
-use super::scheme::{Item, Reject, Scheme, SettingError, Setup};
-use super::settings::Settings;
+use super::scheme::{Item, Reject, Scheme};
+use super::setup::{SettingError, Setup};
+use crate::domain::amount::minor_unit_exponent;
 use crate::domain::{CanonicalEvent, EventKind};
-use crate::outbound::{self, HttpsClient};
 
 pub const TRANSMISSION_ID_HEADER: &str = "paypal-transmission-id";
 pub const TRANSMISSION_TIME_HEADER: &str = "paypal-transmission-time";
@@ -154,6 +155,41 @@ impl Default for Window {
 pub const CONFIRM_OFFLINE: &str = "offline";
 pub const CONFIRM_API: &str = "api";
 
+/// The provider's webhook id, which the tools sign into a delivery.
+pub const WEBHOOK_ID: Key = Key {
+    flag: "webhook-id",
+    what: "the provider's webhook id, part of what PayPal signs",
+    in_file: true,
+};
+
+/// `PAYPAL-CERT-URL` of what the tools sign: where the service fetches the
+/// certificate of their private key.
+pub const CERT_URL: Key = Key {
+    flag: "cert-url",
+    what: "PAYPAL-CERT-URL, where the service fetches the certificate of --private-key",
+    in_file: false,
+};
+
+/// A `paypal` provider's table.
+#[derive(serde::Deserialize)]
+pub struct Settings {
+    /// The webhook's id at PayPal: part of what PayPal signs.
+    webhook_id: Option<String>,
+    /// Where a certificate may be fetched from (default
+    /// [`DEFAULT_CERT_URL_PREFIXES`]).
+    cert_url_prefixes: Option<Vec<String>>,
+    /// How old a transmission time may be (default 3 days).
+    max_age_secs: Option<u64>,
+    /// How far ahead of the clock a transmission time may be.
+    future_skew_secs: Option<u64>,
+    /// [`CONFIRM_OFFLINE`] (the default) or [`CONFIRM_API`].
+    confirm: Option<String>,
+    /// With `confirm = "api"`: the REST API's base URL and the app's credentials.
+    api_url: Option<String>,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+}
+
 type Cell = Arc<OnceCell<Arc<CertificateInfo>>>;
 
 #[derive(Clone)]
@@ -162,10 +198,10 @@ pub struct Paypal {
     prefixes: Vec<String>,
     window: Window,
     cache: Arc<CertCache>,
-    fetches: Arc<Semaphore>,
-    client: HttpsClient,
+    /// The certificate fetches, bounded ([`MAX_CONCURRENT_FETCHES`] at once).
+    fetcher: Arc<Fetcher>,
     /// `confirm = "api"`: each new event is fetched from PayPal's API first.
-    confirm: Option<Arc<ApiConfirm>>,
+    confirm: Option<Arc<Api>>,
 }
 
 /// The certificates of one provider, by URL.
@@ -340,22 +376,25 @@ impl Paypal {
             ));
         }
         for p in &prefixes {
-            check_prefix(p).map_err(|e| ("cert_url_prefixes", format!("{p}: {e}")))?;
+            check_base(p).map_err(|e| ("cert_url_prefixes", format!("{p}: {e}")))?;
         }
         Ok(Paypal {
             webhook_id: webhook_id.to_owned(),
             prefixes,
             window,
             cache: Arc::default(),
-            fetches: Arc::new(Semaphore::new(MAX_CONCURRENT_FETCHES)),
+
             confirm: None,
-            client: outbound::https(FETCH_TIMEOUT).map_err(|e| ("cert_url_prefixes", e))?,
+            fetcher: Arc::new(
+                Fetcher::new(MAX_CONCURRENT_FETCHES, FETCH_TIMEOUT, MAX_CERT_BYTES)
+                    .map_err(|e| ("cert_url_prefixes", e))?,
+            ),
         })
     }
 
     /// Turns on the fetch-to-confirm mode (`confirm = "api"`, see `paypal_api`).
     pub fn with_api_confirm(mut self, settings: ApiSettings) -> Result<Paypal, SettingError> {
-        self.confirm = Some(Arc::new(ApiConfirm::new(settings)?));
+        self.confirm = Some(Arc::new(Api::new(settings)?));
         Ok(self)
     }
 
@@ -439,8 +478,8 @@ impl Paypal {
                 }
                 // Not waited for: a delivery that would queue behind other
                 // fetches is answered 503 at once (PayPal retries).
-                let _slot = self.fetches.try_acquire().map_err(|_| FetchError::Busy)?;
-                fetch(&self.client, url).await.map_err(FetchError::Failed)
+                let _slot = self.fetcher.try_slot().ok_or(FetchError::Busy)?;
+                fetch(&self.fetcher, url).await.map_err(FetchError::Failed)
             })
             .await
             .cloned();
@@ -477,16 +516,7 @@ impl Paypal {
 
 impl Scheme for Paypal {
     const NAME: &'static str = "paypal";
-    const SETTINGS: &'static [&'static str] = &[
-        "webhook_id",
-        "cert_url_prefixes",
-        "max_age_secs",
-        "future_skew_secs",
-        "confirm",
-        "api_url",
-        "client_id",
-        "client_secret",
-    ];
+    type Settings = Settings;
     const SIGNATURE_HEADER: Option<&'static str> = Some(TRANSMISSION_SIG_HEADER);
     const SENDS: &'static [EventKind] = &[
         EventKind::PaymentSucceeded,
@@ -496,15 +526,18 @@ impl Scheme for Paypal {
     ];
     const DELIVERY_ID_PREFIX: &'static str = "WH-";
     const PAYMENT_ID: Option<&'static str> = Some("the capture id");
+    const KEYS: &'static [Key] = &[WEBHOOK_ID, CERT_URL];
 
     fn build(settings: Settings, setup: &mut Setup) -> Result<Paypal, String> {
         let api = (settings.api_url, settings.client_id, settings.client_secret);
+        let webhook_id = setup.required(
+            settings.webhook_id,
+            "webhook_id",
+            "the webhook's id at PayPal",
+        )?;
+        setup.offer(&WEBHOOK_ID, &webhook_id);
         let p = Paypal::new(
-            &setup.required(
-                settings.webhook_id,
-                "webhook_id",
-                "the webhook's id at PayPal",
-            )?,
+            &webhook_id,
             settings.cert_url_prefixes.as_deref(),
             Window {
                 max_age_secs: settings.max_age_secs.unwrap_or(DEFAULT_MAX_AGE_SECS),
@@ -598,7 +631,7 @@ impl Scheme for Paypal {
     /// against PayPal's API; nothing to do otherwise.
     async fn confirm(&self, provider: &str, body: &[u8], item: &Item) -> Result<(), Reject> {
         match &self.confirm {
-            Some(c) => c.confirm(provider, body, item).await,
+            Some(api) => confirm_with(api, provider, body, item).await,
             None => Ok(()),
         }
     }
@@ -610,8 +643,8 @@ impl Scheme for Paypal {
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
         psp.signer()
-            .and(psp.webhook_id())
-            .and(psp.cert_url())
+            .and(psp.key(&WEBHOOK_ID))
+            .and(psp.key(&CERT_URL))
             .map(drop)
     }
 
@@ -624,8 +657,8 @@ impl Scheme for Paypal {
         delivery_id: &str,
         ts: i64,
     ) -> Result<Delivery, String> {
-        let webhook_id = psp.webhook_id()?;
-        let cert_url = psp.cert_url()?;
+        let webhook_id = psp.key(&WEBHOOK_ID)?;
+        let cert_url = psp.key(&CERT_URL)?;
         let signer = psp.signer()?;
         let body = match body {
             Some(b) => b.to_owned(),
@@ -648,29 +681,7 @@ impl Scheme for Paypal {
     }
 }
 
-/// A prefix must be `http(s)://host[:port]/…`: ending the host with `/`
-/// pins it (`https://api.paypal.com` alone would let
-/// `https://api.paypal.com.example/` through).
-pub(super) fn check_prefix(prefix: &str) -> Result<(), String> {
-    let rest = prefix
-        .strip_prefix("https://")
-        .or_else(|| prefix.strip_prefix("http://"))
-        .ok_or("must start with https:// (or http:// for a local test server)")?;
-    let host_end = rest
-        .find('/')
-        .ok_or("must end the host with / (e.g. https://api.paypal.com/)")?;
-    let host = &rest[..host_end];
-    if host.is_empty()
-        || !host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
-    {
-        return Err("the host is not a plain host name (no user, no odd characters)".into());
-    }
-    Ok(())
-}
-
-async fn fetch(client: &HttpsClient, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
+async fn fetch(fetcher: &Fetcher, url: &str) -> Result<Arc<CertificateInfo>, Reject> {
     let unavailable = |why: String| Reject::Unavailable(format!("PAYPAL-CERT-URL: {why}"));
     let uri: http::Uri = url
         .parse()
@@ -679,26 +690,73 @@ async fn fetch(client: &HttpsClient, url: &str) -> Result<Arc<CertificateInfo>, 
         .header(http::header::USER_AGENT, "fencehook")
         .body(Full::new(Bytes::new()))
         .map_err(|e| unavailable(e.to_string()))?;
-    let body = tokio::time::timeout(FETCH_TIMEOUT, async {
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|e| unavailable(crate::report::chain(&e)))?;
-        if resp.status() != http::StatusCode::OK {
-            return Err(unavailable(format!("answered {}", resp.status())));
-        }
-        Limited::new(resp.into_body(), MAX_CERT_BYTES)
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .map_err(|e| unavailable(format!("reading the certificate: {e}")))
-    })
-    .await
-    .map_err(|_| unavailable(format!("no answer within {FETCH_TIMEOUT:?}")))??;
+    let (status, body) = fetcher.call(req).await.map_err(unavailable)?;
+    if status != http::StatusCode::OK {
+        return Err(unavailable(format!("answered {status}")));
+    }
     let cert = CertificateInfo::parse(&body).map_err(|e| {
         Reject::Unauthorized(format!("PAYPAL-CERT-URL serves no usable certificate: {e}"))
     })?;
     Ok(Arc::new(cert))
+}
+
+/// In the fetch-to-confirm mode: the delivered event, fetched by its id from
+/// PayPal's API, must map to exactly what was delivered (`delivered`, what
+/// `body` mapped to): the same event id and `event_type`, and the same
+/// resource id, amount, currency and parent capture. Unauthorized when
+/// PayPal knows no such event or knows it otherwise; unavailable when
+/// PayPal's API could not be asked.
+async fn confirm_with(
+    api: &Api,
+    provider: &str,
+    body: &[u8],
+    delivered: &Item,
+) -> Result<(), Reject> {
+    let delivered_json: Value = serde_json::from_slice(body)
+        .map_err(|_| Reject::Invalid("body must be a JSON object".into()))?;
+    let id = delivered_json
+        .get("id")
+        .and_then(Value::as_str)
+        .filter(|id| {
+            !id.is_empty()
+                && id.len() <= 64
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+        .ok_or_else(|| {
+            Reject::Unauthorized("the event has no id PayPal's API could be asked for".into())
+        })?;
+    let fetched = api.event(id).await?;
+    let fetched_json: Value = serde_json::from_slice(&fetched).map_err(|_| {
+        Reject::Unavailable("PayPal API: the event answered is not JSON".to_owned())
+    })?;
+    let differs = || {
+        Reject::Unauthorized(format!(
+            "the delivered event {id} differs from PayPal's record of it"
+        ))
+    };
+    for field in ["id", "event_type"] {
+        if fetched_json.get(field) != delivered_json.get(field) {
+            return Err(differs());
+        }
+    }
+    let fetched_item = parse_event(provider, &fetched).map_err(|_| differs())?;
+    if booked(&fetched_item) != booked(delivered) {
+        return Err(differs());
+    }
+    Ok(())
+}
+
+/// What an item books, without `occurred_at` (a time PayPal may restate).
+fn booked(item: &Item) -> Item {
+    match item {
+        Item::Event(e) => Item::Event(CanonicalEvent {
+            occurred_at: None,
+            ..e.clone()
+        }),
+        other => other.clone(),
+    }
 }
 
 /// `PAYPAL-TRANSMISSION-TIME` (RFC 3339, as PayPal sends it) in unix seconds.
@@ -1443,12 +1501,10 @@ mod round_trip {
             4_000_000_000,
         );
         scheme.preload(CERT_URL, cert.as_bytes()).unwrap();
-        let psp = TestCredentials {
-            signer: Some(testkeys::signer(0)),
-            webhook_id: Some(WEBHOOK_ID.into()),
-            cert_url: Some(CERT_URL.into()),
-            ..Default::default()
-        };
+        let psp = TestCredentials::new(
+            &[(super::WEBHOOK_ID, WEBHOOK_ID), (super::CERT_URL, CERT_URL)],
+            Some(testkeys::signer(0)),
+        );
         (scheme, psp)
     });
 

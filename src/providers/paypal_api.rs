@@ -1,11 +1,11 @@
-//! PayPal's fetch-to-confirm mode (`confirm = "api"` on a paypal provider):
-//! before a new event is booked, the event is fetched from PayPal's REST API
-//! (`GET /v1/notifications/webhooks-events/{id}`, with an OAuth2 access token
-//! from `POST /v1/oauth2/token`, client id and secret) and must map to exactly
-//! what was delivered: the same event id, `event_type`, resource id, amount,
-//! currency and parent capture.
+//! PayPal's REST API, as the fetch-to-confirm mode (`confirm = "api"` on a
+//! paypal provider) asks it: an event by its id
+//! (`GET /v1/notifications/webhooks-events/{id}`), with an OAuth2 access
+//! token from `POST /v1/oauth2/token` (client id and secret). What the event
+//! fetched must match is the scheme's to say (`paypal.rs`): it maps to
+//! exactly what was delivered.
 //!
-//! Why it exists: PayPal's signature covers the body's CRC-32 only, so a body
+//! Why the mode exists: PayPal's signature covers the body's CRC-32 only, so a body
 //! with the CRC of a genuine one verifies under the genuine headers. The
 //! offline checks (transmission time window, transmission id bound to its
 //! first body) refuse such a body once the genuine delivery has been seen;
@@ -15,24 +15,23 @@
 //! PayPal's API's availability becomes the booking's (a call that fails is a
 //! 503, which PayPal retries). Hence not the default.
 //!
-//! Bounded like the certificate fetches: at most [`MAX_CONCURRENT_CALLS`]
-//! calls at once (a delivery that finds none free is a 503), each within
-//! [`CALL_TIMEOUT`] and [`MAX_EVENT_BYTES`]; the access token is kept until
-//! shortly before PayPal says it expires.
+//! Bounded like every fetch ([`super::fetch`]): at most
+//! [`MAX_CONCURRENT_CALLS`] events asked at once (a delivery that finds none
+//! free is a 503), each call within [`CALL_TIMEOUT`] and [`MAX_EVENT_BYTES`];
+//! the access token is kept until shortly before PayPal says it expires.
 
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use serde_json::Value;
-use tokio::sync::{Mutex, Semaphore};
+use http_body_util::Full;
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::paypal::{check_prefix, parse_event};
-use super::scheme::{Item, Reject};
-use crate::outbound::{self, HttpsClient};
+use super::fetch::{check_base, Fetcher};
+use super::scheme::Reject;
+use super::setup::SettingError;
 
 /// PayPal's live REST API (sandbox: `https://api-m.sandbox.paypal.com/`).
 pub const DEFAULT_API_URL: &str = "https://api-m.paypal.com/";
@@ -53,18 +52,18 @@ pub struct ApiSettings {
     pub client_secret: String,
 }
 
-pub struct ApiConfirm {
+/// One provider's access to PayPal's REST API.
+pub struct Api {
     api_url: String,
     /// `Basic base64(client_id:client_secret)`; never logged.
     basic: String,
-    client: HttpsClient,
+    fetcher: Fetcher,
     token: Mutex<Option<(String, Instant)>>,
-    calls: Semaphore,
 }
 
-impl ApiConfirm {
-    pub fn new(s: ApiSettings) -> Result<ApiConfirm, super::scheme::SettingError> {
-        check_prefix(&s.api_url).map_err(|e| ("api_url", format!("{}: {e}", s.api_url)))?;
+impl Api {
+    pub fn new(s: ApiSettings) -> Result<Api, SettingError> {
+        check_base(&s.api_url).map_err(|e| ("api_url", format!("{}: {e}", s.api_url)))?;
         if s.client_id.is_empty() || !s.client_id.bytes().all(|b| b.is_ascii_graphic()) {
             return Err((
                 "client_id",
@@ -77,15 +76,15 @@ impl ApiConfirm {
                 "the REST app's secret (printable ASCII)".into(),
             ));
         }
-        Ok(ApiConfirm {
+        Ok(Api {
             basic: format!(
                 "Basic {}",
                 B64.encode(format!("{}:{}", s.client_id, s.client_secret))
             ),
             api_url: s.api_url,
-            client: outbound::https(CALL_TIMEOUT).map_err(|e| ("api_url", e))?,
+            fetcher: Fetcher::new(MAX_CONCURRENT_CALLS, CALL_TIMEOUT, MAX_EVENT_BYTES)
+                .map_err(|e| ("api_url", e))?,
             token: Mutex::new(None),
-            calls: Semaphore::new(MAX_CONCURRENT_CALLS),
         })
     }
 
@@ -93,59 +92,20 @@ impl ApiConfirm {
         self.api_url.starts_with("http://")
     }
 
-    /// Fetches the delivered event from PayPal's API and checks that it maps
-    /// to `delivered` (the item the delivered body mapped to). Unauthorized
-    /// when PayPal knows no such event or knows it otherwise; unavailable
-    /// when PayPal's API could not be asked.
-    pub async fn confirm(
-        &self,
-        provider: &str,
-        body: &[u8],
-        delivered: &Item,
-    ) -> Result<(), Reject> {
-        let delivered_json: Value = serde_json::from_slice(body)
-            .map_err(|_| Reject::Invalid("body must be a JSON object".into()))?;
-        let id = delivered_json
-            .get("id")
-            .and_then(Value::as_str)
-            .filter(|id| {
-                !id.is_empty()
-                    && id.len() <= 64
-                    && id
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            })
-            .ok_or_else(|| {
-                Reject::Unauthorized("the event has no id PayPal's API could be asked for".into())
-            })?;
+    /// The event `id` as PayPal's API has it (its JSON), in one call slot.
+    /// Unauthorized when PayPal knows no such event; unavailable when
+    /// PayPal's API could not be asked.
+    pub async fn event(&self, id: &str) -> Result<Bytes, Reject> {
         let _call = self
-            .calls
-            .try_acquire()
-            .map_err(|_| Reject::Unavailable("PayPal API: every call slot is in use".to_owned()))?;
-        let fetched = self.event(id).await?;
-        let fetched_json: Value = serde_json::from_slice(&fetched).map_err(|_| {
-            Reject::Unavailable("PayPal API: the event answered is not JSON".to_owned())
-        })?;
-        let differs = || {
-            Reject::Unauthorized(format!(
-                "the delivered event {id} differs from PayPal's record of it"
-            ))
-        };
-        for field in ["id", "event_type"] {
-            if fetched_json.get(field) != delivered_json.get(field) {
-                return Err(differs());
-            }
-        }
-        let fetched_item = parse_event(provider, &fetched).map_err(|_| differs())?;
-        if booked(&fetched_item) != booked(delivered) {
-            return Err(differs());
-        }
-        Ok(())
+            .fetcher
+            .try_slot()
+            .ok_or_else(|| unavailable("every call slot is in use".to_owned()))?;
+        self.fetch_event(id).await
     }
 
     /// `GET /v1/notifications/webhooks-events/{id}`; a token PayPal no
     /// longer takes is dropped (the next delivery gets a new one).
-    async fn event(&self, id: &str) -> Result<Bytes, Reject> {
+    async fn fetch_event(&self, id: &str) -> Result<Bytes, Reject> {
         let token = self.access_token().await?;
         let uri = format!("{}v1/notifications/webhooks-events/{id}", self.api_url);
         let req = http::Request::get(uri)
@@ -207,33 +167,7 @@ impl ApiConfirm {
         &self,
         req: http::Request<Full<Bytes>>,
     ) -> Result<(http::StatusCode, Bytes), Reject> {
-        tokio::time::timeout(CALL_TIMEOUT, async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| unavailable(crate::report::chain(&e)))?;
-            let status = resp.status();
-            let body = Limited::new(resp.into_body(), MAX_EVENT_BYTES)
-                .collect()
-                .await
-                .map_err(|e| unavailable(format!("reading the answer: {e}")))?
-                .to_bytes();
-            Ok((status, body))
-        })
-        .await
-        .map_err(|_| unavailable(format!("no answer within {CALL_TIMEOUT:?}")))?
-    }
-}
-
-/// What an item books, without `occurred_at` (a time PayPal may restate).
-fn booked(item: &Item) -> Item {
-    match item {
-        Item::Event(e) => Item::Event(crate::domain::CanonicalEvent {
-            occurred_at: None,
-            ..e.clone()
-        }),
-        other => other.clone(),
+        self.fetcher.call(req).await.map_err(unavailable)
     }
 }
 

@@ -13,7 +13,8 @@
 //! refund failure, ...) refuses to build one, naming what it does send.
 //!
 //! Nothing here signs by itself: the keys come from the tools
-//! ([`Credentials`]), which read them from flags and the providers file.
+//! ([`Credentials`]), which read them from flags and the providers file;
+//! a scheme asks for each by name ([`Key`]).
 
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -50,23 +51,33 @@ pub struct Delivery {
 /// The content type of every scheme's deliveries but Alipay's.
 pub const JSON: &str = "application/json";
 
-/// What a PSP signs (and encrypts) with, as the tools gathered it. Each
-/// answers the key or the error naming the flag that gives it.
+/// A value a scheme's PSP side signs or shapes deliveries with, which the
+/// tools are asked for by name: the flag of `send` and `load` that gives it
+/// (without `--`), what it is, and whether a provider of the providers file
+/// can give it (the scheme offers it while it is built,
+/// [`Setup::offer`](super::setup::Setup::offer)). Each scheme declares
+/// its own ([`Scheme::KEYS`](super::Scheme::KEYS)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub flag: &'static str,
+    pub what: &'static str,
+    pub in_file: bool,
+}
+
+/// The HMAC schemes' signing secret: the first of a provider's secrets.
+pub const SECRET: Key = Key {
+    flag: "secret",
+    what: "a signing secret",
+    in_file: true,
+};
+
+/// What a PSP signs (and encrypts) with, as the tools gathered it from their
+/// flags and the providers file.
 pub trait Credentials {
-    /// The HMAC schemes' signing secret.
-    fn secret(&self) -> Result<&str, PspError>;
+    /// The value of `key`, or the error naming its flag.
+    fn key(&self, key: &Key) -> Result<&str, PspError>;
     /// The RSA schemes' private key.
     fn signer(&self) -> Result<&RsaSigner, PspError>;
-    /// wechatpay: `Wechatpay-Serial`.
-    fn serial(&self) -> Result<&str, PspError>;
-    /// wechatpay: the APIv3 key that encrypts the resource.
-    fn apiv3_key(&self) -> Result<&str, PspError>;
-    /// alipay: the application's app_id.
-    fn app_id(&self) -> Result<&str, PspError>;
-    /// paypal: the provider's webhook id, part of what PayPal signs.
-    fn webhook_id(&self) -> Result<&str, PspError>;
-    /// paypal: `PAYPAL-CERT-URL`.
-    fn cert_url(&self) -> Result<&str, PspError>;
 }
 
 /// A flag that cannot be used, or one a scheme needs and did not get: one

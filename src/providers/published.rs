@@ -1,7 +1,10 @@
-//! Secrets and keys that must never serve: those published in fencehook's
-//! own files, and those shorter than their PSP issues. Anyone who has read
-//! the repository can sign with the first kind, and the second is a guess
-//! away; either way deliveries would be booked that no PSP sent.
+//! Secrets and keys that must never serve because they are published in
+//! fencehook's own files: anyone who has read the repository can sign with
+//! them, and deliveries would be booked that no PSP sent. (Those shorter
+//! than their PSP issues, a guess away, are the scheme's to say,
+//! `Scheme::short_secret`.) A provider's build checks its secrets and key
+//! files against this list as it reads them (`Setup::secrets`,
+//! `Setup::key_file`).
 //!
 //! The published list is read from the repository's files as they were
 //! built (`include_str!`): every `secrets` entry of
@@ -11,14 +14,11 @@
 //! `make run` uses, Adyen's library test key, the examples' `whsec_…`). A
 //! secret added to any of them later is refused without a change here.
 //!
-//! Found here, refused by the configuration ([`crate::config`]) unless
+//! Found here, refused by the configuration at start and on SIGHUP unless
 //! `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` says this is development.
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
-
-use super::settings::Settings;
-use super::SchemeKind;
 
 /// The example providers file, as shipped.
 const EXAMPLE_PROVIDERS: &str = include_str!("../../deploy/providers.example.toml");
@@ -88,52 +88,17 @@ fn quoted_secrets(text: &str) -> Vec<String> {
     found
 }
 
-/// What is wrong with one of a provider's secrets, if anything: published,
-/// or shorter than its PSP issues.
-pub(super) fn secret_exposure(scheme: SchemeKind, secret: &str) -> Option<String> {
-    if published().contains(secret) {
-        return Some(if secret == super::DEV_SECRET {
-            "the DEVELOPMENT secret published in the README".to_owned()
-        } else {
-            "a secret published in fencehook's own files (the example providers file or the docs)"
-                .to_owned()
-        });
+/// Why `secret` must not serve, if it is published: the development
+/// secret, or one quoted in fencehook's own files.
+pub(super) fn secret(secret: &str) -> Option<&'static str> {
+    if !published().contains(secret) {
+        return None;
     }
-    let short = scheme.spec().short_secret(secret);
-    short.map(|s| format!("a secret of {s}"))
-}
-
-/// What [`Provider::exposures`](super::Provider::exposures) lists for a
-/// provider of `scheme` with these settings.
-pub(super) fn exposures(name: &str, scheme: SchemeKind, settings: &Settings) -> Vec<String> {
-    let secrets = settings.secrets().iter().enumerate();
-    let mut out: Vec<String> = secrets
-        .filter_map(|(i, s)| {
-            let what = secret_exposure(scheme, s)?;
-            Some(format!(
-                "provider `{name}`: secrets: secret {} is {what}: anyone can sign deliveries",
-                i + 1
-            ))
-        })
-        .collect();
-    let keys = settings
-        .platform_keys
-        .iter()
-        .flat_map(|k| k.iter().map(|(serial, key)| ("platform_keys", serial, key)))
-        .chain(
-            settings
-                .public_keys
-                .iter()
-                .flat_map(|k| k.iter().map(|(path, key)| ("public_keys", path, key))),
-        );
-    for (field, which, key) in keys {
-        if is_placeholder_key(key) {
-            out.push(format!(
-                "provider `{name}`: {field}: {which} is the example's placeholder key (deploy/keys), not the PSP's"
-            ));
-        }
-    }
-    out
+    Some(if secret == super::DEV_SECRET {
+        "the DEVELOPMENT secret published in the README"
+    } else {
+        "a secret published in fencehook's own files (the example providers file or the docs)"
+    })
 }
 
 /// Whether a key file's contents are the example's placeholder key (its
@@ -152,7 +117,13 @@ pub(super) fn is_placeholder_key(contents: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{load_file, Provider};
+    use crate::providers::{load_file, Provider, SchemeKind};
+
+    /// What a provider of `scheme` with this one secret is refused for.
+    fn exposure(scheme: SchemeKind, secret: &str) -> Option<String> {
+        let p = Provider::new("p", scheme, &[secret.to_owned()], None).unwrap();
+        p.exposures().first().cloned()
+    }
 
     #[test]
     fn the_published_list_holds_the_examples_the_docs_and_the_development_secret() {
@@ -203,7 +174,7 @@ mod tests {
             (SchemeKind::Standard, "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="),
             (SchemeKind::Adyen, "00112233445566778899AABBCCDDEEFF"),
         ] {
-            assert!(secret_exposure(scheme, short).is_some(), "{short}");
+            assert!(exposure(scheme, short).is_some(), "{short}");
         }
         for (scheme, ok) in [
             (SchemeKind::Stripe, "whsec_0123456789abcdef0123456789abcdef"),
@@ -216,7 +187,7 @@ mod tests {
                 "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF",
             ),
         ] {
-            assert_eq!(secret_exposure(scheme, ok), None, "{ok}");
+            assert_eq!(exposure(scheme, ok), None, "{ok}");
         }
         let p = Provider::new("stripe", SchemeKind::Stripe, &["whsec_a".into()], None).unwrap();
         assert!(

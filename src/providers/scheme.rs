@@ -15,14 +15,14 @@
 //! ([`Spec`] for what needs no configured provider), never by a `match` on
 //! the scheme elsewhere.
 
-use std::fmt::Display;
 use std::future::Future;
 
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::psp::{Credentials, Delivery, Notice, PspError};
-use super::settings::Settings;
+use super::psp::{Credentials, Delivery, Key, Notice, PspError};
+use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// One PSP's scheme: a provider of it, configured, is a value of the type.
@@ -34,12 +34,13 @@ use crate::domain::{CanonicalEvent, EventKind};
 pub trait Scheme: Clone + Send + Sync + Sized + 'static {
     /// `scheme = "…"` in the providers file.
     const NAME: &'static str;
-    /// The settings of a `[providers.<name>]` table it takes, the required
-    /// ones first; any other setting given is refused, naming this list.
-    const SETTINGS: &'static [&'static str];
-    /// Whether its `secrets` are the HMAC keys its PSP signs with (rather
-    /// than keys of another use, or no `secrets` at all).
-    const HMAC: bool = false;
+    /// Its `[providers.<name>]` table, as written: the struct's fields are
+    /// the settings it takes (the required ones first, each an `Option`
+    /// that [`Scheme::build`] requires, so that its message says what the
+    /// setting is); any other key is refused, naming them. Values are
+    /// checked by type as the table is read; shared kinds of values have
+    /// types of their own (`settings::Secrets`, `settings::Tolerance`).
+    type Settings: DeserializeOwned;
     /// The header a delivery's signature is read from; `None` when the
     /// scheme signs inside the body. Checked before a body is invited
     /// (`Expect: 100-continue`).
@@ -55,10 +56,11 @@ pub trait Scheme: Clone + Send + Sync + Sized + 'static {
         None
     }
 
-    /// A provider of this scheme from its settings (only settings of
-    /// [`Scheme::SETTINGS`] are given). Errors and warnings name the
-    /// provider and the field (see [`Setup`]).
-    fn build(settings: Settings, setup: &mut Setup) -> Result<Self, String>;
+    /// A provider of this scheme from its table. Errors and warnings name
+    /// the provider and the field; key files are read, secrets checked
+    /// against the published ones and values offered to the tools through
+    /// [`Setup`].
+    fn build(settings: Self::Settings, setup: &mut Setup) -> Result<Self, String>;
 
     /// What is wrong with one of its `secrets` for being shorter than the
     /// PSP issues (`"24 bytes, shorter than …"`), if anything.
@@ -139,6 +141,9 @@ pub trait Scheme: Clone + Send + Sync + Sized + 'static {
     /// How a refund or dispute names its payment, for messages: `None` when
     /// the scheme's body need not name it.
     const PAYMENT_ID: Option<&'static str> = None;
+    /// What its PSP side asks the tools for by name, besides the private
+    /// key of the RSA schemes ([`Credentials::key`]).
+    const KEYS: &'static [Key] = &[];
 
     /// Checks that what it signs a built delivery with is there and usable,
     /// so a run can refuse to start rather than fail every delivery.
@@ -163,15 +168,13 @@ pub trait Scheme: Clone + Send + Sync + Sized + 'static {
 #[derive(Clone, Copy)]
 pub struct Spec {
     pub name: &'static str,
-    pub settings: &'static [&'static str],
-    pub hmac: bool,
     pub signature_header: Option<&'static str>,
     pub batch: bool,
     pub currency: &'static str,
     pub sends: &'static [EventKind],
     pub delivery_id_prefix: &'static str,
     pub payment_id: Option<&'static str>,
-    not_taken_fn: fn(&str) -> Option<&'static str>,
+    pub keys: &'static [Key],
     short_secret_fn: fn(&str) -> Option<String>,
     accepts_content_type_fn: fn(&str) -> bool,
     psp_event_id_fn: fn(&http::HeaderMap, &[u8]) -> Option<String>,
@@ -188,15 +191,13 @@ impl Spec {
     pub const fn of<S: Scheme>() -> Spec {
         Spec {
             name: S::NAME,
-            settings: S::SETTINGS,
-            hmac: S::HMAC,
             signature_header: S::SIGNATURE_HEADER,
             batch: S::BATCH,
             currency: S::CURRENCY,
             sends: S::SENDS,
             delivery_id_prefix: S::DELIVERY_ID_PREFIX,
             payment_id: S::PAYMENT_ID,
-            not_taken_fn: S::not_taken,
+            keys: S::KEYS,
             short_secret_fn: S::short_secret,
             accepts_content_type_fn: S::accepts_content_type,
             psp_event_id_fn: S::psp_event_id,
@@ -204,11 +205,6 @@ impl Spec {
             check_fn: S::check,
             deliver_fn: S::deliver,
         }
-    }
-
-    /// See [`Scheme::not_taken`].
-    pub fn not_taken(&self, setting: &str) -> Option<&'static str> {
-        (self.not_taken_fn)(setting)
     }
 
     /// See [`Scheme::short_secret`].
@@ -253,58 +249,6 @@ impl Spec {
         (self.deliver_fn)(psp, notice, body, delivery_id, ts)
     }
 }
-
-/// What building a provider has at hand: the provider's name, which every
-/// error and warning names, the time (a certificate's validity), and the
-/// warnings said at start.
-pub struct Setup<'a> {
-    provider: &'a str,
-    now: i64,
-    warnings: Vec<String>,
-}
-
-impl<'a> Setup<'a> {
-    pub(crate) fn new(provider: &'a str, now: i64) -> Setup<'a> {
-        Setup {
-            provider,
-            now,
-            warnings: Vec::new(),
-        }
-    }
-
-    /// Unix seconds at start.
-    pub fn now(&self) -> i64 {
-        self.now
-    }
-
-    /// `provider `shop`: field: why`, the line a bad setting stops the start with.
-    pub fn error(&self, field: &str, why: impl Display) -> String {
-        format!("provider `{}`: {field}: {why}", self.provider)
-    }
-
-    /// [`Setup::error`] of a [`SettingError`].
-    pub fn setting(&self, (field, why): SettingError) -> String {
-        self.error(field, why)
-    }
-
-    /// A required setting's value, or the error naming it and `what` it is.
-    pub fn required<T>(&self, value: Option<T>, field: &str, what: &str) -> Result<T, String> {
-        value.ok_or_else(|| self.error(field, format!("required ({what})")))
-    }
-
-    /// A setting that starts but is probably a mistake, said at start.
-    pub fn warn(&mut self, what: impl Display) {
-        self.warnings
-            .push(format!("provider `{}`: {what}", self.provider));
-    }
-
-    pub(crate) fn into_warnings(self) -> Vec<String> {
-        self.warnings
-    }
-}
-
-/// An error of one setting: its name and what is wrong.
-pub type SettingError = (&'static str, String);
 
 /// A verified item of a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,9 +21,9 @@ use time::OffsetDateTime;
 
 use super::fields::{self, amount_minor, check_currency, check_transaction_id, signed_header};
 use super::hmac;
-use super::psp::{Credentials, Delivery, Notice, PspError, JSON};
-use super::scheme::{Item, Reject, Scheme, Setup};
-use super::settings::Settings;
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::scheme::{Item, Reject, Scheme};
+use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind, ObjectKind};
 
 /// The headers a delivery is signed in.
@@ -88,14 +88,14 @@ impl Standard {
 
 impl Scheme for Standard {
     const NAME: &'static str = "standard";
-    const SETTINGS: &'static [&'static str] = &["secrets", "tolerance_secs"];
-    const HMAC: bool = true;
+    type Settings = hmac::TimedTable;
     const SIGNATURE_HEADER: Option<&'static str> = Some(SIGNATURE_HEADER);
     const DELIVERY_ID_PREFIX: &'static str = "msg_";
+    const KEYS: &'static [Key] = &[psp::SECRET];
 
-    fn build(settings: Settings, setup: &mut Setup) -> Result<Standard, String> {
-        Standard::new(settings.secrets(), settings.tolerance())
-            .map_err(|e| setup.error("secrets", e))
+    fn build(settings: hmac::TimedTable, setup: &mut Setup) -> Result<Standard, String> {
+        let (secrets, tolerance) = settings.read(setup)?;
+        Standard::new(&secrets, tolerance).map_err(|e| setup.error("secrets", e))
     }
 
     fn short_secret(secret: &str) -> Option<String> {
@@ -129,7 +129,7 @@ impl Scheme for Standard {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        sign(psp.secret()?, "msg_check", 0, b"")
+        sign(psp.key(&psp::SECRET)?, "msg_check", 0, b"")
             .map(drop)
             .map_err(|e| PspError::new("secret", format!("not a whsec_ secret: {e}")))
     }
@@ -144,7 +144,7 @@ impl Scheme for Standard {
         let body = body
             .map(str::to_owned)
             .unwrap_or_else(|| generic_body(notice).to_string());
-        let signature = sign(psp.secret()?, delivery_id, ts, body.as_bytes())?;
+        let signature = sign(psp.key(&psp::SECRET)?, delivery_id, ts, body.as_bytes())?;
         Ok(Delivery {
             body,
             content_type: JSON,
@@ -386,7 +386,7 @@ mod round_trip {
             ts in 1_000_000_000i64..4_000_000_000,
         ) {
             let scheme = Standard::new(&[SECRET.to_owned()], 300).unwrap();
-            let psp = TestCredentials { secret: Some(SECRET.into()), ..Default::default() };
+            let psp = TestCredentials::new(&[(psp::SECRET, SECRET)], None);
             // The generic payload is sent without occurred_at.
             prop_assert_eq!(round_trip(&scheme, &psp, &event, ts)?, event);
         }

@@ -70,9 +70,9 @@ use super::fields::{
     Object,
 };
 use super::hmac;
-use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
-use super::scheme::{Item, Reject, Scheme, Setup};
-use super::settings::Settings;
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::scheme::{Item, Reject, Scheme};
+use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// The header Stripe signs with (HTTP header names are case-insensitive).
@@ -125,14 +125,16 @@ impl Stripe {
 
 impl Scheme for Stripe {
     const NAME: &'static str = "stripe";
-    const SETTINGS: &'static [&'static str] = &["secrets", "tolerance_secs"];
-    const HMAC: bool = true;
+    type Settings = hmac::TimedTable;
     const SIGNATURE_HEADER: Option<&'static str> = Some(SIGNATURE_HEADER);
     const DELIVERY_ID_PREFIX: &'static str = "evt_";
     const PAYMENT_ID: Option<&'static str> = Some("a PaymentIntent or Charge id");
 
-    fn build(settings: Settings, setup: &mut Setup) -> Result<Stripe, String> {
-        Stripe::new(settings.secrets(), settings.tolerance()).map_err(|e| setup.error("secrets", e))
+    const KEYS: &'static [Key] = &[psp::SECRET];
+
+    fn build(settings: hmac::TimedTable, setup: &mut Setup) -> Result<Stripe, String> {
+        let (secrets, tolerance) = settings.read(setup)?;
+        Stripe::new(&secrets, tolerance).map_err(|e| setup.error("secrets", e))
     }
 
     fn short_secret(secret: &str) -> Option<String> {
@@ -165,7 +167,7 @@ impl Scheme for Stripe {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        sign(psp.secret()?, 0, b"")
+        sign(psp.key(&psp::SECRET)?, 0, b"")
             .map(drop)
             .map_err(|e| PspError::new("secret", e))
     }
@@ -181,7 +183,7 @@ impl Scheme for Stripe {
             Some(b) => b.to_owned(),
             None => event_of(notice, delivery_id, ts)?.to_string(),
         };
-        let signature = sign(psp.secret()?, ts, body.as_bytes())?;
+        let signature = sign(psp.key(&psp::SECRET)?, ts, body.as_bytes())?;
         Ok(Delivery {
             body,
             content_type: JSON,
@@ -1410,7 +1412,7 @@ mod round_trip {
             ts in 1_000_000_000i64..4_000_000_000,
         ) {
             let scheme = Stripe::new(&[SECRET.to_owned()], 300).unwrap();
-            let psp = TestCredentials { secret: Some(SECRET.into()), ..Default::default() };
+            let psp = TestCredentials::new(&[(psp::SECRET, SECRET)], None);
             // The event's `created`.
             let event = CanonicalEvent { occurred_at: at(ts), ..event };
             prop_assert_eq!(round_trip(&scheme, &psp, &event, ts)?, event);

@@ -163,3 +163,26 @@ pub fn certificate(
         .to_pem(LineEnding::LF)
         .expect("encodes")
 }
+
+/// The providers of a providers file's `text`, its key files read as a
+/// user's would be: `files` (name relative to the file, contents) written
+/// into a directory of their own, removed once read.
+pub fn providers_file(
+    text: &str,
+    files: &[(&str, &[u8])],
+) -> Result<Vec<super::Provider>, super::SettingErrors> {
+    let dir = std::env::temp_dir().join(format!(
+        "fencehook-providers-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    for (name, contents) in files {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().expect("a file in the directory"))
+            .expect("a temporary directory");
+        std::fs::write(path, contents).expect("a key file");
+    }
+    let providers = super::file::parse_in(text, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    providers
+}

@@ -65,10 +65,11 @@ use super::fields::{
     req_str, signed_header, Object,
 };
 use super::keys::{CertificateInfo, RsaPublicKey, RsaSigner};
-use super::psp::{self, Credentials, Delivery, Notice, PspError, JSON};
-pub use super::scheme::SettingError;
-use super::scheme::{AckBody, Item, Reject, Scheme, Setup};
-use super::settings::Settings;
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::scheme::{AckBody, Item, Reject, Scheme};
+use super::settings::{Secrets, Tolerance};
+pub use super::setup::SettingError;
+use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
 
 pub const TIMESTAMP_HEADER: &str = "wechatpay-timestamp";
@@ -84,6 +85,33 @@ pub const ALGORITHM: &str = "AEAD_AES_256_GCM";
 pub const APIV3_KEY_LEN: usize = 32;
 /// The currency of a notice that names none.
 const DEFAULT_CURRENCY: &str = "CNY";
+
+/// `Wechatpay-Serial` of what the tools sign: the serial the providers file
+/// maps to the public key of their private key.
+pub const SERIAL: Key = Key {
+    flag: "serial",
+    what: "Wechatpay-Serial: the serial the providers file maps to the public key of --private-key",
+    in_file: false,
+};
+
+/// The APIv3 key the tools encrypt a notification's resource with.
+pub const APIV3_KEY: Key = Key {
+    flag: "apiv3-key",
+    what: "the APIv3 key that encrypts the resource",
+    in_file: true,
+};
+
+/// A `wechatpay` provider's table.
+#[derive(serde::Deserialize)]
+pub struct Settings {
+    /// The APIv3 keys (32 ASCII bytes each) that decrypt `resource`;
+    /// several: rotation.
+    secrets: Option<Secrets>,
+    /// `Wechatpay-Serial` → the file of the platform certificate or public
+    /// key it names; several: rotation.
+    platform_keys: Option<std::collections::BTreeMap<String, String>>,
+    tolerance_secs: Option<Tolerance>,
+}
 
 #[derive(Clone)]
 pub struct WechatPay {
@@ -209,7 +237,7 @@ impl WechatPay {
 
 impl Scheme for WechatPay {
     const NAME: &'static str = "wechatpay";
-    const SETTINGS: &'static [&'static str] = &["secrets", "platform_keys", "tolerance_secs"];
+    type Settings = Settings;
     const SIGNATURE_HEADER: Option<&'static str> = Some(SIGNATURE_HEADER);
     const CURRENCY: &'static str = DEFAULT_CURRENCY;
     const SENDS: &'static [EventKind] = &[
@@ -218,18 +246,23 @@ impl Scheme for WechatPay {
         EventKind::RefundFailed,
     ];
     const PAYMENT_ID: Option<&'static str> = Some("transaction_id");
+    const KEYS: &'static [Key] = &[SERIAL, APIV3_KEY];
 
     fn build(settings: Settings, setup: &mut Setup) -> Result<WechatPay, String> {
-        let tolerance = settings.tolerance();
-        let secrets = settings.secrets.unwrap_or_default();
-        let keys: Vec<(String, Vec<u8>)> = setup
-            .required(
-                settings.platform_keys,
-                "platform_keys",
-                "a table of serial = \"key or certificate file\"",
-            )?
-            .into_iter()
-            .collect();
+        let secrets = setup.required(settings.secrets, "secrets", "a list of APIv3 keys")?;
+        let secrets = setup.secrets("secrets", secrets.into_vec());
+        setup.offer(&APIV3_KEY, &secrets[0]);
+        let files = setup.required(
+            settings.platform_keys,
+            "platform_keys",
+            "a table of serial = \"key or certificate file\"",
+        )?;
+        let mut keys: Vec<(String, Vec<u8>)> = Vec::with_capacity(files.len());
+        for (serial, path) in files {
+            let contents = setup.key_file("platform_keys", Some(&serial), &path)?;
+            keys.push((serial, contents));
+        }
+        let tolerance = Tolerance::secs(settings.tolerance_secs, "tolerance_secs", setup);
         let (w, warned) = WechatPay::new(&secrets, &keys, tolerance, setup.now())
             .map_err(|e| setup.setting(e))?;
         for warning in warned {
@@ -268,8 +301,8 @@ impl Scheme for WechatPay {
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
         psp.signer()?;
-        psp.serial()?;
-        encrypt_resource(psp.apiv3_key()?, "000000000000", "", b"")
+        psp.key(&SERIAL)?;
+        encrypt_resource(psp.key(&APIV3_KEY)?, "000000000000", "", b"")
             .map(drop)
             .map_err(|e| PspError::new("apiv3-key", e))
     }
@@ -283,12 +316,12 @@ impl Scheme for WechatPay {
         delivery_id: &str,
         ts: i64,
     ) -> Result<Delivery, String> {
-        let serial = psp.serial()?;
+        let serial = psp.key(&SERIAL)?;
         let signer = psp.signer()?;
         let body = match body {
             Some(b) => b.to_owned(),
             None => {
-                let key = psp.apiv3_key()?;
+                let key = psp.key(&APIV3_KEY)?;
                 let (event_type, resource, original_type) = resource_of(notice, ts)?;
                 let nonce = &uuid::Uuid::new_v4().simple().to_string()[..12];
                 let ciphertext =
@@ -962,12 +995,10 @@ mod round_trip {
         let key = testkeys::public_key_pem(0).into_bytes();
         let (scheme, _) =
             WechatPay::new(&[APIV3.to_owned()], &[(SERIAL.to_owned(), key)], 300, 0).unwrap();
-        let psp = TestCredentials {
-            signer: Some(testkeys::signer(0)),
-            serial: Some(SERIAL.into()),
-            apiv3_key: Some(APIV3.into()),
-            ..Default::default()
-        };
+        let psp = TestCredentials::new(
+            &[(super::SERIAL, SERIAL), (APIV3_KEY, APIV3)],
+            Some(testkeys::signer(0)),
+        );
         (scheme, psp)
     });
 

@@ -25,7 +25,7 @@ use time::OffsetDateTime;
 
 use super::inbox::{event_row, EventRow, EVENT_COLUMNS};
 use super::{Store, StoreError};
-use crate::providers::major_amount;
+use crate::domain::amount::major_amount;
 
 /// Largest page of any console list.
 pub const MAX_PAGE: i64 = 200;

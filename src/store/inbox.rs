@@ -35,13 +35,13 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tokio_postgres::types::{Json, Type};
 
 use super::{payment_at, PaymentRow, Store, StoreError};
+use crate::domain::amount::major_amount;
 use crate::domain::CanonicalEvent;
-use crate::providers::major_amount;
 
 /// The channel accepts notify and workers listen on.
 pub const CHANNEL: &str = "fencehook_inbox";
@@ -67,19 +67,32 @@ pub struct ToAccept {
     /// The W3C trace context it was accepted under (tracing on), kept for
     /// the workers' attempts ([`crate::telemetry::propagation`]).
     pub trace_context: Option<String>,
+    /// A refund its PSP may have meant as a cancel: which it was is decided
+    /// by the worker that books it ([`crate::domain::cancelled`]).
+    pub cancel_if_payment_failed: bool,
 }
 
 /// What `events.canonical` holds: the canonical event and, beside it, the
-/// trace context it was accepted under. Kept in the event's own JSON rather
-/// than a column of its own, so that inbox mode runs on every schema it ran
-/// on (a column would need a migration first); the workers read the event
-/// with serde, which passes over the extra key.
+/// trace context it was accepted under and whether it may be a cancel. Kept
+/// in the event's own JSON rather than columns of their own, so that inbox
+/// mode runs on every schema it ran on (a column would need a migration
+/// first); the workers read the event with serde, which passes over the
+/// extra keys.
 #[derive(Debug, Serialize)]
 struct Stored<'a> {
     #[serde(flatten)]
     event: &'a CanonicalEvent,
     #[serde(skip_serializing_if = "Option::is_none")]
     trace_context: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    cancel_if_payment_failed: bool,
+}
+
+/// What a worker reads of `events.canonical` beside the event (see [`Stored`]).
+#[derive(Debug, Deserialize)]
+struct StoredMarks {
+    #[serde(default)]
+    cancel_if_payment_failed: bool,
 }
 
 /// What an accept statement returned for one event.
@@ -138,6 +151,8 @@ pub struct Taken {
     pub age_from: OffsetDateTime,
     /// The trace context it was accepted under, if it was traced.
     pub trace_context: Option<String>,
+    /// See [`ToAccept::cancel_if_payment_failed`].
+    pub cancel_if_payment_failed: bool,
     /// When it was taken (the database's clock): a `next_attempt_at` past it
     /// means what it waits for was booked during the attempt (V11's trigger).
     pub taken_at: OffsetDateTime,
@@ -446,6 +461,7 @@ impl Store {
         psp_event_id: Option<&str>,
         body: &str,
         trace_context: Option<&str>,
+        cancel_if_payment_failed: bool,
     ) -> Result<Accepted, StoreError> {
         let client = self.writer().await?;
         let stmt = client.prepare_cached(ACCEPT).await?;
@@ -465,6 +481,7 @@ impl Store {
                     &Json(Stored {
                         event: ev,
                         trace_context,
+                        cancel_if_payment_failed,
                     }),
                     &body,
                     &ev.event_type.object().as_str(),
@@ -568,6 +585,7 @@ impl Store {
                     item.psp_event_id.as_deref(),
                     &item.body,
                     item.trace_context.as_deref(),
+                    item.cancel_if_payment_failed,
                 )
             }))
             .await;
@@ -621,6 +639,7 @@ impl Store {
                 serde_json::to_string(&Stored {
                     event: &i.event,
                     trace_context: i.trace_context.as_deref(),
+                    cancel_if_payment_failed: i.cancel_if_payment_failed,
                 })
             })
             .collect::<Result<Vec<_>, _>>()
@@ -1037,6 +1056,7 @@ const REPLAY_MATCH: &str = "status = 'dead'
 /// One row of [`TAKE`] as a [`Taken`]; an error when this binary cannot read it.
 fn taken_row(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
     let Json(event): Json<CanonicalEvent> = row.try_get(1)?;
+    let Json(marks): Json<StoredMarks> = row.try_get(1)?;
     Ok(Taken {
         id: row.try_get(0)?,
         event,
@@ -1047,6 +1067,7 @@ fn taken_row(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {
         age_from: row.try_get(10)?,
         taken_at: row.try_get(11)?,
         trace_context: row.try_get(13)?,
+        cancel_if_payment_failed: marks.cancel_if_payment_failed,
     })
 }
 

@@ -3,7 +3,7 @@
 
 use clap::Args;
 use fencehook::config::DbArgs;
-use fencehook::providers::major_units;
+use fencehook::domain::amount::major_units;
 use fencehook::store::console::EVENT_STATUSES;
 use fencehook::store::inbox::{EventFilter, EventRow, Inspection, Replay};
 use fencehook::store::Store;

@@ -14,6 +14,7 @@
 //! file names public keys only. Flags given on the command line win over the
 //! file. [`PspArgs`] and [`Psp`] are shared with `fencehook load`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,7 +23,7 @@ use bytes::Bytes;
 use clap::Args;
 use fencehook::outbound;
 use fencehook::providers::keys::RsaSigner;
-pub use fencehook::providers::psp::{Credentials, Delivery, Notice, PspError};
+pub use fencehook::providers::psp::{Credentials, Delivery, Key, Notice, PspError};
 use fencehook::providers::{Provider, SchemeKind};
 use http_body_util::{BodyExt, Full};
 
@@ -86,17 +87,28 @@ fn psp_error(flag: &'static str, reason: impl Into<String>) -> PspError {
     PspError::new(flag, reason)
 }
 
+/// The flags a scheme's [`Key`]s are given by that have an environment
+/// variable (hidden in `--help`: they are secrets).
+const KEY_ENV: &[(&str, &str)] = &[("secret", SECRET_ENV), ("apiv3-key", APIV3_KEY_ENV)];
+
 /// A flag's value unless it is merely its environment variable's. After
 /// parsing, clap no longer says where a value came from, so a value equal to
 /// the variable's is taken as the variable's: it then yields to the
 /// providers file, as `FENCEHOOK_GENERIC_SECRET` does in the service.
 fn on_command_line<'a>(
-    value: &'a Option<String>,
-    var: &str,
+    value: Option<&'a str>,
+    flag: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<&'a str> {
-    let value = value.as_deref()?;
-    (env(var).as_deref() != Some(value)).then_some(value)
+    let value = value?;
+    let var = KEY_ENV
+        .iter()
+        .find(|(f, _)| *f == flag)
+        .map(|(_, var)| *var);
+    match var {
+        Some(var) if env(var).as_deref() == Some(value) => None,
+        _ => Some(value),
+    }
 }
 
 impl PspArgs {
@@ -116,6 +128,21 @@ impl PspArgs {
             .as_ref()
             .map(|(path, providers)| (*path, providers.as_slice()));
         self.resolve_in(file, webhook_id, &|var| std::env::var(var).ok())
+    }
+
+    /// The value of the flag a [`Key`] names (`webhook_id`: the caller's
+    /// `--webhook-id`). A scheme whose PSP side asks for a key of a flag
+    /// not here needs its flag added (to [`PspArgs`], and this match).
+    fn flag<'a>(&'a self, flag: &str, webhook_id: Option<&'a str>) -> Option<&'a str> {
+        match flag {
+            "secret" => self.secret.as_deref(),
+            "serial" => self.serial.as_deref(),
+            "apiv3-key" => self.apiv3_key.as_deref(),
+            "app-id" => self.app_id.as_deref(),
+            "cert-url" => self.cert_url.as_deref(),
+            "webhook-id" => webhook_id,
+            _ => None,
+        }
     }
 
     /// [`PspArgs::resolve`] with the providers file already read and the
@@ -150,30 +177,20 @@ impl PspArgs {
             .scheme
             .or(entry.map(Provider::scheme))
             .unwrap_or(SchemeKind::Standard);
-        let owned = |v: Option<&str>| v.map(str::to_owned);
-        let (secret, apiv3_key, app_id, file_webhook_id) = match entry {
-            None => (
-                self.secret.clone(),
-                self.apiv3_key.clone(),
-                self.app_id.clone(),
-                None,
-            ),
-            // The file's first secret is the HMAC secret or the APIv3 key,
-            // as its own scheme says.
-            Some(p) => {
-                let first = |hmac: bool| {
-                    p.first_secret()
-                        .filter(|_| p.scheme().is_hmac() == hmac)
-                        .map(str::to_owned)
-                };
-                (
-                    owned(on_command_line(&self.secret, SECRET_ENV, env)).or(first(true)),
-                    owned(on_command_line(&self.apiv3_key, APIV3_KEY_ENV, env)).or(first(false)),
-                    self.app_id.clone().or(owned(p.app_id())),
-                    owned(p.webhook_id()),
-                )
+        // Each key the scheme asks for: its flag, else what the provider's
+        // table gives of it (a flag that is only its environment
+        // variable's yields to the table).
+        let mut keys = BTreeMap::new();
+        for key in scheme.spec().keys {
+            let flag = self.flag(key.flag, webhook_id);
+            let value = match entry {
+                None => flag,
+                Some(p) => on_command_line(flag, key.flag, env).or(p.psp_value(key)),
+            };
+            if let Some(value) = value {
+                keys.insert(key.flag, value.to_owned());
             }
-        };
+        }
         let signer = match &self.private_key {
             Some(path) => {
                 let pem = std::fs::read(path)
@@ -188,20 +205,15 @@ impl PspArgs {
             provider: self.provider.clone(),
             scheme,
             from_file: file.map(|(path, _)| path.display().to_string()),
-            secret,
+            keys,
             signer,
-            serial: self.serial.clone(),
-            apiv3_key,
-            app_id,
-            webhook_id: owned(webhook_id).or(file_webhook_id),
-            cert_url: self.cert_url.clone(),
         })
     }
 }
 
 /// Who a delivery is signed as: the provider, its scheme, and what signs for
 /// it, from the flags and the providers file ([`PspArgs::resolve`]). A
-/// setting the scheme needs and did not get is an error when it is used,
+/// key the scheme needs and did not get is an error when it is used,
 /// naming its flag.
 #[derive(Clone)]
 pub struct Psp {
@@ -209,14 +221,9 @@ pub struct Psp {
     pub scheme: SchemeKind,
     /// The providers file the provider was found in, for messages.
     from_file: Option<String>,
-    secret: Option<String>,
+    /// The scheme's keys, by flag.
+    keys: BTreeMap<&'static str, String>,
     signer: Option<Arc<RsaSigner>>,
-    serial: Option<String>,
-    apiv3_key: Option<String>,
-    app_id: Option<String>,
-    /// paypal: the provider's webhook id.
-    webhook_id: Option<String>,
-    cert_url: Option<String>,
 }
 
 impl std::fmt::Debug for Psp {
@@ -231,20 +238,6 @@ impl std::fmt::Debug for Psp {
 }
 
 impl Psp {
-    fn required<'a>(
-        &self,
-        value: &'a Option<String>,
-        flag: &'static str,
-        what: &str,
-    ) -> Result<&'a str, PspError> {
-        value.as_deref().ok_or_else(|| {
-            psp_error(
-                flag,
-                format!("scheme {} needs {what}", self.scheme.as_str()),
-            )
-        })
-    }
-
     /// Checks that everything the scheme signs a built delivery with is
     /// there and usable, so a run can refuse to start rather than fail every
     /// delivery.
@@ -256,14 +249,22 @@ impl Psp {
 /// What each scheme asks for, answered from the flags and the providers
 /// file, or the error naming the flag that gives it.
 impl Credentials for Psp {
-    fn secret(&self) -> Result<&str, PspError> {
-        self.secret.as_deref().ok_or_else(|| {
+    fn key(&self, key: &Key) -> Result<&str, PspError> {
+        self.keys.get(key.flag).map(String::as_str).ok_or_else(|| {
+            let var = KEY_ENV
+                .iter()
+                .find(|(f, _)| *f == key.flag)
+                .map(|(_, v)| *v);
+            let file = key.in_file.then_some("a providers file");
+            let or: Vec<&str> = var.into_iter().chain(file).collect();
+            let or = if or.is_empty() {
+                String::new()
+            } else {
+                format!(" (or {})", or.join(", or "))
+            };
             psp_error(
-                "secret",
-                format!(
-                    "scheme {} signs with a secret (or {SECRET_ENV}, or a providers file)",
-                    self.scheme.as_str()
-                ),
+                key.flag,
+                format!("scheme {} needs {}{or}", self.scheme.as_str(), key.what),
             )
         })
     }
@@ -285,46 +286,6 @@ impl Credentials for Psp {
             };
             psp_error("private-key", reason)
         })
-    }
-
-    fn serial(&self) -> Result<&str, PspError> {
-        self.required(
-            &self.serial,
-            "serial",
-            "Wechatpay-Serial: the serial the providers file maps to the public key of --private-key",
-        )
-    }
-
-    fn apiv3_key(&self) -> Result<&str, PspError> {
-        self.required(
-            &self.apiv3_key,
-            "apiv3-key",
-            "the APIv3 key that encrypts the resource (or FENCEHOOK_WECHATPAY_APIV3_KEY, or a providers file)",
-        )
-    }
-
-    fn app_id(&self) -> Result<&str, PspError> {
-        self.required(
-            &self.app_id,
-            "app-id",
-            "the application's app_id (or a providers file)",
-        )
-    }
-
-    fn webhook_id(&self) -> Result<&str, PspError> {
-        self.required(
-            &self.webhook_id,
-            "webhook-id",
-            "the provider's webhook id, part of what PayPal signs (or a providers file)",
-        )
-    }
-
-    fn cert_url(&self) -> Result<&str, PspError> {
-        self.required(
-            &self.cert_url,
-            "cert-url",
-            "PAYPAL-CERT-URL, where the service fetches the certificate of --private-key",
-        )
     }
 }
 
@@ -395,9 +356,15 @@ pub async fn send(args: &SendArgs) -> Result<(u16, String), String> {
         .map_err(|e| e.to_string())?
         .as_secs() as i64;
     let psp = args.psp.resolve(args.webhook_id.as_deref())?;
-    // A scheme with a `webhook_id` setting (paypal) reads --webhook-id as
-    // the provider's, not the delivery's.
-    let delivery_id = if psp.scheme.spec().settings.contains(&"webhook_id") {
+    // A scheme whose PSP side asks for a webhook id (paypal) reads
+    // --webhook-id as the provider's, not the delivery's.
+    let delivery_id = if psp
+        .scheme
+        .spec()
+        .keys
+        .iter()
+        .any(|k| k.flag == "webhook-id")
+    {
         None
     } else {
         args.webhook_id.as_deref()
@@ -485,7 +452,7 @@ pub fn build_delivery(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fencehook::providers::psp::names_a_payment;
+    use fencehook::providers::psp::{names_a_payment, SECRET};
     use fencehook::providers::Item;
 
     const STANDARD: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=";
@@ -639,7 +606,7 @@ secrets = ["whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="]
         };
         let psp = from_file(&args, &no_env).unwrap();
         assert_eq!(psp.scheme, SchemeKind::Stripe);
-        assert_eq!(psp.secret(), Ok("whsec_new_endpoint"));
+        assert_eq!(psp.key(&SECRET), Ok("whsec_new_endpoint"));
         assert!(psp.check().is_ok());
         let shown = format!("{psp:?}");
         assert!(!shown.contains("whsec"), "{shown}");
@@ -653,14 +620,14 @@ secrets = ["whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="]
             ..psp_args()
         };
         assert_eq!(
-            from_file(&args, &no_env).unwrap().secret(),
+            from_file(&args, &no_env).unwrap().key(&SECRET),
             Ok("whsec_from_the_command_line")
         );
         // The same value from FENCEHOOK_GENERIC_SECRET: the built-in
         // generic provider's, which a file's provider does not use.
         let env = |var: &str| (var == SECRET_ENV).then(|| "whsec_from_the_command_line".to_owned());
         assert_eq!(
-            from_file(&args, &env).unwrap().secret(),
+            from_file(&args, &env).unwrap().key(&SECRET),
             Ok("whsec_new_endpoint")
         );
         let args = PspArgs {
@@ -673,7 +640,7 @@ secrets = ["whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="]
         );
         // Without a file, the environment's value is the secret, as before.
         assert_eq!(
-            args.resolve_in(None, None, &env).unwrap().secret(),
+            args.resolve_in(None, None, &env).unwrap().key(&SECRET),
             Ok("whsec_from_the_command_line")
         );
     }
@@ -705,12 +672,11 @@ secrets = ["whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="]
 /// `send` for the RSA schemes, against providers that know the test keys.
 #[cfg(all(test, feature = "test-support"))]
 mod rsa_tests {
-    use std::collections::BTreeMap;
     use std::path::PathBuf;
 
     use super::*;
     use fencehook::domain::EventKind;
-    use fencehook::providers::{testkeys, Item, Provider, Settings};
+    use fencehook::providers::{testkeys, Item, Provider};
 
     const SERIAL: &str = "PUB_KEY_ID_0000000000000024101100397200000006";
     const APIV3: &str = "fencehook-send-apiv3-key-32bytes";
@@ -743,39 +709,33 @@ mod rsa_tests {
         path
     }
 
-    fn settings(scheme: SchemeKind) -> Settings {
-        if let Some(secret) = secret_of(scheme) {
-            return Settings {
-                secrets: Some(vec![secret.into()]),
-                ..Settings::default()
-            };
-        }
-        match scheme {
-            SchemeKind::WechatPay => Settings {
-                secrets: Some(vec![APIV3.into()]),
-                platform_keys: Some(BTreeMap::from([(
-                    SERIAL.to_owned(),
-                    testkeys::public_key_pem(0).into_bytes(),
-                )])),
-                ..Settings::default()
-            },
-            SchemeKind::Alipay => Settings {
-                app_id: Some(APP_ID.into()),
-                public_keys: Some(vec![(
-                    "alipay".into(),
-                    testkeys::public_key_base64(0).into_bytes(),
-                )]),
-                ..Settings::default()
-            },
-            _ => Settings {
-                webhook_id: Some(WEBHOOK_ID.into()),
-                ..Settings::default()
-            },
-        }
+    /// The table of a provider `name` of `scheme` that knows test key 0
+    /// (`key.pem` beside the file).
+    fn table(name: &str, scheme: SchemeKind) -> String {
+        let settings = match (scheme, secret_of(scheme)) {
+            (_, Some(secret)) => format!("secrets = [\"{secret}\"]"),
+            (SchemeKind::WechatPay, None) => {
+                format!("secrets = [\"{APIV3}\"]\nplatform_keys = {{ {SERIAL} = \"key.pem\" }}")
+            }
+            (SchemeKind::Alipay, None) => {
+                format!("app_id = \"{APP_ID}\"\npublic_keys = [\"key.pem\"]")
+            }
+            _ => format!("webhook_id = \"{WEBHOOK_ID}\""),
+        };
+        format!(
+            "[providers.{name}]\nscheme = \"{}\"\n{settings}\n",
+            scheme.as_str()
+        )
+    }
+
+    /// The providers of these tables, test key 0's public key beside them.
+    fn providers(tables: &str) -> Vec<Provider> {
+        let key = testkeys::public_key_pem(0);
+        testkeys::providers_file(tables, &[("key.pem", key.as_bytes())]).unwrap()
     }
 
     fn provider(scheme: SchemeKind) -> Provider {
-        let p = Provider::with_settings("p", scheme, settings(scheme)).unwrap();
+        let p = providers(&table("p", scheme)).remove(0);
         if scheme == SchemeKind::Paypal {
             let cert = testkeys::certificate(
                 0,
@@ -949,14 +909,15 @@ mod rsa_tests {
     fn a_providers_file_gives_the_apiv3_key_the_app_id_and_the_webhook_id_but_never_the_private_key(
     ) {
         let key = key_file();
-        let providers: Vec<Provider> = [
-            SchemeKind::WechatPay,
-            SchemeKind::Alipay,
-            SchemeKind::Paypal,
-        ]
-        .into_iter()
-        .map(|scheme| Provider::with_settings(scheme.as_str(), scheme, settings(scheme)).unwrap())
-        .collect();
+        let providers = providers(
+            &[
+                SchemeKind::WechatPay,
+                SchemeKind::Alipay,
+                SchemeKind::Paypal,
+            ]
+            .map(|scheme| table(scheme.as_str(), scheme))
+            .concat(),
+        );
         let file = Some((Path::new("providers.toml"), providers.as_slice()));
         for scheme in [
             SchemeKind::WechatPay,

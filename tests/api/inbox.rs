@@ -937,6 +937,7 @@ fn to_accept(tx: &str, amount: i64) -> ToAccept {
         psp_event_id: None,
         body: format!("{{\"amount\":{amount}}}"),
         trace_context: None,
+        cancel_if_payment_failed: false,
         event,
     }
 }
@@ -951,7 +952,14 @@ async fn a_batched_accept_answers_each_event_as_it_would_be_answered_alone() {
         let store = store.clone();
         async move {
             store
-                .accept(&item.event, &item.fingerprint, None, &item.body, None)
+                .accept(
+                    &item.event,
+                    &item.fingerprint,
+                    None,
+                    &item.body,
+                    None,
+                    false,
+                )
                 .await
                 .unwrap()
         }

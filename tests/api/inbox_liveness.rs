@@ -423,6 +423,7 @@ async fn a_batched_accept_racing_another_payload_answers_that_event_payload_mism
             psp_event_id: None,
             body: format!("{{\"amount\":{amount}}}"),
             trace_context: None,
+            cancel_if_payment_failed: false,
             event,
         }
     };

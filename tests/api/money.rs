@@ -666,13 +666,21 @@ async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
             psp_event_id: None,
             body: format!("{{\"amount\":{amount}}}"),
             trace_context: None,
+            cancel_if_payment_failed: false,
             event,
         }
     };
     for tx in ["tx_b_declined", "tx_b_declined_2"] {
         let first = item(tx, EventKind::PaymentFailed, 1000);
         store
-            .accept(&first.event, &first.fingerprint, None, &first.body, None)
+            .accept(
+                &first.event,
+                &first.fingerprint,
+                None,
+                &first.body,
+                None,
+                false,
+            )
             .await
             .unwrap();
         ctx.db()

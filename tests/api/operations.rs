@@ -221,6 +221,62 @@ fn check_config_hides_the_downstream_password_and_warns_about_risky_settings() {
 }
 
 #[test]
+fn check_config_lists_every_error_of_the_providers_file_in_one_run_each_naming_provider_and_field()
+{
+    let dir = std::env::temp_dir().join(format!(
+        "fencehook-many-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    std::fs::write(
+        &file,
+        r#"
+[providers.alipay]
+scheme = "alipay"
+app_id = "2021000000000000"
+public_keys = ["missing.pem"]
+
+[providers.paypal]
+scheme = "paypal"
+webhook_id = "WH-1"
+webhook = "WH-2"
+max_age_sec = 60
+
+[providers.stripe]
+scheme = "stripe"
+secrets = ["whsec_0123456789abcdef0123456789abcdef"]
+tolerance = 60
+"#,
+    )
+    .unwrap();
+    let (code, _, err) = check_config(&[("FENCEHOOK_PROVIDERS", &file.display().to_string())]);
+    assert_eq!(code, 2, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    for (provider, field, says) in [
+        ("alipay", "public_keys", "cannot read"),
+        ("paypal", "webhook", "not a setting of scheme paypal"),
+        ("paypal", "max_age_sec", "did you mean max_age_secs?"),
+        ("stripe", "tolerance", "did you mean tolerance_secs?"),
+    ] {
+        let named = format!("provider `{provider}`: {field}: ");
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.contains("FENCEHOOK_PROVIDERS")
+                    && l.contains(&named)
+                    && l.contains(says))
+                .count(),
+            1,
+            "one line for {named}{says}: {err}"
+        );
+    }
+    assert_eq!(lines.len(), 4, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn check_config_rejects_each_bad_setting_with_one_line_naming_it() {
     let (code, out, _) = check_config(&[]);
     assert_eq!(code, 0, "defaults are valid: {out}");

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencehook::config::Config;
+use fencehook::config::{Config, Mode};
 use fencehook::lease::{Acquire, Lease, LeaseKey};
 use fencehook::metrics::Metrics;
 use fencehook::providers::{adyen, standard, stripe, Provider, SchemeKind};
 use serde_json::Value;
 
-use crate::helpers::{now, Reply, TestApp, TestContext, SECRET};
+use crate::helpers::{now, wait_for, Reply, TestApp, TestContext, SECRET};
 
 /// The endpoint secret the `stripe` provider verifies with, and the one it
 /// still accepts from before a roll.
@@ -850,6 +850,100 @@ async fn an_adyen_cancel_or_refund_is_decided_by_the_ledger_so_an_altered_action
     assert_accepted(&post_adyen(&app, &early).await);
     assert_eq!(ledger_sum(&ctx).await, 0, "each payment in and out once");
     assert_eq!(ctx.entries().await, 4);
+    ctx.assert_audit_clean().await;
+}
+
+/// Inbox mode decides a CANCEL_OR_REFUND when a worker books it, as sync
+/// mode does when it is delivered: one accepted while its payment was not
+/// known yet, whose AUTHORISATION was then refused, was a cancel (done,
+/// nothing booked), not a refund left waiting for its payment to succeed
+/// until it is dead.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_inbox_mode_a_cancel_or_refund_accepted_before_its_payment_failed_is_a_cancel_not_a_dead_refund(
+) {
+    let ctx = TestContext::new().await;
+    let mut inbox = config(&ctx);
+    inbox.inbox.mode = Mode::Inbox;
+    inbox.inbox.workers = 0;
+    // Short: a refund still waiting for a failed payment past it is dead.
+    inbox.inbox.max_age = Duration::from_secs(2);
+    let accepting = ctx.spawn(inbox.clone()).await;
+    let cor = adyen_signed_item(
+        "CANCEL_OR_REFUND",
+        "MOD-INBOX",
+        Some("PAY-INBOX"),
+        5000,
+        true,
+    );
+    assert_accepted(&post_adyen(&accepting, &adyen_batch(vec![cor])).await);
+    // Its payment's refused AUTHORISATION, booked before any worker runs.
+    let sync = ctx.spawn(config(&ctx)).await;
+    let refused = adyen_signed_item("AUTHORISATION", "PAY-INBOX", None, 5000, false);
+    assert_accepted(&post_adyen(&sync, &adyen_batch(vec![refused])).await);
+    assert_eq!(ctx.payment("PAY-INBOX").await.unwrap().0, "failed");
+    inbox.inbox.workers = 2;
+    let _working = ctx.spawn(inbox).await;
+    let status = || async {
+        ctx.db()
+            .await
+            .query_one(
+                "SELECT status FROM events WHERE transaction_id = 'MOD-INBOX'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    wait_for(
+        "the CANCEL_OR_REFUND settled, done or dead",
+        Duration::from_secs(30),
+        || async { matches!(status().await.as_str(), "done" | "dead") },
+    )
+    .await;
+    assert_eq!(
+        status().await,
+        "done",
+        "a cancel, not a refund waiting for a payment that failed"
+    );
+    assert_eq!(ctx.entries().await, 0, "nothing booked");
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE status = 'dead'")
+            .await,
+        0
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// The same when both wait in the inbox together, the refused AUTHORISATION
+/// and the CANCEL_OR_REFUND, and the workers take them side by side: the
+/// CANCEL_OR_REFUND waits as a refund while the failure is not booked, then
+/// is a cancel. Its refused payment and nothing else is booked.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_inbox_mode_a_cancel_or_refund_queued_with_its_refused_authorisation_is_a_cancel() {
+    let ctx = TestContext::new().await;
+    let mut inbox = config(&ctx);
+    inbox.inbox.mode = Mode::Inbox;
+    inbox.inbox.workers = 0;
+    let accepting = ctx.spawn(inbox.clone()).await;
+    let refused = adyen_signed_item("AUTHORISATION", "PAY-QUEUED", None, 800, false);
+    let cor = adyen_signed_item(
+        "CANCEL_OR_REFUND",
+        "MOD-QUEUED",
+        Some("PAY-QUEUED"),
+        800,
+        true,
+    );
+    assert_accepted(&post_adyen(&accepting, &adyen_batch(vec![refused, cor])).await);
+    inbox.inbox.workers = 2;
+    let _working = ctx.spawn(inbox).await;
+    wait_for("both events done", Duration::from_secs(30), || async {
+        ctx.count("SELECT count(*) FROM events WHERE status = 'done'")
+            .await
+            == 2
+    })
+    .await;
+    assert_eq!(ctx.payment("PAY-QUEUED").await.unwrap().0, "failed");
+    assert_eq!(ctx.entries().await, 0, "nothing booked");
     ctx.assert_audit_clean().await;
 }
 

@@ -4,7 +4,7 @@
 //! shape each PSP reads. PayPal's certificate comes from a local mock server
 //! (over plain http: the configured prefix, not the scheme, is the guard).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fencehook::config::Config;
-use fencehook::providers::{alipay, paypal, testkeys, wechatpay, Provider, SchemeKind, Settings};
+use fencehook::providers::{alipay, paypal, testkeys, wechatpay, Provider};
 use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -187,56 +187,44 @@ async fn cert_server_with(more: HashMap<String, String>) -> CertServer {
 }
 
 /// The three RSA providers: `wechat`, `alipay`, `paypal` (certificates
-/// fetched under `cert_prefix`).
+/// fetched under `cert_prefix`), read from a providers file with their key
+/// files beside it.
 fn config(ctx: &TestContext, cert_prefix: &str) -> Config {
     let mut cfg = ctx.config();
     let far = now() as u64 + 86_400 * 365;
-    cfg.providers = vec![
-        Provider::with_settings(
-            "wechat",
-            SchemeKind::WechatPay,
-            Settings {
-                secrets: Some(vec![APIV3_NEW.into(), APIV3_OLD.into()]),
-                platform_keys: Some(BTreeMap::from([
-                    (
-                        WECHAT_CERT_SERIAL.to_owned(),
-                        testkeys::certificate(0, WECHAT_CERT_SERIAL, "CN=Tenpay.com", 0, far)
-                            .into_bytes(),
-                    ),
-                    (
-                        WECHAT_PUB_KEY_ID.to_owned(),
-                        testkeys::public_key_pem(1).into_bytes(),
-                    ),
-                ])),
-                tolerance_secs: Some(300),
-                ..Settings::default()
-            },
-        )
-        .unwrap(),
-        Provider::with_settings(
-            "alipay",
-            SchemeKind::Alipay,
-            Settings {
-                app_id: Some(APP_ID.into()),
-                public_keys: Some(vec![
-                    ("new".into(), testkeys::public_key_base64(0).into_bytes()),
-                    ("old".into(), testkeys::public_key_pem(1).into_bytes()),
-                ]),
-                ..Settings::default()
-            },
-        )
-        .unwrap(),
-        Provider::with_settings(
-            "paypal",
-            SchemeKind::Paypal,
-            Settings {
-                webhook_id: Some(WEBHOOK_ID.into()),
-                cert_url_prefixes: Some(vec![cert_prefix.to_owned()]),
-                ..Settings::default()
-            },
-        )
-        .unwrap(),
-    ];
+    let wechat_cert = testkeys::certificate(0, WECHAT_CERT_SERIAL, "CN=Tenpay.com", 0, far);
+    let wechat_key = testkeys::public_key_pem(1);
+    let alipay_new = testkeys::public_key_base64(0);
+    let alipay_old = testkeys::public_key_pem(1);
+    let text = format!(
+        r#"
+[providers.wechat]
+scheme = "wechatpay"
+secrets = ["{APIV3_NEW}", "{APIV3_OLD}"]
+platform_keys = {{ "{WECHAT_CERT_SERIAL}" = "wechat-cert.pem", "{WECHAT_PUB_KEY_ID}" = "wechat-key.pem" }}
+tolerance_secs = 300
+
+[providers.alipay]
+scheme = "alipay"
+app_id = "{APP_ID}"
+public_keys = ["alipay-new.txt", "alipay-old.pem"]
+
+[providers.paypal]
+scheme = "paypal"
+webhook_id = "{WEBHOOK_ID}"
+cert_url_prefixes = ["{cert_prefix}"]
+"#
+    );
+    cfg.providers = testkeys::providers_file(
+        &text,
+        &[
+            ("wechat-cert.pem", wechat_cert.as_bytes()),
+            ("wechat-key.pem", wechat_key.as_bytes()),
+            ("alipay-new.txt", alipay_new.as_bytes()),
+            ("alipay-old.pem", alipay_old.as_bytes()),
+        ],
+    )
+    .unwrap();
     cfg
 }
 
@@ -1459,20 +1447,22 @@ async fn with_confirm_api_a_paypal_event_is_booked_only_as_paypals_api_knows_it(
     let mut cfg = config(&ctx, &certs.prefix());
     cfg.providers.retain(|p| p.name != "paypal");
     cfg.providers.push(
-        Provider::with_settings(
-            "paypal",
-            SchemeKind::Paypal,
-            Settings {
-                webhook_id: Some(WEBHOOK_ID.into()),
-                cert_url_prefixes: Some(vec![certs.prefix()]),
-                confirm: Some("api".into()),
-                api_url: Some(format!("http://{}/", api.addr)),
-                client_id: Some(API_CLIENT_ID.into()),
-                client_secret: Some(API_CLIENT_SECRET.into()),
-                ..Settings::default()
-            },
-        )
-        .unwrap(),
+        Provider::from_toml_str(&format!(
+            r#"
+[providers.paypal]
+scheme = "paypal"
+webhook_id = "{WEBHOOK_ID}"
+cert_url_prefixes = ["{}"]
+confirm = "api"
+api_url = "http://{}/"
+client_id = "{API_CLIENT_ID}"
+client_secret = "{API_CLIENT_SECRET}"
+"#,
+            certs.prefix(),
+            api.addr
+        ))
+        .unwrap()
+        .remove(0),
     );
     let app = ctx.spawn(cfg).await;
     let url = certs.url(PAYPAL_CERT);

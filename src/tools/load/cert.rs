@@ -16,6 +16,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use fencehook::providers::keys::CertificateInfo;
+use fencehook::providers::paypal;
 use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -39,7 +40,7 @@ impl CertFile {
     /// Reads `file` and checks it against the signer of `psp` and its
     /// `--cert-url`, at unix time `now`.
     pub(super) fn read(file: &Path, psp: &Psp, now: i64) -> Result<CertFile, ArgError> {
-        let url = psp.cert_url().map_err(|_| {
+        let url = psp.key(&paypal::CERT_URL).map_err(|_| {
             bad(
                 "cert-url",
                 "--serve-cert serves the certificate at --cert-url: give the URL (e.g. http://127.0.0.1:8099/certs/psp.crt)",
