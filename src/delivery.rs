@@ -12,7 +12,7 @@
 //!   does not hold up the other items of its batch;
 //! - a refund its PSP may have meant as a cancel (Adyen's
 //!   `CANCEL_OR_REFUND`) is decided by the ledger
-//!   ([`domain::cancelled`](crate::domain::cancelled)): against a payment
+//!   ([`crate::domain::cancelled`]): against a payment
 //!   recorded `failed` now it is ignored; otherwise it is booked as a
 //!   refund, or in inbox mode stored marked, and decided again by the
 //!   worker that books it, when the payment's failure may have been booked;

@@ -15,7 +15,7 @@
 //! PayPal's API's availability becomes the booking's (a call that fails is a
 //! 503, which PayPal retries). Hence not the default.
 //!
-//! Bounded like every fetch ([`super::fetch`]): at most
+//! Bounded like every fetch (`providers::fetch`): at most
 //! [`MAX_CONCURRENT_CALLS`] events asked at once (a delivery that finds none
 //! free is a 503), each call within [`CALL_TIMEOUT`] and [`MAX_EVENT_BYTES`];
 //! the access token is kept until shortly before PayPal says it expires.
