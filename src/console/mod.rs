@@ -34,10 +34,15 @@
 // boxing it would only add an allocation to every refusal.
 #![allow(clippy::result_large_err)]
 
+pub mod answer;
 pub mod auth;
+pub mod model;
 pub mod pages;
 pub mod recent;
+pub mod replay;
+pub mod timeline;
 pub mod views;
+pub mod when;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -376,7 +381,7 @@ fn authenticate(console: &Console, ask: &Ask) -> Result<Session, Response<Body>>
     if let Some(token) = &ask.bearer {
         if let Some(wait) = ask.peer.and_then(|p| console.throttle.blocked(p.ip())) {
             console.count_signin(SignIn::Throttled);
-            return Err(pages::throttled(ask, wait));
+            return Err(answer::throttled(ask, wait));
         }
         return match console.tokens.role_of(token.as_bytes()) {
             Some(role) => Ok(Session {
@@ -390,7 +395,7 @@ fn authenticate(console: &Console, ask: &Ask) -> Result<Session, Response<Body>>
                     console.throttle.failed(peer.ip());
                 }
                 tracing::warn!(peer = ?ask.peer.map(|p| p.ip()), "console: wrong Bearer token; answered 401");
-                Err(pages::unauthorized(ask, "wrong token"))
+                Err(answer::unauthorized(ask, "wrong token"))
             }
         };
     }
@@ -400,11 +405,11 @@ fn authenticate(console: &Console, ask: &Ask) -> Result<Session, Response<Body>>
         .and_then(|c| console.tokens.check(c, now_unix()))
     {
         Some(session) => Ok(session),
-        None if ask.json => Err(pages::unauthorized(
+        None if ask.json => Err(answer::unauthorized(
             ask,
             "sign in: a session cookie or Authorization: Bearer <token>",
         )),
-        None => Err(pages::redirect("/console/login")),
+        None => Err(answer::redirect("/console/login")),
     }
 }
 
@@ -424,16 +429,16 @@ fn session_cookie(value: Option<&str>, secure: bool) -> HeaderValue {
 /// The role a write needs and the CSRF and Origin checks every write passes.
 fn may_write(ask: &Ask, session: &Session, need: Option<Role>) -> Result<(), Response<Body>> {
     if need.is_some_and(|r| session.role != r) {
-        return Err(pages::forbidden(ask, "operators only"));
+        return Err(answer::forbidden(ask, "operators only"));
     }
     if !ask.same_origin() {
-        return Err(pages::forbidden(
+        return Err(answer::forbidden(
             ask,
             "the request comes from another origin",
         ));
     }
     if !session.csrf_ok(ask.form.get("csrf").map(String::as_str)) {
-        return Err(pages::forbidden(
+        return Err(answer::forbidden(
             ask,
             "missing or wrong csrf field: reload the page and try again",
         ));

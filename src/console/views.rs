@@ -9,9 +9,9 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use super::auth::{Role, Session};
-use super::pages::{
-    encode_segment, AuditView, EventsView, Moment, Overview, PaymentView, RefusalsView, ReplayView,
-    SearchView,
+use super::model::{
+    encode_segment, row_status, AuditView, EventsView, Moment, Overview, PaymentView, RefusalsView,
+    ReplayView, SearchView,
 };
 use crate::domain::amount::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
@@ -19,66 +19,7 @@ use crate::store::inbox::{EventRow, RowView};
 
 /// The console's stylesheet (served at `/console/style.css`: the CSP allows
 /// no inline style).
-pub const STYLE: &str = r#"
-:root { --ink:#1d2433; --muted:#5b6478; --line:#dde2ea; --bg:#f6f7f9; --accent:#2457c5; }
-* { box-sizing: border-box; }
-body { margin:0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color:var(--ink); background:var(--bg); }
-header { background:#151b2b; color:#fff; padding:10px 24px; display:flex; align-items:center; gap:24px; }
-header .brand { font-weight:700; letter-spacing:.02em; }
-header nav a { color:#c9d3ea; text-decoration:none; margin-right:16px; }
-header nav a:hover { color:#fff; }
-header .who { margin-left:auto; display:flex; gap:12px; align-items:center; color:#c9d3ea; }
-header form { margin:0; }
-header button { background:transparent; color:#c9d3ea; border:1px solid #44506a; border-radius:4px; padding:2px 10px; cursor:pointer; }
-main { padding:20px 24px 48px; max-width:1280px; }
-h1 { font-size:20px; margin:4px 0 14px; }
-h2 { font-size:15px; margin:24px 0 8px; color:var(--muted); text-transform:uppercase; letter-spacing:.04em; }
-table { border-collapse:collapse; width:100%; background:#fff; border:1px solid var(--line); }
-th, td { text-align:left; padding:6px 10px; border-bottom:1px solid var(--line); vertical-align:top; }
-th { background:#eef1f6; font-weight:600; font-size:12px; color:var(--muted); }
-td.num, th.num { text-align:right; font-variant-numeric: tabular-nums; }
-code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size:13px; }
-a { color:var(--accent); }
-.cards { display:grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap:12px; }
-.card { background:#fff; border:1px solid var(--line); border-radius:6px; padding:10px 14px; }
-.card .label { color:var(--muted); font-size:12px; }
-.card .value { font-size:22px; font-weight:600; }
-.badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600; background:#e7eaf0; }
-.s-succeeded, .s-done, .s-reinstated { background:#dcf3e4; color:#17683a; }
-.s-failed { background:#fbe3d4; color:#8a3b0c; }
-.s-dead, .s-violations { background:#f9d7d9; color:#9b1c25; }
-.s-clean { background:#dcf3e4; color:#17683a; }
-.s-stale { background:#fff1c2; color:#7a5600; }
-.s-queued { background:#e3ebfb; color:#23489c; }
-.s-processing { background:#fff1c2; color:#7a5600; }
-.summary { background:#fff; border:1px solid var(--line); border-radius:6px; padding:12px 16px; display:grid; grid-template-columns: max-content 1fr; gap:4px 18px; }
-.summary dt { color:var(--muted); }
-.summary dd { margin:0; }
-.amount { font-size:18px; font-weight:700; }
-form.filters { display:flex; flex-wrap:wrap; gap:8px; align-items:flex-end; background:#fff; border:1px solid var(--line); border-radius:6px; padding:10px 12px; margin-bottom:14px; }
-form.filters label { display:flex; flex-direction:column; font-size:12px; color:var(--muted); }
-input, select { font: inherit; padding:4px 6px; border:1px solid #c3cad6; border-radius:4px; }
-button { font: inherit; }
-button.primary, button.replay, button.replay-many { background:var(--accent); color:#fff; border:0; border-radius:4px; padding:5px 12px; cursor:pointer; }
-button.replay, button.replay-many { background:#b42331; padding:2px 10px; font-size:12px; }
-.notice { background:#e3f4e9; border:1px solid #b5dfc3; padding:8px 12px; border-radius:6px; margin-bottom:12px; }
-.warn { background:#fff4d6; border:1px solid #f0d98a; padding:8px 12px; border-radius:6px; margin-bottom:12px; }
-.error { background:#fde5e7; border:1px solid #f3b6bc; padding:8px 12px; border-radius:6px; }
-ol.timeline { list-style:none; padding:0; margin:0; border-left:3px solid var(--line); }
-ol.timeline li { position:relative; padding:4px 0 8px 18px; }
-ol.timeline li::before { content:""; position:absolute; left:-7px; top:9px; width:11px; height:11px; border-radius:50%; background:#9aa6bd; }
-ol.timeline li.t-ledger::before { background:#17683a; }
-ol.timeline li.t-attempt_failed::before, ol.timeline li.t-dead::before { background:#b42331; }
-ol.timeline li.t-done::before { background:#7fb894; }
-ol.timeline li.t-replayed::before { background:#2457c5; }
-ol.timeline .when { color:var(--muted); font-size:12px; margin-right:8px; }
-ol.timeline .tok { color:var(--muted); font-size:12px; margin-left:8px; }
-pre.body { background:#0f1422; color:#d7def0; padding:10px; border-radius:6px; overflow:auto; max-height:260px; font-size:12px; }
-.muted { color:var(--muted); }
-.login { max-width:380px; margin:80px auto; background:#fff; border:1px solid var(--line); border-radius:8px; padding:24px; }
-.login input { width:100%; margin:8px 0 14px; }
-.pager { margin-top:10px; }
-"#;
+pub const STYLE: &str = include_str!("style.css");
 
 /// A time for people: UTC, to the second.
 pub fn when(t: &OffsetDateTime) -> String {
@@ -99,16 +40,6 @@ pub fn when_ms(t: &OffsetDateTime) -> String {
     let text = when(&t);
     let seconds = text.trim_end_matches(" UTC");
     format!("{seconds}.{:03} UTC", t.millisecond())
-}
-
-/// A row's status in a payments reader's words: a dispute whose money came
-/// back (the merchant won it: the PSP reinstated the funds) is
-/// "reinstated", never "failed", which reads as a chargeback lost.
-pub fn row_status<'a>(kind: &str, status: &'a str) -> &'a str {
-    match (kind, status) {
-        ("dispute", "failed") => "reinstated",
-        _ => status,
-    }
 }
 
 /// How long ago, for people: the largest whole unit (`42 seconds ago`,
@@ -626,14 +557,6 @@ pub fn refusals(session: &Session, v: &RefusalsView) -> Markup {
 mod tests {
     use super::*;
     use crate::store::audit::{AuditRun, CheckCount, LastAudit};
-
-    #[test]
-    fn only_a_dispute_reads_reinstated_where_its_row_says_failed() {
-        assert_eq!(row_status("dispute", "failed"), "reinstated");
-        assert_eq!(row_status("dispute", "succeeded"), "succeeded");
-        assert_eq!(row_status("refund", "failed"), "failed");
-        assert_eq!(row_status("payment", "failed"), "failed");
-    }
 
     #[test]
     fn times_in_a_shared_second_show_milliseconds() {

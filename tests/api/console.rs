@@ -981,7 +981,7 @@ async fn every_value_is_html_escaped_and_stored_bodies_are_shown_to_operators_on
     assert_eq!(app.deliver(&p).await.result(), "accepted");
     let path = format!(
         "/console/payments/generic/{}",
-        fencehook::console::pages::encode_segment(tx)
+        fencehook::console::model::encode_segment(tx)
     );
     let mut viewer = Browser::new(&app.admin);
     viewer.sign_in(&files.viewer).await;
