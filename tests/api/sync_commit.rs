@@ -574,3 +574,85 @@ async fn in_inbox_mode_a_lock_renewal_waiting_for_a_missing_standby_is_bounded_a
     );
     assert!(!pg.log().contains(CANCELLED_WAIT), "{}", pg.log());
 }
+
+/// The PayPal transmission binding is a write like a booking (even a
+/// retry's conflict updates the row): with the standby missing it answers
+/// once the bound passed, and while that commit waits a transmission bound
+/// before is answered from its row (a PayPal retry stays `duplicate`-able,
+/// a forged body on its id is still refused); only a new one, which must be
+/// written, is refused, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paypal_binding_waiting_for_a_missing_standby_is_bounded_and_a_bound_transmission_is_read_from_its_row(
+) {
+    use fencehook::store::transmissions::Transmission;
+    use fencehook::store::{Store, StoreError};
+
+    let (pg, url, admin) = private_database("fh_sync_paypal").await;
+    let ctx = TestContext::new().await;
+    let store = Store::new(&bounded_config(&ctx, &url, 2).db).unwrap();
+    let expires = time::OffsetDateTime::now_utc() + time::Duration::days(3);
+    let bind = |id: &'static str, body: &'static str| {
+        let store = store.clone();
+        async move {
+            within(
+                "a binding",
+                Duration::from_secs(20),
+                store.bind_transmission("paypal", id, body, expires),
+            )
+            .await
+        }
+    };
+    assert_eq!(bind("tx-bound", "sha-a").await.unwrap(), Transmission::New);
+
+    name_standby(&admin, Some("fake_standby")).await;
+    let sent = Instant::now();
+    let waited = bind("tx-new", "sha-b").await;
+    let took = sent.elapsed();
+    assert!(
+        matches!(waited, Err(StoreError::CommitWaiting { .. })),
+        "{waited:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(15),
+        "answered once the bound (2 s) passed: {took:?}"
+    );
+    let sent = Instant::now();
+    assert_eq!(
+        bind("tx-bound", "sha-a").await.unwrap(),
+        Transmission::SameBody { confirmed: false },
+        "a PayPal retry: read from the row"
+    );
+    assert_eq!(
+        bind("tx-bound", "sha-forged").await.unwrap(),
+        Transmission::OtherBody,
+        "headers lifted onto another body are refused still"
+    );
+    let refused = bind("tx-other", "sha-c").await;
+    assert!(
+        matches!(refused, Err(StoreError::CommitsWaiting { .. })),
+        "a new transmission must be written: {refused:?}"
+    );
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(waiting_for_standby(&admin, "fencehook").await, 1);
+
+    name_standby(&admin, None).await;
+    let db = local(&url).await;
+    wait_for(
+        "the waiting binding landed",
+        Duration::from_secs(20),
+        || async {
+            count(
+                &db,
+                "SELECT count(*) FROM paypal_transmissions WHERE transmission_id = 'tx-new'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert!(!pg.log().contains(CANCELLED_WAIT), "{}", pg.log());
+}
