@@ -501,6 +501,7 @@ fn serve_admin(state: Arc<State>, admin: TcpListener) -> AdminServer {
         listener: Listener::Admin,
         max_connections: ADMIN_MAX_CONNECTIONS,
         max_per_peer: usize::MAX,
+        peer_ipv6_prefix: 128,
         max_requests: u64::MAX,
         max_age: Duration::MAX,
         head_timeout: ADMIN_HEAD_TIMEOUT,

@@ -143,6 +143,16 @@ pub struct ServeArgs {
         default_value_t = 256
     )]
     pub max_connections_per_peer: usize,
+    /// How many leading bits of an IPv6 peer address make one peer for that
+    /// cap (1–128; 128: each address alone). A client commonly holds a
+    /// whole /64 and can connect from any address in it; IPv4 addresses
+    /// are each a peer.
+    #[arg(
+        long,
+        env = setting::FENCEHOOK_PEER_IPV6_PREFIX,
+        default_value_t = 64
+    )]
+    pub peer_ipv6_prefix: u8,
     /// Requests one keep-alive connection may carry; the last is answered
     /// with `Connection: close`.
     #[arg(
@@ -442,6 +452,8 @@ pub struct Config {
     pub max_connections: usize,
     /// Connections open at once from one peer address on the public listener.
     pub max_connections_per_peer: usize,
+    /// IPv6 peers are counted by this prefix of their address (bits).
+    pub peer_ipv6_prefix: u8,
     /// Requests one keep-alive connection carries before it is closed.
     pub connection_max_requests: u64,
     /// Age past which a keep-alive connection is closed after its next answer.
@@ -531,6 +543,7 @@ impl ServeArgs {
                     max_inflight: self.max_inflight,
                     max_connections: self.max_connections,
                     max_connections_per_peer: self.max_connections_per_peer,
+                    peer_ipv6_prefix: self.peer_ipv6_prefix,
                     connection_max_requests: self.connection_max_requests,
                     connection_max_age: Duration::from_secs(self.connection_max_age_secs),
                     allow_published_secrets: self.allow_published_secrets,
@@ -643,6 +656,12 @@ impl ServeArgs {
                     "{} must be between 1 and {MAX_BODY_TIMEOUT_MS} ms",
                     self.body_timeout_ms
                 ),
+            );
+        }
+        if !(1..=128).contains(&self.peer_ipv6_prefix) {
+            found.refuse(
+                setting::FENCEHOOK_PEER_IPV6_PREFIX,
+                format!("{} must be between 1 and 128 (bits)", self.peer_ipv6_prefix),
             );
         }
         for (setting, value) in [

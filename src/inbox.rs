@@ -30,7 +30,10 @@
 //! - A worker's lock on the events it took is short (one lease TTL) and
 //!   extended every third of it while their attempts live, so a dead
 //!   worker's events are taken again within about a TTL; the fence stops
-//!   the dead worker if it wakes up. An event this binary cannot read is made
+//!   the dead worker if it wakes up. The rescue that puts such events back
+//!   runs every second in each process with workers, on a timer of its own
+//!   ([`Inbox::run`]): a worker in a slow downstream call does not hold it
+//!   up. An event this binary cannot read is made
 //!   `dead` alone, with the reason; the others of its take are attempted.
 //! - What waits for a payment (a refund, a dispute, a reinstatement waiting
 //!   for its withdrawal) is woken by the booking it waits for, in either mode
@@ -67,8 +70,9 @@ const HELD_RETRY: Duration = Duration::from_millis(200);
 /// to a failed statement).
 const AWAIT_RETRY_MAX: Duration = Duration::from_secs(60);
 
-/// How often the first worker looks for events whose lock ran out while
-/// there is other work (idle, it looks every time it finds none).
+/// How often each process with workers looks for events whose lock ran out
+/// (their worker died or froze), on a timer of its own: never behind its
+/// workers' attempts, however slow their downstream calls.
 const RESCUE_EVERY: Duration = Duration::from_secs(1);
 
 /// How many due events a worker takes at once. One statement takes them,
@@ -284,6 +288,7 @@ impl Inbox {
         }
         let mut tasks = JoinSet::new();
         tasks.spawn(self.clone().listen(stop.clone()));
+        tasks.spawn(self.clone().rescue_on_schedule(stop.clone()));
         for n in 0..workers {
             tasks.spawn(self.clone().work(n, stop.clone()));
         }
@@ -292,7 +297,6 @@ impl Inbox {
     }
 
     async fn work(self: Arc<Self>, n: usize, mut stop: watch::Receiver<bool>) {
-        let mut last_rescue = tokio::time::Instant::now();
         // The events of the last take found done, recorded with the next
         // take (`Store::take_after`), or alone when the worker stops.
         let mut done: Vec<Taken> = Vec::new();
@@ -300,13 +304,6 @@ impl Inbox {
             if *stop.borrow() {
                 self.record_done(&done).await;
                 return;
-            }
-            // The first worker looks for events whose worker died: when it
-            // finds nothing to do, and at least every RESCUE_EVERY under a
-            // backlog (their events must not wait for the queue to empty).
-            if n == 0 && last_rescue.elapsed() >= RESCUE_EVERY {
-                last_rescue = tokio::time::Instant::now();
-                self.rescue().await;
             }
             let recording: Vec<&Taken> = done.iter().collect();
             let took = self
@@ -328,12 +325,6 @@ impl Inbox {
                     }
                 }
                 Ok(_) => {
-                    if n == 0 {
-                        last_rescue = tokio::time::Instant::now();
-                        if self.rescue().await {
-                            continue;
-                        }
-                    }
                     tokio::select! {
                         () = self.wake.notified() => {}
                         () = tokio::time::sleep(self.cfg.idle_poll) => {}
@@ -360,6 +351,31 @@ impl Inbox {
         let recording: Vec<&Taken> = done.iter().collect();
         let recorded = self.store.settle_done(&recording).await;
         report_done(done, recorded.as_ref().map(|ids| &ids[..]));
+    }
+
+    /// Every [`RESCUE_EVERY`] until `stop`: the events whose worker's lock
+    /// ran out back in the queue, and this process's idle workers woken to
+    /// take them. Its own task, not a worker's chore between takes: a
+    /// worker in a slow downstream call held up a dead worker's events for
+    /// as long as its call took, far past the lock's TTL.
+    async fn rescue_on_schedule(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(RESCUE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = stop.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => return,
+                },
+            }
+            if self.rescue().await {
+                self.wake.notify_waiters();
+            }
+        }
     }
 
     /// Puts events whose worker's lock ran out back in the queue; whether

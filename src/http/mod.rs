@@ -4,7 +4,8 @@
 //!
 //! What the accept loop bounds, so that no client can hold the edge: open
 //! connections per listener ([`Limits::max_connections`]) and per peer
-//! address ([`Limits::max_per_peer`]; beyond either 503 and close, never a
+//! address ([`Limits::max_per_peer`]; an IPv6 address by its prefix,
+//! [`peer_key`]; beyond either 503 and close, never a
 //! queue, counted by reason), a keep-alive connection's life (requests and
 //! age: past either its next answer says `Connection: close`), the request
 //! head's size ([`MAX_HEAD_BYTES`], counted here byte for byte) and time,
@@ -23,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,6 +105,8 @@ pub struct Limits {
     /// Connections open at once from one peer address; beyond it a new one
     /// is answered 503 and closed.
     pub max_per_peer: usize,
+    /// Leading bits of an IPv6 address that make one peer ([`peer_key`]).
+    pub peer_ipv6_prefix: u8,
     /// Requests one connection carries; the last is answered `Connection: close`.
     pub max_requests: u64,
     /// Past this age a connection's next answer says `Connection: close`.
@@ -125,6 +128,7 @@ impl Limits {
             listener: Listener::Public,
             max_connections: cfg.max_connections,
             max_per_peer: cfg.max_connections_per_peer,
+            peer_ipv6_prefix: cfg.peer_ipv6_prefix,
             max_requests: cfg.connection_max_requests,
             max_age: cfg.connection_max_age,
             head_timeout: HEADER_READ_TIMEOUT,
@@ -163,6 +167,7 @@ pub async fn serve<H, F>(
         listener: which,
         max_connections,
         max_per_peer,
+        peer_ipv6_prefix,
         max_requests,
         max_age,
         head_timeout,
@@ -211,10 +216,12 @@ pub async fn serve<H, F>(
                         continue;
                     }
                 };
-                let Some(peer_slot) = peers.take(peer.ip(), max_per_peer) else {
+                let key = peer_key(peer.ip(), peer_ipv6_prefix);
+                let Some(peer_slot) = peers.take(key, max_per_peer) else {
                     refused_peer.increment(1);
                     if let Some(suppressed) = log_sample.admit(Kind::ConnectionRefused) {
-                        tracing::warn!(listener = which.as_str(), peer = %peer.ip(), max_per_peer,
+                        tracing::warn!(listener = which.as_str(), peer = %peer.ip(), counted_as = %key,
+                            peer_ipv6_prefix, max_per_peer,
                             suppressed, "per-peer connection limit reached; answered 503 and closed");
                     }
                     if let Ok(refusing) = refusing.clone().try_acquire_owned() {
@@ -564,6 +571,25 @@ struct Peers {
     open: Mutex<HashMap<IpAddr, usize>>,
 }
 
+/// The address a peer's connections are counted under: an IPv4 address
+/// (or an IPv4-mapped IPv6 one) as it is, an IPv6 address with all but its
+/// first `ipv6_prefix` bits cleared. An ISP or a cloud gives one client a
+/// whole /64 (or more), and any address in it connects: counted one by one,
+/// such a client would have no cap at all.
+pub fn peer_key(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
+    }
+    let mask = match ipv6_prefix.min(128) {
+        0 => 0,
+        bits => u128::MAX << (128 - u32::from(bits)),
+    };
+    IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+}
+
 impl Peers {
     /// A slot for one more connection from `ip`, if it has fewer than `max`.
     fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<PeerSlot> {
@@ -636,4 +662,62 @@ async fn refuse(mut stream: TcpStream, _refusing: OwnedSemaphorePermit) {
         Ok::<(), std::io::Error>(())
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_counted_by_its_prefix_and_an_ipv4_one_by_its_address() {
+        assert_eq!(
+            peer_key(ip("2001:db8:1:2:aaaa::1"), 64),
+            ip("2001:db8:1:2::")
+        );
+        assert_eq!(
+            peer_key(ip("2001:db8:1:2:ffff:ffff:ffff:ffff"), 64),
+            ip("2001:db8:1:2::")
+        );
+        assert_eq!(peer_key(ip("2001:db8:1:2:aaaa::1"), 48), ip("2001:db8:1::"));
+        assert_eq!(
+            peer_key(ip("2001:db8:1:2:aaaa::1"), 128),
+            ip("2001:db8:1:2:aaaa::1")
+        );
+        assert_eq!(peer_key(ip("203.0.113.7"), 64), ip("203.0.113.7"));
+        assert_eq!(
+            peer_key(ip("::ffff:203.0.113.7"), 64),
+            ip("203.0.113.7"),
+            "an IPv4-mapped address is its IPv4 address"
+        );
+    }
+
+    #[test]
+    fn addresses_rotated_inside_one_ipv6_64_share_one_per_peer_cap() {
+        let peers = Arc::new(Peers::default());
+        let max = 2;
+        let take = |addr: &str| peers.take(peer_key(ip(addr), 64), max);
+        let first = take("2001:db8:0:7::1").expect("first");
+        let second = take("2001:db8:0:7::2").expect("second");
+        assert!(
+            take("2001:db8:0:7:ffff::3").is_none(),
+            "a third address of the same /64 is over the cap"
+        );
+        assert!(
+            take("2001:db8:0:8::1").is_some(),
+            "another /64 is another peer"
+        );
+        let v4a = take("198.51.100.1").expect("an IPv4 peer");
+        let v4b = take("198.51.100.2").expect("each IPv4 address is a peer");
+        drop((v4a, v4b));
+        drop(first);
+        assert!(
+            take("2001:db8:0:7::9").is_some(),
+            "a slot given back is free again"
+        );
+        drop(second);
+    }
 }

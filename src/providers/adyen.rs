@@ -194,6 +194,11 @@ impl Scheme for Adyen {
         })
     }
 
+    /// The HMAC key, hex-decoded: its digits in either case are one key.
+    fn key_bytes(secret: &str) -> Option<Vec<u8>> {
+        hex::decode(secret).ok()
+    }
+
     fn ack_body(success: bool, result: &str, reason: Option<&str>) -> AckBody {
         if success {
             AckBody::Text(ACCEPTED)

@@ -322,7 +322,8 @@ impl Provider {
             )));
         }
         let short_secret = |secret: &str| kind.spec().short_secret(secret);
-        let mut setup = Setup::new(name, dir, unix_now(), &short_secret);
+        let key_bytes = |secret: &str| kind.spec().key_bytes(secret);
+        let mut setup = Setup::new(name, dir, unix_now(), &short_secret, &key_bytes);
         let scheme = kind.build(table, &mut setup)?;
         let found = setup.into_found();
         Ok(Provider {

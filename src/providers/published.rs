@@ -14,8 +14,12 @@
 //! `make run` uses, Adyen's library test key, the examples' `whsec_…`). A
 //! secret added to any of them later is refused without a change here.
 //!
-//! Found here, refused by the configuration at start and on SIGHUP unless
-//! `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` says this is development.
+//! A secret is compared with them as the key its scheme signs with
+//! (`Scheme::key_bytes`), not as a string: a published Adyen key spelt in
+//! lower case is the published key. Found here, refused by the configuration
+//! at start and on SIGHUP unless `FENCEHOOK_ALLOW_PUBLISHED_SECRETS` says
+//! this is development. A test reads the repository's code, tests, docs
+//! and examples for secret-shaped tokens a provider would serve.
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -89,12 +93,21 @@ fn quoted_secrets(text: &str) -> Vec<String> {
 }
 
 /// Why `secret` must not serve, if it is published: the development
-/// secret, or one quoted in fencehook's own files.
-pub(super) fn secret(secret: &str) -> Option<&'static str> {
-    if !published().contains(secret) {
-        return None;
-    }
-    Some(if secret == super::DEV_SECRET {
+/// secret, or one quoted in fencehook's own files. Compared as keys:
+/// `key_bytes` is the scheme's decoding (`Scheme::key_bytes`), and a secret
+/// is published when it decodes to the key a published one decodes to (a
+/// hex key's other case, a base64 key's other padding); one that does not
+/// decode is compared as it is spelled.
+pub(super) fn secret(
+    secret: &str,
+    key_bytes: &dyn Fn(&str) -> Option<Vec<u8>>,
+) -> Option<&'static str> {
+    let same = |known: &str| match (key_bytes(secret), key_bytes(known)) {
+        (Some(key), Some(known_key)) => key == known_key,
+        _ => secret == known,
+    };
+    let known = published().iter().find(|known| same(known))?;
+    Some(if known == super::DEV_SECRET {
         "the DEVELOPMENT secret published in the README"
     } else {
         "a secret published in fencehook's own files (the example providers file or the docs)"
@@ -194,6 +207,138 @@ mod tests {
             p.exposures()[0].starts_with("provider `stripe`: secrets: "),
             "{:?}",
             p.exposures()
+        );
+    }
+
+    /// A secret not published anywhere, made at run time (any literal in
+    /// the repository would be found by the scan below).
+    fn unpublished_hex_key() -> String {
+        let digits: String = (0u8..32)
+            .map(|i| format!("{:02X}", i.wrapping_mul(37).wrapping_add(11)))
+            .collect();
+        assert!(!published().contains(&digits));
+        digits
+    }
+
+    #[test]
+    fn a_published_secret_is_refused_in_every_spelling_of_its_key() {
+        let adyen_key = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+        for spelling in [
+            adyen_key.to_owned(),
+            adyen_key.to_ascii_lowercase(),
+            // Half and half: the same 32 bytes.
+            format!(
+                "{}{}",
+                &adyen_key[..32].to_ascii_lowercase(),
+                &adyen_key[32..]
+            ),
+        ] {
+            let what = exposure(SchemeKind::Adyen, &spelling);
+            assert!(
+                what.as_deref().is_some_and(|w| w.contains("published")),
+                "{spelling}: {what:?}"
+            );
+        }
+        // Adyen's other library test key (its PHP library's), quoted in the docs.
+        let php_key = "DFB1EB5485895CFA84146406857104ABB4CBCABDC8AAF103A624C8F6A3EAAB00";
+        for spelling in [php_key.to_owned(), php_key.to_ascii_lowercase()] {
+            assert!(
+                exposure(SchemeKind::Adyen, &spelling).is_some(),
+                "{spelling}"
+            );
+        }
+        let unpublished = unpublished_hex_key();
+        assert_eq!(exposure(SchemeKind::Adyen, &unpublished), None);
+        assert_eq!(
+            exposure(SchemeKind::Adyen, &unpublished.to_ascii_lowercase()),
+            None
+        );
+    }
+
+    /// The test suite's own secret-shaped tokens that a provider serves: the
+    /// secrets its tests sign with (its `serve` and `work` processes start
+    /// with them, without `FENCEHOOK_ALLOW_PUBLISHED_SECRETS`), and a
+    /// signature that looks like an Adyen key. Anyone can read them too; they
+    /// stay servable for the suite, by name here. A new secret-shaped token
+    /// anywhere else (the code, the docs, the examples) must be refused: in
+    /// the docs' published set, or short.
+    const SUITE_SECRETS: &[&str] = &[
+        // tests/api/helpers: the generic provider of every test.
+        "whsec_dGVzdC1zZWNyZXQtZm9yLWZlbmNlaG9vay10ZXN0cw==",
+        "whsec_d3Jvbmctc2VjcmV0LXdyb25nLXNlY3JldA==",
+        "whsec_b3RoZXItc2VjcmV0LW5vdC10aGUtcHJvdmlkZXJzLW93bg==",
+        "whsec_b3RoZXItc2VjcmV0LW5vdC10aGUtcHJvdmlkZXJzLW9uZQ==",
+        "whsec_bmV3LXNlY3JldC1mb3ItcmVsb2FkLXRlc3Q=",
+        "whsec_shop_endpoint_secret_new_0123456789",
+        "whsec_shop_endpoint_secret_old_0123456789",
+        "whsec_0123456789abcdef0123456789abcdef",
+        "whsec_fencehook_stripe_integration_secret",
+        "whsec_fencehook_stripe_secret_before_the_roll",
+        "whsec_test_secret_for_fencehook_unit_tests",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        // An Adyen key no PSP issued: the suite's "unknown key".
+        "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF",
+        // A Stripe signature (src/providers/stripe.rs), not a key.
+        "c62c74be83bf90fc7fd50fd5f300b08b9422fa8f94a3512cbf7603665610ac52",
+    ];
+
+    /// Every file of the repository's `src/`, `tests/`, `docs/`, `deploy/`
+    /// and `scripts/`, and its top-level documents.
+    fn repository_files() -> Vec<std::path::PathBuf> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files: Vec<_> = ["README.md", "CHANGELOG.md", "Makefile", "Containerfile"]
+            .iter()
+            .map(|f| root.join(f))
+            .collect();
+        let mut dirs: Vec<_> = ["src", "tests", "docs", "deploy", "scripts"]
+            .iter()
+            .map(|d| root.join(d))
+            .collect();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    files.push(path);
+                }
+            }
+        }
+        files
+    }
+
+    /// Whether a provider of any scheme that takes `token` as a secret
+    /// would serve it: it builds, and nothing exposes it.
+    fn served(token: &str) -> Vec<SchemeKind> {
+        [SchemeKind::Standard, SchemeKind::Stripe, SchemeKind::Adyen]
+            .into_iter()
+            .filter(|&scheme| {
+                Provider::new("p", scheme, &[token.to_owned()], None)
+                    .is_ok_and(|p| p.exposures().is_empty())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_secret_shaped_token_in_the_repository_is_refused_as_published_or_short() {
+        let mut servable = Vec::new();
+        for path in repository_files() {
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue; // not text
+            };
+            for token in quoted_secrets(&text) {
+                let schemes = served(&token);
+                if !schemes.is_empty() && !SUITE_SECRETS.contains(&token.as_str()) {
+                    servable.push(format!("{}: {token} ({schemes:?})", path.display()));
+                }
+            }
+        }
+        servable.sort();
+        servable.dedup();
+        assert!(
+            servable.is_empty(),
+            "secret-shaped tokens a provider would serve, though anyone can read them:\n{}",
+            servable.join("\n")
         );
     }
 

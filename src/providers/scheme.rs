@@ -68,6 +68,15 @@ pub trait Scheme: Clone + Send + Sync + Sized + 'static {
         None
     }
 
+    /// The key one of its `secrets` signs with, when it decodes (the
+    /// secret's own bytes unless the scheme decodes it): published secrets
+    /// are compared by it, so another spelling of a published key that the
+    /// scheme reads as the same key (hex in lower case, another base64
+    /// padding) is refused as the published one is.
+    fn key_bytes(secret: &str) -> Option<Vec<u8>> {
+        Some(secret.as_bytes().to_vec())
+    }
+
     /// Whether a delivery's `Content-Type` (its essence, lower case, without
     /// parameters) is what the PSP posts: JSON unless the scheme says otherwise.
     fn accepts_content_type(essence: &str) -> bool {
@@ -176,6 +185,7 @@ pub struct Spec {
     pub payment_id: Option<&'static str>,
     pub keys: &'static [Key],
     short_secret_fn: fn(&str) -> Option<String>,
+    key_bytes_fn: fn(&str) -> Option<Vec<u8>>,
     accepts_content_type_fn: fn(&str) -> bool,
     psp_event_id_fn: fn(&http::HeaderMap, &[u8]) -> Option<String>,
     ack_body_fn: fn(bool, &str, Option<&str>) -> AckBody,
@@ -199,6 +209,7 @@ impl Spec {
             payment_id: S::PAYMENT_ID,
             keys: S::KEYS,
             short_secret_fn: S::short_secret,
+            key_bytes_fn: S::key_bytes,
             accepts_content_type_fn: S::accepts_content_type,
             psp_event_id_fn: S::psp_event_id,
             ack_body_fn: S::ack_body,
@@ -210,6 +221,11 @@ impl Spec {
     /// See [`Scheme::short_secret`].
     pub fn short_secret(&self, secret: &str) -> Option<String> {
         (self.short_secret_fn)(secret)
+    }
+
+    /// See [`Scheme::key_bytes`].
+    pub fn key_bytes(&self, secret: &str) -> Option<Vec<u8>> {
+        (self.key_bytes_fn)(secret)
     }
 
     /// See [`Scheme::accepts_content_type`].

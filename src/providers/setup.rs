@@ -19,6 +19,8 @@ pub struct Setup<'a> {
     now: i64,
     /// The scheme's own idea of a secret too short to be its PSP's.
     short_secret: &'a dyn Fn(&str) -> Option<String>,
+    /// The key a secret signs with, by the scheme's decoding.
+    key_bytes: &'a dyn Fn(&str) -> Option<Vec<u8>>,
     found: Found,
 }
 
@@ -43,12 +45,14 @@ impl<'a> Setup<'a> {
         dir: &'a Path,
         now: i64,
         short_secret: &'a dyn Fn(&str) -> Option<String>,
+        key_bytes: &'a dyn Fn(&str) -> Option<Vec<u8>>,
     ) -> Setup<'a> {
         Setup {
             provider,
             dir,
             now,
             short_secret,
+            key_bytes,
             found: Found::default(),
         }
     }
@@ -86,10 +90,11 @@ impl<'a> Setup<'a> {
 
     /// The secrets of `field` (they sign or decrypt deliveries): each one
     /// published in fencehook's own files, or shorter than the PSP issues,
-    /// is an exposure: anyone could sign with it.
+    /// is an exposure: anyone could sign with it. Published ones are
+    /// compared as the keys the scheme decodes them to, not as strings.
     pub fn secrets(&mut self, field: &str, secrets: Vec<String>) -> Vec<String> {
         for (i, secret) in secrets.iter().enumerate() {
-            let what = published::secret(secret)
+            let what = published::secret(secret, self.key_bytes)
                 .map(str::to_owned)
                 .or_else(|| (self.short_secret)(secret).map(|s| format!("a secret of {s}")));
             if let Some(what) = what {

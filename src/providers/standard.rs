@@ -110,6 +110,13 @@ impl Scheme for Standard {
         })
     }
 
+    /// The base64 after `whsec_`, decoded.
+    fn key_bytes(secret: &str) -> Option<Vec<u8>> {
+        secret
+            .strip_prefix("whsec_")
+            .and_then(|b| B64.decode(b).ok())
+    }
+
     fn psp_event_id(headers: &http::HeaderMap, _body: &[u8]) -> Option<String> {
         headers
             .get(ID_HEADER)

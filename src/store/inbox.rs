@@ -510,8 +510,8 @@ impl Store {
         fingerprint: &str,
         inserted: Option<i64>,
     ) -> Result<Accepted, StoreError> {
-        let client = self.pool.get().await?;
-        let row = client
+        let reader = self.pool.get().await?;
+        let row = reader
             .query_one(
                 "SELECT (SELECT fingerprint FROM payments WHERE provider = $1 AND transaction_id = $2),
                         (SELECT fingerprint FROM events
@@ -519,15 +519,18 @@ impl Store {
                 &[&ev.provider, &ev.transaction_id, &ev.event_type.as_str()],
             )
             .await?;
+        drop(reader);
         let existing: Option<String> = row.get(0);
         let event_fp: Option<String> = row.get(1);
         match inserted {
             Some(id) if existing.as_deref().is_some_and(|fp| fp != fingerprint) => {
+                let client = self.writer().await?;
                 client
-                    .execute(
+                    .watch()
+                    .statement(client.execute(
                         "DELETE FROM events WHERE id = $1 AND status = 'queued' AND attempts = 0",
                         &[&id],
-                    )
+                    ))
                     .await?;
                 Ok(Accepted::Mismatch)
             }
@@ -718,10 +721,11 @@ impl Store {
         let done_lock = done.first().map(|t| t.locked_until);
         debug_assert!(done.iter().all(|t| Some(t.locked_until) == done_lock));
         let done_ids: Vec<i64> = done.iter().map(|t| t.id).collect();
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let ms = lock.as_millis() as f64;
         let rows = client
-            .query_typed(
+            .watch()
+            .statement(client.query_typed(
                 TAKE,
                 &[
                     (&ms, Type::FLOAT8),
@@ -729,7 +733,7 @@ impl Store {
                     (&done_ids, Type::INT8_ARRAY),
                     (&done_lock, Type::TIMESTAMPTZ),
                 ],
-            )
+            ))
             .await?;
         let done = match rows.first() {
             Some(row) => row.try_get::<_, Option<Vec<i64>>>(12)?.unwrap_or_default(),
@@ -760,17 +764,18 @@ impl Store {
         lock: OffsetDateTime,
         duration: Duration,
     ) -> Result<Option<OffsetDateTime>, StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let ms = duration.as_millis() as f64;
         let rows = client
-            .query_typed(
+            .watch()
+            .statement(client.query_typed(
                 RENEW,
                 &[
                     (&ids, Type::INT8_ARRAY),
                     (&lock, Type::TIMESTAMPTZ),
                     (&ms, Type::FLOAT8),
                 ],
-            )
+            ))
             .await?;
         Ok(rows.first().map(|row| row.get(0)))
     }
@@ -783,16 +788,17 @@ impl Store {
             return Ok(Vec::new());
         };
         debug_assert!(taken.iter().all(|t| t.locked_until == first.locked_until));
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let ids: Vec<i64> = taken.iter().map(|t| t.id).collect();
         let rows = client
-            .query_typed(
+            .watch()
+            .statement(client.query_typed(
                 DONE,
                 &[
                     (&ids, Type::INT8_ARRAY),
                     (&first.locked_until, Type::TIMESTAMPTZ),
                 ],
-            )
+            ))
             .await?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
@@ -800,27 +806,33 @@ impl Store {
     /// Makes an event this binary cannot read `dead` with the reason (no
     /// attempt spent); `false` when it no longer carries its take's lock.
     pub async fn settle_unreadable(&self, event: &Unreadable) -> Result<bool, StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let stmt = client.prepare_cached(DEAD).await?;
         let error = format!("unreadable: {}", event.error);
         let row = client
-            .query_one(&stmt, &[&event.id, &error, &0i32, &event.locked_until])
+            .watch()
+            .statement(client.query_one(&stmt, &[&event.id, &error, &0i32, &event.locked_until]))
             .await?;
         Ok(row.get::<_, i64>(0) > 0)
     }
 
     /// Puts events whose worker's lock ran out back in the queue; how many.
     pub async fn rescue(&self) -> Result<i64, StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let stmt = client.prepare_cached(RESCUE).await?;
-        Ok(client.query_one(&stmt, &[]).await?.get(0))
+        let row = client
+            .watch()
+            .statement(client.query_one(&stmt, &[]))
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Records how an attempt ended; `false` when the event no longer
     /// carries this take's lock (it ran out and another worker took it, or a
     /// replay re-queued it): then the newer attempt's result stands.
     pub async fn settle(&self, taken: &Taken, settle: &Settle) -> Result<bool, StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
+        let watch = client.watch();
         let ms = |d: &Duration| d.as_millis() as f64;
         let (id, lock) = (&taken.id, &taken.locked_until);
         let rows = match settle {
@@ -830,20 +842,22 @@ impl Store {
             }
             Settle::Retry { delay, error } => {
                 let stmt = client.prepare_cached(RETRY).await?;
-                client
-                    .execute(&stmt, &[id, &ms(delay), error, lock])
+                watch
+                    .statement(client.execute(&stmt, &[id, &ms(delay), error, lock]))
                     .await?
             }
             Settle::Requeue { delay, reason } => {
                 let stmt = client.prepare_cached(REQUEUE).await?;
-                client
-                    .execute(&stmt, &[id, &ms(delay), reason, lock, &taken.taken_at])
+                watch
+                    .statement(
+                        client.execute(&stmt, &[id, &ms(delay), reason, lock, &taken.taken_at]),
+                    )
                     .await?
             }
             Settle::Dead { error, spent } => {
                 let stmt = client.prepare_cached(DEAD).await?;
-                let row = client
-                    .query_one(&stmt, &[id, error, &i32::from(*spent), lock])
+                let row = watch
+                    .statement(client.query_one(&stmt, &[id, error, &i32::from(*spent), lock]))
                     .await?;
                 row.get::<_, i64>(0) as u64
             }
@@ -855,10 +869,12 @@ impl Store {
     /// own statement, never inside an accept: PostgreSQL serializes the
     /// commits of transactions that NOTIFY behind one global lock, which
     /// halved the accept rate (docs/benchmarks.md).
+    /// A NOTIFY takes a transaction id, so its commit waits for a
+    /// synchronous standby like a write's: it is bounded like one.
     pub async fn notify_inbox(&self) -> Result<(), StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let stmt = client.prepare_cached(NOTIFY).await?;
-        client.execute(&stmt, &[]).await?;
+        client.watch().statement(client.execute(&stmt, &[])).await?;
         Ok(())
     }
 
@@ -916,7 +932,7 @@ impl Store {
     /// from now: the replay is an entry of their history, `{at, replay}`);
     /// their rows too. Returns what was re-queued.
     pub async fn replay(&self, which: &Replay) -> Result<Vec<EventRow>, StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let sql = format!(
             "WITH again AS (
                 UPDATE events SET status = 'queued', attempts = 0, next_attempt_at = now(),
@@ -937,7 +953,8 @@ impl Store {
               ORDER BY received_at, id"
         );
         let rows = client
-            .query(
+            .watch()
+            .statement(client.query(
                 &sql,
                 &[
                     &which.provider,
@@ -946,7 +963,7 @@ impl Store {
                     &which.event_id,
                     &which.last_error,
                 ],
-            )
+            ))
             .await?;
         Ok(rows.iter().map(event_row).collect())
     }
@@ -979,19 +996,20 @@ impl Store {
         before: OffsetDateTime,
         dead: bool,
     ) -> Result<(u64, u64), StoreError> {
-        let client = self.pool.get().await?;
-        let events = client
-            .execute(
+        let client = self.writer().await?;
+        let watch = client.watch();
+        let events = watch
+            .statement(client.execute(
                 "DELETE FROM events WHERE received_at < $1
                    AND (status = 'done' OR ($2 AND status = 'dead'))",
                 &[&before, &dead],
-            )
+            ))
             .await?;
-        let items = client
-            .execute(
+        let items = watch
+            .statement(client.execute(
                 "DELETE FROM quarantined_items WHERE last_seen_at < $1",
                 &[&before],
-            )
+            ))
             .await?;
         Ok((events, items))
     }

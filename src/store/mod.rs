@@ -558,6 +558,8 @@ impl Store {
 
     /// Records a batch item that cannot be booked, with its reason; returns
     /// how often an item of this `key` has been seen (the first one is kept).
+    /// A write like a booking: its commit is bounded, and it is refused while
+    /// a commit waits past its bound.
     pub async fn quarantine(
         &self,
         provider: &str,
@@ -566,10 +568,11 @@ impl Store {
         item: &str,
         key: &str,
     ) -> Result<i64, StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let stmt = client.prepare_cached(QUARANTINE).await?;
         let row = client
-            .query_one(&stmt, &[&provider, &transaction_id, &reason, &item, &key])
+            .watch()
+            .statement(client.query_one(&stmt, &[&provider, &transaction_id, &reason, &item, &key]))
             .await?;
         Ok(row.get(0))
     }
@@ -582,7 +585,13 @@ impl Store {
         Ok(Connection(self.writer().await?))
     }
 
-    /// A pooled connection for a write whose commits are bounded.
+    /// A pooled connection for a write whose commits are bounded. Every
+    /// statement that writes goes through one (a booking, an accept, a
+    /// quarantine row, a PayPal binding, each of the inbox's lock renewals,
+    /// settles, rescues, replays and prunes, its NOTIFY, which takes a
+    /// transaction id too), and awaits its commit with [`commit::Watch`]: a
+    /// write on a plain pooled connection would wait for a missing
+    /// synchronous standby without bound and hold its connection meanwhile.
     async fn writer(&self) -> Result<commit::Pooled, StoreError> {
         self.commits.admit()?;
         Ok(self.commits.pooled(self.pool.get().await?))

@@ -36,6 +36,11 @@ bound AS (
     RETURNING (xmax = 0) AS inserted, body_sha256 = $3 AS same, confirmed_at IS NOT NULL AS confirmed)
 SELECT inserted, same, confirmed FROM bound";
 
+/// The binding of `$2` for provider `$1`, read without writing: whether it is
+/// to body `$3`, and whether PayPal's API confirmed it.
+const BOUND: &str = "SELECT body_sha256 = $3, confirmed_at IS NOT NULL FROM paypal_transmissions \
+     WHERE provider = $1 AND transmission_id = $2";
+
 /// Marks a binding confirmed by PayPal's API.
 const CONFIRM: &str = "UPDATE paypal_transmissions SET confirmed_at = now() \
      WHERE provider = $1 AND transmission_id = $2 AND body_sha256 = $3";
@@ -60,6 +65,13 @@ pub enum Transmission {
 impl Store {
     /// Binds `transmission_id` to the SHA-256 (hex) of its body until
     /// `expires_at`, or says which body it is bound to already.
+    ///
+    /// The statement writes (even a retry's conflict updates the row), so
+    /// its commit is bounded like a booking's. While commits wait past their
+    /// bound and writes are refused, a transmission bound already is answered
+    /// from its row: a PayPal retry of an event booked before is still
+    /// answered `duplicate` then, as other PSPs' copies are; only a new
+    /// transmission, which must be written, is refused.
     pub async fn bind_transmission(
         &self,
         provider: &str,
@@ -67,10 +79,20 @@ impl Store {
         body_sha256: &str,
         expires_at: OffsetDateTime,
     ) -> Result<Transmission, StoreError> {
-        let client = self.pool.get().await?;
+        let client = match self.writer().await {
+            Ok(client) => client,
+            Err(refused @ StoreError::CommitsWaiting { .. }) => {
+                return self
+                    .bound_transmission(provider, transmission_id, body_sha256)
+                    .await?
+                    .ok_or(refused);
+            }
+            Err(e) => return Err(e),
+        };
         let stmt = client.prepare_cached(BIND).await?;
         let row = client
-            .query_one(
+            .watch()
+            .statement(client.query_one(
                 &stmt,
                 &[
                     &provider,
@@ -79,7 +101,7 @@ impl Store {
                     &expires_at,
                     &PRUNE_BATCH,
                 ],
-            )
+            ))
             .await?;
         Ok(match (row.get::<_, bool>(0), row.get::<_, bool>(1)) {
             (true, _) => Transmission::New,
@@ -90,6 +112,27 @@ impl Store {
         })
     }
 
+    /// What `transmission_id` is bound to now, read only; `None` when it is
+    /// not bound.
+    async fn bound_transmission(
+        &self,
+        provider: &str,
+        transmission_id: &str,
+        body_sha256: &str,
+    ) -> Result<Option<Transmission>, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(BOUND).await?;
+        let row = client
+            .query_opt(&stmt, &[&provider, &transmission_id, &body_sha256])
+            .await?;
+        Ok(row.map(|row| match row.get::<_, bool>(0) {
+            true => Transmission::SameBody {
+                confirmed: row.get(1),
+            },
+            false => Transmission::OtherBody,
+        }))
+    }
+
     /// Records that PayPal's API confirmed the body bound to `transmission_id`.
     pub async fn confirm_transmission(
         &self,
@@ -97,10 +140,11 @@ impl Store {
         transmission_id: &str,
         body_sha256: &str,
     ) -> Result<(), StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let stmt = client.prepare_cached(CONFIRM).await?;
         client
-            .execute(&stmt, &[&provider, &transmission_id, &body_sha256])
+            .watch()
+            .statement(client.execute(&stmt, &[&provider, &transmission_id, &body_sha256]))
             .await?;
         Ok(())
     }
@@ -112,10 +156,11 @@ impl Store {
         transmission_id: &str,
         body_sha256: &str,
     ) -> Result<(), StoreError> {
-        let client = self.pool.get().await?;
+        let client = self.writer().await?;
         let stmt = client.prepare_cached(UNBIND).await?;
         client
-            .execute(&stmt, &[&provider, &transmission_id, &body_sha256])
+            .watch()
+            .statement(client.execute(&stmt, &[&provider, &transmission_id, &body_sha256]))
             .await?;
         Ok(())
     }

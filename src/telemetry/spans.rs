@@ -111,9 +111,36 @@ pub fn downstream(url: &http::Uri, token: i64) -> Span {
         fencehook.fencing_token = token,
     );
     if !span.is_disabled() {
-        span.record("url.full", crate::config::redacted_url(url));
+        span.record("url.full", call_url(url));
     }
     span
+}
+
+/// What stands for a downstream URL's path and query in its span.
+const REDACTED: &str = "REDACTED";
+
+/// `url.full` of a downstream call: its scheme, host and port, the path and
+/// query replaced by [`REDACTED`] (as OpenTelemetry's conventions redact a
+/// URL's credentials). A downstream URL may carry a token in its path
+/// (`/hooks/<token>`), and every span goes to the collector: the URL itself
+/// is in the settings, and `check-config` shows it.
+fn call_url(url: &http::Uri) -> String {
+    let mut out = format!(
+        "{}://{}",
+        url.scheme_str().unwrap_or("http"),
+        url.host().unwrap_or("")
+    );
+    if let Some(port) = url.port_u16() {
+        out.push_str(&format!(":{port}"));
+    }
+    match (url.path(), url.query()) {
+        ("" | "/", None) => out.push('/'),
+        _ => {
+            out.push('/');
+            out.push_str(REDACTED);
+        }
+    }
+    out
 }
 
 /// The downstream's answer on its span: the status, or why there was none.
@@ -359,7 +386,9 @@ mod tests {
     #[test]
     fn a_downstream_call_is_a_client_span_and_a_refusal_marks_it_an_error() {
         let spans = traced(|| {
-            let url: http::Uri = "http://orders.internal:8081/payments?k=v".parse().unwrap();
+            let url: http::Uri = "http://orders.internal:8081/hooks/s3cret/payments?k=v"
+                .parse()
+                .unwrap();
             let span = downstream(&url, 7);
             downstream_answered(&span, Some(409), None);
         });
@@ -370,8 +399,8 @@ mod tests {
         assert_eq!(attr(call, "server.port"), Some(8081_i64.into()));
         assert_eq!(
             attr(call, "url.full"),
-            Some("http://orders.internal:8081/payments".into()),
-            "no query string"
+            Some("http://orders.internal:8081/REDACTED".into()),
+            "no path, no query string"
         );
         assert_eq!(attr(call, "fencehook.fencing_token"), Some(7_i64.into()));
         assert_eq!(

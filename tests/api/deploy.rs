@@ -699,8 +699,8 @@ fn the_nginx_config_fronts_only_the_public_listener_with_fencehooks_limits() {
     assert!(nginx_directive(&conf, "zone").starts_with("fencehook_public "));
     for directive in ["limit_conn_zone", "limit_req_zone"] {
         assert!(
-            nginx_directive(&conf, directive).starts_with("$binary_remote_addr "),
-            "{directive} is keyed on the client's address"
+            nginx_directive(&conf, directive).starts_with("$fencehook_client "),
+            "{directive} is keyed on the client (an IPv4 address, an IPv6 /64)"
         );
     }
     assert_eq!(nginx_directive(&conf, "limit_conn"), "fencehook_conn 32");
@@ -945,6 +945,78 @@ fn signed(payload: &serde_json::Value) -> (Vec<(&'static str, String)>, Vec<u8>)
         ],
         body,
     )
+}
+
+/// The `map` of deploy/nginx.conf that keys nginx's per-client limits: run
+/// in an nginx that takes the client address from a header (the realip
+/// module), so the test can be any address. Every spelling nginx writes of
+/// addresses in one IPv6 /64 is one key, another /64 is another, and an IPv4
+/// address is itself (`$binary_remote_addr`: its four bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_counts_an_ipv6_client_by_its_64_in_every_spelling_and_an_ipv4_one_by_its_address() {
+    let Some(nginx_program) = find_program("nginx") else {
+        panic!("nginx is not installed: `make tools` installs it");
+    };
+    let conf = deploy_file("nginx.conf");
+    let start = conf
+        .find("map $remote_addr $fencehook_client {")
+        .expect("deploy/nginx.conf maps the client key");
+    let end = start + conf[start..].find("\n}\n").expect("the map's end") + 3;
+    let dir = Scratch::new("nginx-map");
+    let port = closed_port().await;
+    std::fs::write(
+        dir.join("fencehook.conf"),
+        format!(
+            "{}\nserver {{\n    listen 127.0.0.1:{port};\n    set_real_ip_from 127.0.0.1;\n    \
+             real_ip_header X-Client;\n    location / {{ return 200 \"$fencehook_client\"; }}\n}}\n",
+            &conf[start..end]
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("nginx.conf"), nginx_main_conf(&dir)).unwrap();
+    let _nginx = Nginx::start(&nginx_program, &dir, port).await;
+    let key = |client: &'static str| async move {
+        let req = hyper::Request::get(format!("http://127.0.0.1:{port}/"))
+            .header("x-client", client)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let resp = crate::helpers::client().request(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "{client}");
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    };
+    // One /64, as nginx writes its addresses (the zero groups compressed
+    // where the longest run of them is).
+    let same_64 = [
+        ("2001:db8:0:0:1:0:0:0", "2001:db8:0:0::/64"),
+        ("2001:db8::1", "2001:db8:0:0::/64"),
+        ("2001:db8::5:6:7:8", "2001:db8:0:0::/64"),
+        ("2001:db8:0:0:ffff:ffff:ffff:ffff", "2001:db8:0:0::/64"),
+    ];
+    for (client, expected) in same_64 {
+        assert_eq!(
+            String::from_utf8(key(client).await).unwrap(),
+            expected,
+            "{client}"
+        );
+    }
+    for (client, expected) in [
+        ("2a01:4f8:c17:1a2b::1", "2a01:4f8:c17:1a2b::/64"),
+        ("2a01:4f8:c17::9", "2a01:4f8:c17:0::/64"),
+        ("2a01::7:1:2:3:4", "2a01:0:0:7::/64"),
+        ("2a01::1", "2a01:0:0:0::/64"),
+    ] {
+        assert_eq!(
+            String::from_utf8(key(client).await).unwrap(),
+            expected,
+            "{client}"
+        );
+    }
+    assert_eq!(key("203.0.113.7").await, vec![203, 0, 113, 7]);
+    assert_eq!(key("203.0.113.8").await, vec![203, 0, 113, 8]);
 }
 
 /// TLS by nginx with deploy/nginx.conf, the client curl (`--cacert`: it

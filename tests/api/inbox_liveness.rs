@@ -149,6 +149,102 @@ async fn a_frozen_workers_event_is_booked_by_another_within_about_one_ttl_and_on
     drop(b);
 }
 
+/// The rescue runs on a clock of its own: a SIGKILLed worker's event is put
+/// back in the queue within about one TTL while the only worker of the
+/// process that rescues is in a slow downstream call (it used to rescue
+/// only between its own takes: the event waited as long as that call), and
+/// is booked once when a worker is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_workers_event_is_rescued_within_about_one_ttl_while_the_rescuers_worker_is_in_a_slow_call(
+) {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    // Both first attempts (each transaction's first token) wait at the gate.
+    downstream.gate_token(1);
+    let app = ctx.spawn(ctx.inbox_config(0)).await;
+    let env = vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_LEASE_TTL_MS", "1000".to_owned()),
+        ("FENCEHOOK_LEASE_MAX_MS", "60000".to_owned()),
+        ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
+        ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "45000".to_owned()),
+        ("FENCEHOOK_WORKERS", "1".to_owned()),
+        ("FENCEHOOK_RETRY_BASE_MS", "100".to_owned()),
+    ];
+    let rescuer = WorkProcess::start(&env).await;
+    assert_eq!(
+        app.deliver(&payment("tx_slow_call", 630)).await.result(),
+        "accepted"
+    );
+    wait_for(
+        "the rescuer's slow call",
+        Duration::from_secs(10),
+        || async { downstream.calls().len() == 1 },
+    )
+    .await;
+    let killed = WorkProcess::start(&env).await;
+    assert_eq!(
+        app.deliver(&payment("tx_killed", 640)).await.result(),
+        "accepted"
+    );
+    wait_for(
+        "the doomed worker's call",
+        Duration::from_secs(10),
+        || async { downstream.calls().len() == 2 },
+    )
+    .await;
+    killed.signal("KILL");
+    let killed_at = tokio::time::Instant::now();
+    // One TTL for the lock to run out, a second for the rescue's tick, and
+    // room for a loaded machine; the slow call lasts until the gate opens.
+    wait_for(
+        "the killed worker's event back in the queue",
+        Duration::from_secs(7),
+        || async { event_status(&ctx, "tx_killed").await == [("queued".to_owned(), 0)] },
+    )
+    .await;
+    let rescued_after = killed_at.elapsed();
+    eprintln!(
+        "rescue on its own clock: the killed worker's event was queued again {:.2} s after \
+         the kill (TTL 1 s), the rescuer's only worker still in its call",
+        rescued_after.as_secs_f64()
+    );
+    assert_eq!(
+        event_status(&ctx, "tx_slow_call").await,
+        [("processing".to_owned(), 0)],
+        "the rescuer's worker is still in its slow call"
+    );
+    assert_eq!(
+        downstream.calls().len(),
+        2,
+        "nobody took the rescued event yet"
+    );
+    assert!(
+        rescuer
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("events taken again: their worker's lock ran out")),
+        "the rescuer put it back"
+    );
+
+    downstream.open_gate();
+    wait_for("both booked", Duration::from_secs(30), || async {
+        booked(&ctx, "tx_slow_call").await && booked(&ctx, "tx_killed").await
+    })
+    .await;
+    wait_for("both done", Duration::from_secs(10), || async {
+        event_status(&ctx, "tx_killed").await[0].0 == "done"
+            && event_status(&ctx, "tx_slow_call").await[0].0 == "done"
+    })
+    .await;
+    assert_eq!(ctx.entries().await, 2, "each booked once");
+    ctx.assert_audit_clean().await;
+}
+
 /// An event whose stored canonical form this binary cannot decode (here a
 /// hand edit to an event kind it does not know) does not fail the take it
 /// is in: it is dead with the reason, counted, and the events taken with it

@@ -230,6 +230,52 @@ async fn a_delivery_with_a_traceparent_yields_its_spans_under_that_trace_and_the
     assert_eq!(line["span_id"], server.span_id.as_str());
 }
 
+/// A downstream URL whose path carries a token: the client span's
+/// `url.full` keeps the scheme, host and port, the path and query are
+/// replaced, and no attribute of any span holds the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_downstream_span_names_its_host_and_port_but_not_the_urls_secret_bearing_path() {
+    let ctx = TestContext::new().await;
+    let collector = Collector::start().await;
+    let downstream = MockDownstream::start().await;
+    let token = "tok-7c1f0e9a4b2d";
+    let url = format!(
+        "http://{}/hooks/{token}/payments?signature={token}",
+        downstream.addr
+    );
+    let app = ServeProcess::start(&env(
+        &ctx,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+            ("FENCEHOOK_DOWNSTREAM_URL", url),
+        ],
+    ))
+    .await;
+    let sent = deliver(&app.base, &payment("pay_path_token", 300), &[]).await;
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    assert_eq!(downstream.calls().len(), 1, "the call went to that URL");
+    let spans = collector
+        .wait_for("the downstream span", Duration::from_secs(20), |s| {
+            !named(s, "POST").is_empty() && !named(s, "POST /webhooks/{provider}").is_empty()
+        })
+        .await;
+    let call = named(&spans, "POST")[0];
+    assert_eq!(
+        call.attr("url.full"),
+        Some(format!("http://{}/REDACTED", downstream.addr).as_str())
+    );
+    assert_eq!(call.attr("server.address"), Some("127.0.0.1"));
+    assert_eq!(
+        call.attr("server.port"),
+        Some(downstream.addr.port().to_string().as_str())
+    );
+    for s in &spans {
+        for (k, v) in &s.attributes {
+            assert!(!v.contains(token), "{}: {k} = {v}", s.name);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_json_exports_reach_the_collector_and_a_delivery_without_traceparent_starts_its_own_trace(
 ) {

@@ -153,6 +153,7 @@ impl TestContext {
             max_inflight: 512,
             max_connections: 1024,
             max_connections_per_peer: 1024,
+            peer_ipv6_prefix: 64,
             connection_max_requests: 1000,
             connection_max_age: Duration::from_secs(120),
             allow_published_secrets: false,
