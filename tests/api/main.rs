@@ -13,6 +13,7 @@ mod deploy;
 mod edge;
 mod exactly_once;
 mod faults;
+mod finance;
 mod hardening;
 mod inbox;
 mod inbox_liveness;
