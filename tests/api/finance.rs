@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::helpers::console::{Browser, TokenFiles};
 use crate::helpers::process::fencehook_binary;
 use crate::helpers::{payment, wait_for, TestContext};
 
@@ -221,7 +222,10 @@ async fn stored_containing(ctx: &TestContext, needle: &str) -> i64 {
 async fn erase_empties_the_objects_stored_bodies_keeps_rows_fingerprints_and_ledger_and_records_it_once(
 ) {
     let ctx = TestContext::new().await;
-    let app = ctx.spawn(ctx.inbox_config(2)).await;
+    let files = TokenFiles::new();
+    let app = ctx.spawn(files.enable(ctx.inbox_config(2))).await;
+    let mut operator = Browser::new(&app.admin);
+    operator.sign_in(&files.operator).await;
     let refund = json!({"transaction_id": "re_pii", "amount": 300, "currency": "EUR",
                         "event_type": "refund.succeeded", "payment_transaction_id": "pay_pii"});
     for p in [
@@ -248,6 +252,8 @@ async fn erase_empties_the_objects_stored_bodies_keeps_rows_fingerprints_and_led
         .await
         .unwrap();
     assert_eq!(stored_containing(&ctx, "ada@example.com").await, 3);
+    let page = operator.get("/console/payments/generic/pay_pii").await;
+    assert!(page.text.contains("ada@example.com"), "{}", page.text);
     let kept = money_and_fingerprints(&ctx).await;
     let sums = audit_sums(&ctx).await;
 
@@ -279,6 +285,20 @@ async fn erase_empties_the_objects_stored_bodies_keeps_rows_fingerprints_and_led
     assert_eq!(stored_containing(&ctx, "grace@example.com").await, 1);
     assert_eq!(money_and_fingerprints(&ctx).await, kept);
     assert_eq!(audit_sums(&ctx).await, sums);
+    // The operator's console shows the payment, its events, and no payer.
+    for path in [
+        "/console/payments/generic/pay_pii",
+        "/console/payments/generic/re_pii",
+    ] {
+        let page = operator.get(path).await;
+        assert_eq!(page.status, 200, "{path}");
+        assert!(
+            !page.text.contains("ada@example.com"),
+            "{path}: {}",
+            page.text
+        );
+        assert!(page.text.contains("(erased)"), "{path}: {}", page.text);
+    }
     ctx.assert_audit_clean().await;
     let record = ctx
         .db()
