@@ -42,6 +42,9 @@ pub enum AppError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// The downstream call's TLS could not be set up.
+    #[error("FENCEHOOK_DOWNSTREAM_URL: {0}")]
+    Downstream(String),
 }
 
 /// Connections the admin listener takes at once: a fixed few, its own, so
@@ -152,7 +155,16 @@ impl Parts {
         let downstream = cfg
             .downstream_url
             .clone()
-            .map(|u| Downstream::new(u, cfg.downstream_timeout, metrics.clone()));
+            .map(|u| {
+                Downstream::new(
+                    u,
+                    cfg.downstream_timeout,
+                    &cfg.downstream_trust,
+                    metrics.clone(),
+                )
+            })
+            .transpose()
+            .map_err(AppError::Downstream)?;
         let processor = processor_with(Processor::new(
             store.clone(),
             lease.clone(),

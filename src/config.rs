@@ -14,6 +14,7 @@ use crate::providers::{self, Provider};
 
 pub mod console;
 mod database;
+pub mod downstream;
 mod error;
 mod redis;
 pub mod setting;
@@ -100,7 +101,9 @@ pub struct ServeArgs {
     /// How long a delivery waits for another holder's outcome before answering 409.
     #[arg(long, env = setting::FENCEHOOK_INFLIGHT_WAIT_MS, default_value_t = 1000)]
     pub inflight_wait_ms: u64,
-    /// Business service to POST each canonical event to before it is finalised.
+    /// Business service to POST each canonical event to before it is
+    /// finalised: http:// or https:// (verified against the public CAs, or
+    /// FENCEHOOK_DOWNSTREAM_CA_FILE).
     #[arg(long, env = setting::FENCEHOOK_DOWNSTREAM_URL)]
     pub downstream_url: Option<String>,
     /// Timeout of one downstream call.
@@ -188,6 +191,8 @@ pub struct ServeArgs {
     pub console: console::ConsoleArgs,
     #[command(flatten)]
     pub traces: TraceArgs,
+    #[command(flatten)]
+    pub downstream_trust: downstream::DownstreamArgs,
 }
 
 /// Inbox mode: accept in one write, book asynchronously.
@@ -441,6 +446,9 @@ pub struct Config {
     pub inflight_wait: Duration,
     pub downstream_url: Option<hyper::Uri>,
     pub downstream_timeout: Duration,
+    /// Whom an https:// downstream must prove it is, and the key every call
+    /// is signed with (none by default).
+    pub downstream_trust: downstream::DownstreamTrust,
     pub providers: Vec<Provider>,
     /// `FENCEHOOK_PROVIDERS`: re-read on SIGHUP.
     pub providers_file: Option<PathBuf>,
@@ -495,6 +503,11 @@ impl ServeArgs {
         if let (Some(Some(_)), Some(lease)) = (&downstream_url, &lease) {
             found.ok(self.downstream_fits(lease));
         }
+        let downstream_trust = match &downstream_url {
+            Some(url) => found.all(self.downstream_trust.validate(url.as_ref())),
+            // The URL is bad: its trust is checked once it is fixed.
+            None => Some(Default::default()),
+        };
         self.limits(&mut found);
         let providers = self.providers(providers_required, &mut found);
         let inbox = found.all(self.inbox.validate());
@@ -510,6 +523,7 @@ impl ServeArgs {
                 db?,
                 lease?,
                 downstream_url?,
+                downstream_trust?,
                 providers?,
                 inbox?,
                 console?,
@@ -523,6 +537,7 @@ impl ServeArgs {
                 db,
                 lease,
                 downstream_url,
+                downstream_trust,
                 providers,
                 inbox,
                 console,
@@ -536,6 +551,7 @@ impl ServeArgs {
                     inflight_wait: Duration::from_millis(self.inflight_wait_ms),
                     downstream_url,
                     downstream_timeout: Duration::from_millis(self.downstream_timeout_ms),
+                    downstream_trust,
                     providers,
                     providers_file: self.providers.clone(),
                     max_body_bytes: self.max_body_bytes,
@@ -586,7 +602,8 @@ impl ServeArgs {
         Some((listen, admin_listen))
     }
 
-    /// `FENCEHOOK_DOWNSTREAM_URL`, when one is set: an http:// URL with a host.
+    /// `FENCEHOOK_DOWNSTREAM_URL`, when one is set: an http:// or https://
+    /// URL with a host.
     fn downstream_url(&self) -> Result<Option<hyper::Uri>, ConfigError> {
         let Some(s) = self.downstream_url.as_deref().filter(|s| !s.is_empty()) else {
             return Ok(None);
@@ -597,10 +614,10 @@ impl ServeArgs {
                 format!("`{s}` is not a URL"),
             )
         })?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
             return Err(bad(
                 setting::FENCEHOOK_DOWNSTREAM_URL,
-                "must be an http:// URL with a host",
+                "must be an http:// or https:// URL with a host",
             ));
         }
         Ok(Some(uri))

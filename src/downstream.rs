@@ -9,13 +9,28 @@
 //! own: a downstream that keys its deduplication on the object alone would
 //! refuse the second step (another body under a known key) or answer it with
 //! the first one's outcome without executing it.
+//!
+//! The call is a webhook the order service can trust: over `https://` the
+//! downstream's certificate must verify (against
+//! `FENCEHOOK_DOWNSTREAM_CA_FILE`, else the public CAs), and a certificate
+//! that does not is a failed call like any unreachable downstream (503, or
+//! an attempt spent), never a retry in plaintext: the TLS client speaks
+//! nothing else. With `FENCEHOOK_DOWNSTREAM_SECRET` every call is signed as
+//! a Standard Webhooks sender does ([`Signer`]): `webhook-id` is the
+//! `Idempotency-Key`, so a retry of one step is one message to the order
+//! service's verifier too. With no secret the call carries nothing more and
+//! costs nothing more than before: one `Option` looked at.
 
 use std::time::Duration;
 
 use bytes::Bytes;
+use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderValue;
+use sha2::Sha256;
 
-use crate::outbound::{self, HttpClient};
+use crate::config::downstream::{DownstreamTrust, SigningKey};
+use crate::outbound::{self, HttpClient, HttpsClient};
 
 use crate::domain::CanonicalEvent;
 use crate::metrics::{DownstreamResult, Metrics};
@@ -38,20 +53,43 @@ pub enum DownstreamError {
 
 #[derive(Clone)]
 pub struct Downstream {
-    client: HttpClient,
+    client: Client,
     url: hyper::Uri,
     timeout: Duration,
     metrics: Metrics,
+    /// `None`: calls are not signed, and nothing is computed for it.
+    signer: Option<Signer>,
+}
+
+/// Plain HTTP for an `http://` downstream (the client it always had), TLS
+/// only for an `https://` one.
+#[derive(Clone)]
+enum Client {
+    Plain(HttpClient),
+    Tls(HttpsClient),
 }
 
 impl Downstream {
-    pub fn new(url: hyper::Uri, timeout: Duration, metrics: Metrics) -> Downstream {
-        Downstream {
-            client: outbound::new(timeout),
+    /// The error is a sentence (the TLS set-up failed) for the caller to
+    /// report.
+    pub fn new(
+        url: hyper::Uri,
+        timeout: Duration,
+        trust: &DownstreamTrust,
+        metrics: Metrics,
+    ) -> Result<Downstream, String> {
+        let client = if url.scheme_str() == Some("https") {
+            Client::Tls(outbound::https_only(timeout, trust.roots.clone())?)
+        } else {
+            Client::Plain(outbound::new(timeout))
+        };
+        Ok(Downstream {
+            client,
             url,
             timeout,
             metrics,
-        }
+            signer: trust.key.as_ref().map(Signer::new),
+        })
     }
 
     pub async fn call(&self, ev: &CanonicalEvent, token: i64) -> Result<(), DownstreamError> {
@@ -83,22 +121,32 @@ impl Downstream {
     }
 
     async fn send(&self, ev: &CanonicalEvent, token: i64) -> Result<(), DownstreamError> {
-        let body = serde_json::to_vec(ev).expect("canonical events serialize");
+        let body = Bytes::from(serde_json::to_vec(ev).expect("canonical events serialize"));
+        let key = HeaderValue::try_from(idempotency_key(ev))
+            .map_err(|e| DownstreamError::Transport(e.into()))?;
         let mut req = hyper::Request::post(self.url.clone())
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header("Idempotency-Key", idempotency_key(ev))
-            .header("Fencing-Token", token.to_string())
-            .body(Full::new(Bytes::from(body)))
+            .header("Fencing-Token", token.to_string());
+        if let Some(signer) = &self.signer {
+            let (timestamp, signature) = signer.sign(key.as_bytes(), unix_now(), &body);
+            req = req
+                .header(WEBHOOK_ID, key.clone())
+                .header(WEBHOOK_TIMESTAMP, timestamp)
+                .header(WEBHOOK_SIGNATURE, signature);
+        }
+        let mut req = req
+            .header("Idempotency-Key", key)
+            .body(Full::new(body))
             .map_err(|e| DownstreamError::Transport(e.into()))?;
         // `traceparent` names this call's client span: the order service's
         // spans join the delivery's trace.
         propagation::inject(req.headers_mut());
         let exchange = async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| DownstreamError::Transport(e.into()))?;
+            let resp = match &self.client {
+                Client::Plain(c) => c.request(req).await,
+                Client::Tls(c) => c.request(req).await,
+            }
+            .map_err(|e| DownstreamError::Transport(e.into()))?;
             let status = resp.status();
             let retry_after = resp
                 .headers()
@@ -132,6 +180,46 @@ impl DownstreamError {
     }
 }
 
+/// The Standard Webhooks headers of a signed call.
+pub const WEBHOOK_ID: &str = "webhook-id";
+pub const WEBHOOK_TIMESTAMP: &str = "webhook-timestamp";
+pub const WEBHOOK_SIGNATURE: &str = "webhook-signature";
+
+/// Signs calls as a Standard Webhooks sender: `v1,` and the base64 of the
+/// HMAC-SHA256, under the secret's key, of `<webhook-id>.<timestamp>.<body>`.
+/// The key is taken into the HMAC once, at start; each call clones that
+/// state.
+#[derive(Clone)]
+pub struct Signer(Hmac<Sha256>);
+
+impl Signer {
+    pub fn new(key: &SigningKey) -> Signer {
+        Signer(Hmac::new_from_slice(key.bytes()).expect("HMAC takes keys of any length"))
+    }
+
+    /// (`webhook-timestamp`, `webhook-signature`) of `body` sent as `id` at
+    /// `timestamp` (Unix seconds).
+    pub fn sign(&self, id: &[u8], timestamp: i64, body: &[u8]) -> (String, String) {
+        use base64::Engine as _;
+        let timestamp = timestamp.to_string();
+        let mut mac = self.0.clone();
+        for part in [id, b".", timestamp.as_bytes(), b".", body] {
+            mac.update(part);
+        }
+        let digest = mac.finalize().into_bytes();
+        let mut signature = String::with_capacity(3 + 44);
+        signature.push_str("v1,");
+        base64::engine::general_purpose::STANDARD.encode_string(digest, &mut signature);
+        (timestamp, signature)
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 /// `<provider>:<transaction_id>:<event_type>`: one key per business step, so
 /// one key always carries one body.
 pub fn idempotency_key(ev: &CanonicalEvent) -> String {
@@ -159,6 +247,24 @@ pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> 
 mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn a_signature_is_v1_and_the_base64_hmac_of_id_timestamp_and_body() {
+        // The example of the Standard Webhooks specification.
+        let trust = crate::config::downstream::DownstreamArgs {
+            downstream_ca_file: None,
+            downstream_secret: Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()),
+        }
+        .validate(Some(&"https://orders.internal/".parse().unwrap()))
+        .unwrap();
+        let (ts, sig) = Signer::new(trust.key.as_ref().unwrap()).sign(
+            b"msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            br#"{"test": 2432232314}"#,
+        );
+        assert_eq!(ts, "1614265330");
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
 
     #[test]
     fn retry_after_takes_seconds_or_an_http_date() {

@@ -49,8 +49,10 @@
 //! - [`store`]: fenced writes returning outcome enums, SQLSTATE
 //!   classification, migrations ([`store::migrate`]), the invariant
 //!   checks of `fencehook audit` ([`store::audit`]), the drain figures
-//!   of an inbox-mode `fencehook load` ([`store::drain`]) and the PayPal
-//!   transmission ids bound to their bodies ([`store::transmissions`]).
+//!   of an inbox-mode `fencehook load` ([`store::drain`]), the PayPal
+//!   transmission ids bound to their bodies ([`store::transmissions`]),
+//!   the ledger as finance reads it ([`store::ledger`]) and the erasure of
+//!   stored bodies ([`store::erase`]).
 //! - [`downstream`]: the optional business call that leaves the database.
 //! - [`telemetry`]: the process's log lines and, when an OTLP endpoint is
 //!   set, OpenTelemetry traces: the span list ([`telemetry::spans`]), W3C

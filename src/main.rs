@@ -48,6 +48,13 @@ enum Command {
     Events(tools::ops::EventsArgs),
     /// Delete finished inbox events (and quarantined items) past retention.
     Prune(tools::ops::PruneArgs),
+    /// Write data out for finance: `export ledger` (every ledger entry in a
+    /// window, and the net per currency), CSV or JSON to stdout.
+    Export(tools::finance::ExportArgs),
+    /// Erase the stored bodies of one object's events (personal data),
+    /// keeping its rows, fingerprints and ledger; records the erasure. Exits
+    /// 1 when nothing of the object is stored.
+    Erase(tools::finance::EraseArgs),
     /// Sign and send one webhook as a standard, stripe, adyen, wechatpay,
     /// alipay or paypal provider would (for demos).
     Send(SendArgs),
@@ -142,15 +149,16 @@ fn leave_out(argv: &mut Vec<std::ffi::OsString>, bad: &InvalidValue) -> bool {
     }
 }
 
+/// Every command's, and every nested command's (`export ledger`).
 fn hide_env_values(cmd: clap::Command) -> clap::Command {
     let names: Vec<String> = cmd
         .get_subcommands()
         .map(|s| s.get_name().to_owned())
         .collect();
     let cmd = cmd.mut_args(|a| a.hide_env_values(true));
-    names.iter().fold(cmd, |cmd, name| {
-        cmd.mut_subcommand(name, |sub| sub.mut_args(|a| a.hide_env_values(true)))
-    })
+    names
+        .iter()
+        .fold(cmd, |cmd, name| cmd.mut_subcommand(name, hide_env_values))
 }
 
 async fn run(cli: Cli, unparsable: Vec<String>) -> ExitCode {
@@ -166,6 +174,8 @@ async fn run(cli: Cli, unparsable: Vec<String>) -> ExitCode {
         Command::Replay(args) => exit(tools::ops::replay(&args).await),
         Command::Events(args) => exit(tools::ops::events(&args).await),
         Command::Prune(args) => exit(tools::ops::prune(&args).await),
+        Command::Export(args) => exit(tools::finance::export(&args).await),
+        Command::Erase(args) => exit(tools::finance::erase(&args).await),
         Command::Send(args) => exit(tools::send::send(&args).await.map(|(status, body)| {
             println!("{status} {body}");
             (200..300).contains(&status)

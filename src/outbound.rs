@@ -1,4 +1,5 @@
-//! The outgoing HTTP/1 clients: the downstream call's (plain `http://`), the
+//! The outgoing HTTP/1 clients: the downstream call's (`http://`, or
+//! `https://` only, with its own roots: [`https_only`]), the
 //! providers' fetches from their PSPs' (`providers/fetch.rs`) and the OTLP
 //! exporter's (`https://` or `http://`, over rustls), and the tools that
 //! play a PSP.
@@ -45,5 +46,36 @@ pub fn https(connect_timeout: Duration) -> Result<HttpsClient, String> {
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new()).build(https))
+}
+
+/// A client for one `https://` service that must prove who it is: TLS
+/// only (an `http://` URL is refused, never sent in plaintext), verified
+/// against `roots` (a private CA) or, without them, Mozilla's roots
+/// compiled in. A certificate that does not verify fails the request.
+pub fn https_only(
+    connect_timeout: Duration,
+    roots: Option<Arc<rustls::RootCertStore>>,
+) -> Result<HttpsClient, String> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match roots {
+        Some(roots) => {
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| format!("cannot set up TLS: {e}"))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            builder.with_tls_config(config)
+        }
+        None => builder
+            .with_provider_and_webpki_roots(provider)
+            .map_err(|e| format!("cannot set up TLS: {e}"))?,
+    };
+    let https = builder.https_only().enable_http1().wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new()).build(https))
 }

@@ -410,7 +410,11 @@ pub fn payment(session: &Session, v: &PaymentView) -> Markup {
             @if let Some(bodies) = &v.bodies {
                 h2 { "Stored bodies (operators only)" }
                 @for (id, body) in bodies {
-                    details { summary { "event #" (id) } pre.body { (body) } }
+                    @if body.is_empty() {
+                        details { summary { "event #" (id) " (erased)" } p.muted { "Emptied by fencehook erase; the row and the ledger are kept." } }
+                    } @else {
+                        details { summary { "event #" (id) } pre.body { (body) } }
+                    }
                 }
             }
         },

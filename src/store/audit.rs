@@ -522,7 +522,7 @@ impl Store {
     }
 }
 
-async fn connect(url: &str) -> Result<tokio_postgres::Client, StoreError> {
+pub(crate) async fn connect(url: &str) -> Result<tokio_postgres::Client, StoreError> {
     let cfg = Target::parse(url).map_err(PoolBuildError::Url)?;
     let (client, conn) = cfg.config.connect(cfg.tls).await?;
     tokio::spawn(async move {

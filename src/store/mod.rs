@@ -53,7 +53,9 @@ pub mod audit;
 mod commit;
 pub mod console;
 pub mod drain;
+pub mod erase;
 pub mod inbox;
+pub mod ledger;
 pub mod migrate;
 pub mod transmissions;
 

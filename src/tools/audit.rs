@@ -57,6 +57,10 @@ pub async fn run(args: &AuditArgs) -> Result<bool, String> {
     }
     let (payments, entries) = audit::totals(database_url).await.map_err(unreadable)?;
     println!("audit: {payments} payments, {entries} ledger entries");
+    let sums = fencehook::store::ledger::sums(database_url)
+        .await
+        .map_err(unreadable)?;
+    println!("audit: {}", sums_line(&sums));
     if let Some(answers) = &answers {
         print!(
             "audit: {} answers read, {} transactions answered 2xx to check",
@@ -141,6 +145,19 @@ pub async fn run(args: &AuditArgs) -> Result<bool, String> {
     Ok(clean)
 }
 
+/// The ledger's net per currency in minor units (what `export ledger`'s
+/// totals equal over a window that covers the whole ledger).
+fn sums_line(sums: &[fencehook::store::ledger::CurrencyTotal]) -> String {
+    if sums.is_empty() {
+        return "ledger sums: none (no entry)".to_owned();
+    }
+    let each: Vec<String> = sums
+        .iter()
+        .map(|s| format!("{} {} ({} entries)", s.currency, s.amount_minor, s.entries))
+        .collect();
+    format!("ledger sums (minor units): {}", each.join(", "))
+}
+
 /// The error line of an audit that could not read what it checks (exit 2).
 fn unreadable(e: StoreError) -> String {
     format!(
@@ -150,7 +167,7 @@ fn unreadable(e: StoreError) -> String {
 }
 
 /// This host's name, for the record of the run (Linux's, else `$HOSTNAME`).
-fn host_name() -> Option<String> {
+pub fn host_name() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())

@@ -119,7 +119,15 @@ pub fn run(args: &CheckConfigArgs, unknown: &[String], unparsable: &[String]) ->
                 cfg.lease.backend,
                 cfg.lease.ttl.as_millis(),
                 cfg.lease.renew_interval().as_millis(),
-                cfg.downstream_url.as_ref().map_or("none".to_owned(), fencehook::config::redacted_url),
+                cfg.downstream_url.as_ref().map_or("none".to_owned(), |u| {
+                    let trust = &cfg.downstream_trust;
+                    format!(
+                        "{} ({}{})",
+                        fencehook::config::redacted_url(u),
+                        if trust.key.is_some() { "signed" } else { "unsigned" },
+                        if trust.roots.is_some() { ", its CA file" } else { "" }
+                    )
+                }),
                 cfg.traces.as_ref().map_or("off".to_owned(), |t| format!("to {}", t.target())),
             );
             ExitCode::SUCCESS

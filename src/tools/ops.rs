@@ -93,7 +93,7 @@ pub struct PruneArgs {
 }
 
 /// An RFC 3339 time, or an age (`2h`, `30m`) counted back from now.
-fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
+pub fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
     if let Ok(t) = OffsetDateTime::parse(text, &Rfc3339) {
         return Ok(t);
     }

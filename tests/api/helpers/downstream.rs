@@ -24,6 +24,9 @@ pub struct Call {
     pub body: serde_json::Value,
     /// The W3C `traceparent` the call carried (tracing on), if any.
     pub traceparent: Option<String>,
+    /// Every header, and the body's bytes as sent (what a signature covers).
+    pub headers: hyper::HeaderMap,
+    pub raw_body: Bytes,
 }
 
 #[derive(Default)]
@@ -40,6 +43,8 @@ struct Behaviour {
 
 pub struct MockDownstream {
     pub addr: SocketAddr,
+    /// `https` when it speaks TLS.
+    scheme: &'static str,
     calls: Arc<Mutex<Vec<Call>>>,
     behaviour: Arc<Mutex<Behaviour>>,
     gate: Arc<Notify>,
@@ -48,6 +53,31 @@ pub struct MockDownstream {
 
 impl MockDownstream {
     pub async fn start() -> MockDownstream {
+        MockDownstream::start_with(None).await
+    }
+
+    /// The same service over TLS only, with the certificate and key of `ca`
+    /// (a [`TestCa`](super::redis_ha::TestCa)'s files).
+    pub async fn start_tls(ca: &super::redis_ha::TestCa) -> MockDownstream {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(&ca.cert_file)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&ca.key_file).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        MockDownstream::start_with(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> MockDownstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let calls = Arc::new(Mutex::new(Vec::new()));
@@ -56,6 +86,7 @@ impl MockDownstream {
             ..Default::default()
         }));
         let gate = Arc::new(Notify::new());
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let task = tokio::spawn({
             let (calls, behaviour, gate) = (calls.clone(), behaviour.clone(), gate.clone());
             async move {
@@ -64,6 +95,7 @@ impl MockDownstream {
                         continue;
                     };
                     let (calls, behaviour, gate) = (calls.clone(), behaviour.clone(), gate.clone());
+                    let tls = tls.clone();
                     tokio::spawn(async move {
                         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                             let (calls, behaviour, gate) =
@@ -80,6 +112,7 @@ impl MockDownstream {
                                 let token: i64 = header("fencing-token").parse().unwrap_or(-1);
                                 let traceparent =
                                     Some(header("traceparent")).filter(|t| !t.is_empty());
+                                let headers = req.headers().clone();
                                 let bytes = req
                                     .into_body()
                                     .collect()
@@ -93,6 +126,8 @@ impl MockDownstream {
                                     fencing_token: token,
                                     body: body.clone(),
                                     traceparent,
+                                    headers,
+                                    raw_body: bytes.clone(),
                                 });
                                 let (status, delay, gated, known) = {
                                     let b = behaviour.lock().unwrap();
@@ -142,15 +177,29 @@ impl MockDownstream {
                                 Ok::<_, Infallible>(resp)
                             }
                         });
-                        let _ = http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
+                        match tls {
+                            // A client that refuses the certificate ends the
+                            // handshake: no call is made.
+                            Some(acceptor) => {
+                                if let Ok(stream) = acceptor.accept(stream).await {
+                                    let _ = http1::Builder::new()
+                                        .serve_connection(TokioIo::new(stream), svc)
+                                        .await;
+                                }
+                            }
+                            None => {
+                                let _ = http1::Builder::new()
+                                    .serve_connection(TokioIo::new(stream), svc)
+                                    .await;
+                            }
+                        }
                     });
                 }
             }
         });
         MockDownstream {
             addr,
+            scheme,
             calls,
             behaviour,
             gate,
@@ -159,7 +208,9 @@ impl MockDownstream {
     }
 
     pub fn url(&self) -> hyper::Uri {
-        format!("http://{}/payments", self.addr).parse().unwrap()
+        format!("{}://{}/payments", self.scheme, self.addr)
+            .parse()
+            .unwrap()
     }
 
     pub fn calls(&self) -> Vec<Call> {

@@ -146,6 +146,7 @@ impl TestContext {
             inflight_wait: Duration::from_millis(1000),
             downstream_url: None,
             downstream_timeout: Duration::from_secs(10),
+            downstream_trust: Default::default(),
             providers: vec![Provider::generic(SECRET).unwrap()],
             providers_file: None,
             max_body_bytes: 64 * 1024,
