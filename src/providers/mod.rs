@@ -23,7 +23,8 @@
 //!   encrypted resource;
 //! - [`alipay`]: form-encoded notifications signed with RSA2;
 //! - [`paypal`]: SHA256withRSA with a certificate fetched from PayPal (the
-//!   one scheme whose verification awaits: [`Provider::accept`] is async).
+//!   one scheme whose verification awaits: [`Provider::accept`] is async);
+//! - [`paddle`]: Paddle Billing, `Paddle-Signature` (`ts` and `h1`);
 //!
 //! Shared: [`scheme`] (the trait, [`Item`], [`Reject`], [`AckBody`]),
 //! `file.rs` (the providers file), [`settings`] (one provider's table read
@@ -61,6 +62,7 @@ mod fields;
 mod file;
 mod hmac;
 pub mod keys;
+pub mod paddle;
 pub mod paypal;
 pub mod paypal_api;
 pub mod psp;
@@ -182,6 +184,7 @@ registry! {
     WechatPay => wechatpay::WechatPay,
     Alipay => alipay::Alipay,
     Paypal => paypal::Paypal,
+    Paddle => paddle::Paddle,
 }
 
 impl SchemeKind {
@@ -696,7 +699,7 @@ mod tests {
     fn messages_that_name_every_scheme_are_made_from_the_registry_word_for_word() {
         assert_eq!(
             SchemeKind::choices(),
-            "standard | stripe | adyen | wechatpay | alipay | paypal"
+            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle"
         );
         let err = file::parse(
             "[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5",
@@ -715,7 +718,7 @@ mod tests {
         };
         assert_eq!(
             psp::parent(&refund).unwrap_err(),
-            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal)"
+            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle)"
         );
         let failure = psp::Notice {
             event_type: "payment.failed".into(),

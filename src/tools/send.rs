@@ -688,6 +688,10 @@ mod rsa_tests {
             SchemeKind::Adyen,
             "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
         ),
+        (
+            SchemeKind::Paddle,
+            "pdl_ntf_01hv8x0sendtestsecretxxxx_c2VuZCB0ZXN0IHNlY3JldCBmb3IgcGFkZGxl",
+        ),
     ];
 
     fn secret_of(scheme: SchemeKind) -> Option<&'static str> {
@@ -851,6 +855,7 @@ mod rsa_tests {
             (SchemeKind::WechatPay, "REFUND.ABNORMAL"),
             (SchemeKind::Alipay, "WAIT_BUYER_PAY"),
             (SchemeKind::Paypal, "PAYMENT.CAPTURE.PENDING"),
+            (SchemeKind::Paddle, "transaction.paid"),
         ] {
             let mut n = notice(scheme, native);
             n.payment_transaction_id = Some("PAY-0".into());
