@@ -25,6 +25,8 @@
 //! - [`paypal`]: SHA256withRSA with a certificate fetched from PayPal (the
 //!   one scheme whose verification awaits: [`Provider::accept`] is async);
 //! - [`paddle`]: Paddle Billing, `Paddle-Signature` (`ts` and `h1`);
+//! - [`square`]: `x-square-hmacsha256-signature` over the notification URL
+//!   and the body;
 //!
 //! Shared: [`scheme`] (the trait, [`Item`], [`Reject`], [`AckBody`]),
 //! `file.rs` (the providers file), [`settings`] (one provider's table read
@@ -70,6 +72,7 @@ mod published;
 pub mod scheme;
 pub mod settings;
 pub mod setup;
+pub mod square;
 pub mod standard;
 pub mod stripe;
 #[cfg(any(test, feature = "test-support"))]
@@ -185,6 +188,7 @@ registry! {
     Alipay => alipay::Alipay,
     Paypal => paypal::Paypal,
     Paddle => paddle::Paddle,
+    Square => square::Square,
 }
 
 impl SchemeKind {
@@ -699,7 +703,7 @@ mod tests {
     fn messages_that_name_every_scheme_are_made_from_the_registry_word_for_word() {
         assert_eq!(
             SchemeKind::choices(),
-            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle"
+            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle | square"
         );
         let err = file::parse(
             "[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5",
@@ -718,7 +722,7 @@ mod tests {
         };
         assert_eq!(
             psp::parent(&refund).unwrap_err(),
-            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle)"
+            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle, the payment's id for square)"
         );
         let failure = psp::Notice {
             event_type: "payment.failed".into(),
