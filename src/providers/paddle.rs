@@ -453,7 +453,10 @@ mod tests {
     ];
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = format!("{}/tests/fixtures/paddle/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/tests/fixtures/paddle/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
@@ -535,7 +538,9 @@ mod tests {
         }
         // The ts is signed: moving it breaks the signature.
         let moved = sign(SECRET, ts, &body).replace(&format!("ts={ts}"), &format!("ts={}", ts + 1));
-        assert!(paddle(&[SECRET]).verify(&headers(&moved), &body, ts).is_err());
+        assert!(paddle(&[SECRET])
+            .verify(&headers(&moved), &body, ts)
+            .is_err());
     }
 
     #[test]
@@ -550,7 +555,9 @@ mod tests {
         assert_eq!(paddle(&[SECRET]).verify(&headers(&two), &body, ts), Ok(()));
         assert_eq!(paddle(&[OLD]).verify(&headers(&two), &body, ts), Ok(()));
         let unknown = "pdl_ntf_01hv8x0anothersecretxxxx_bm90IGNvbmZpZ3VyZWQgaGVyZSBhdCBhbGw";
-        assert!(paddle(&[unknown]).verify(&headers(&two), &body, ts).is_err());
+        assert!(paddle(&[unknown])
+            .verify(&headers(&two), &body, ts)
+            .is_err());
     }
 
     #[test]
@@ -608,12 +615,18 @@ mod tests {
         );
         for name in ["adjustment.created.json", "transaction.paid.json"] {
             assert!(
-                matches!(parse_event("paddle", &fixture(name)), Ok(Item::Ignored { .. })),
+                matches!(
+                    parse_event("paddle", &fixture(name)),
+                    Ok(Item::Ignored { .. })
+                ),
                 "{name}"
             );
         }
         assert_eq!(
-            Paddle::psp_event_id(&http::HeaderMap::new(), &fixture("transaction.completed.json")),
+            Paddle::psp_event_id(
+                &http::HeaderMap::new(),
+                &fixture("transaction.completed.json")
+            ),
             Some("evt_01hv8x2axb33yr5y238zfwcn5p".to_owned())
         );
     }
@@ -631,20 +644,42 @@ mod tests {
     #[test]
     fn other_adjustments_pending_refunds_and_free_transactions_are_ignored() {
         let adj = fixture("adjustment.updated.approved.json");
-        for action in ["credit", "chargeback", "chargeback_reverse", "credit_reverse"] {
+        for action in [
+            "credit",
+            "chargeback",
+            "chargeback_reverse",
+            "credit_reverse",
+        ] {
             let body = with(&adj, &["data", "action"], json!(action));
-            assert!(matches!(parse_event("p", &body), Ok(Item::Ignored { .. })), "{action}");
+            assert!(
+                matches!(parse_event("p", &body), Ok(Item::Ignored { .. })),
+                "{action}"
+            );
         }
         let pending = with(&adj, &["data", "status"], json!("pending_approval"));
-        assert!(matches!(parse_event("p", &pending), Ok(Item::Ignored { .. })));
+        assert!(matches!(
+            parse_event("p", &pending),
+            Ok(Item::Ignored { .. })
+        ));
         let reversed = with(&adj, &["data", "status"], json!("reversed"));
         assert_eq!(event(&reversed).event_type, EventKind::RefundFailed);
         let txn = fixture("transaction.completed.json");
-        let free = with(&txn, &["data", "details", "totals", "grand_total"], json!("0"));
+        let free = with(
+            &txn,
+            &["data", "details", "totals", "grand_total"],
+            json!("0"),
+        );
         assert!(matches!(parse_event("p", &free), Ok(Item::Ignored { .. })));
-        for t in ["subscription.created", "customer.created", "transaction.updated"] {
+        for t in [
+            "subscription.created",
+            "customer.created",
+            "transaction.updated",
+        ] {
             let body = format!(r#"{{"event_type":"{t}"}}"#);
-            assert!(matches!(parse_event("p", body.as_bytes()), Ok(Item::Ignored { .. })));
+            assert!(matches!(
+                parse_event("p", body.as_bytes()),
+                Ok(Item::Ignored { .. })
+            ));
         }
     }
 
@@ -653,11 +688,31 @@ mod tests {
         let txn = fixture("transaction.completed.json");
         let adj = fixture("adjustment.updated.approved.json");
         let cases: Vec<Vec<u8>> = vec![
-            with(&txn, &["data", "details", "totals", "grand_total"], json!(65215)),
-            with(&txn, &["data", "details", "totals", "grand_total"], json!("652.15")),
-            with(&txn, &["data", "details", "totals", "grand_total"], json!("-5")),
-            with(&txn, &["data", "details", "totals", "grand_total"], json!(" 5")),
-            with(&txn, &["data", "details", "totals", "grand_total"], json!("99999999999999999999")),
+            with(
+                &txn,
+                &["data", "details", "totals", "grand_total"],
+                json!(65215),
+            ),
+            with(
+                &txn,
+                &["data", "details", "totals", "grand_total"],
+                json!("652.15"),
+            ),
+            with(
+                &txn,
+                &["data", "details", "totals", "grand_total"],
+                json!("-5"),
+            ),
+            with(
+                &txn,
+                &["data", "details", "totals", "grand_total"],
+                json!(" 5"),
+            ),
+            with(
+                &txn,
+                &["data", "details", "totals", "grand_total"],
+                json!("99999999999999999999"),
+            ),
             with(&txn, &["data", "details", "totals"], json!(null)),
             with(&txn, &["data", "currency_code"], json!("usd")),
             with(&txn, &["data", "currency_code"], json!(null)),
@@ -678,7 +733,12 @@ mod tests {
                 String::from_utf8_lossy(&body)
             );
         }
-        for body in [&b"not json"[..], b"[]", br#"{"event_type":5}"#, br#"{"data":{}}"#] {
+        for body in [
+            &b"not json"[..],
+            b"[]",
+            br#"{"event_type":5}"#,
+            br#"{"data":{}}"#,
+        ] {
             assert!(matches!(parse_event("p", body), Err(Reject::Invalid(_))));
         }
     }

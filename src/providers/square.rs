@@ -109,9 +109,7 @@ impl Square {
         let header = fields::signed_header(headers, SIGNATURE_HEADER)?;
         let signature = base64::engine::general_purpose::STANDARD
             .decode(header)
-            .map_err(|_| {
-                Reject::Unauthorized(format!("{SIGNATURE_HEADER} is not base64"))
-            })?;
+            .map_err(|_| Reject::Unauthorized(format!("{SIGNATURE_HEADER} is not base64")))?;
         let message: [&[u8]; 2] = [self.notification_url.as_bytes(), body];
         if hmac::any_key_verifies(&self.keys, &message, &[signature]) {
             Ok(())
@@ -200,7 +198,10 @@ impl Scheme for Square {
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
         if psp.key(&psp::SECRET)?.is_empty() {
-            return Err(PspError::new("secret", "a square signature key is not empty"));
+            return Err(PspError::new(
+                "secret",
+                "a square signature key is not empty",
+            ));
         }
         check_url(psp.key(&NOTIFICATION_URL)?).map_err(|e| PspError::new(NOTIFICATION_URL.flag, e))
     }
@@ -349,7 +350,11 @@ pub fn event_of(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, Strin
         }}))
     };
     let (event_type, kind, object) = match notice.event_type.as_str() {
-        "payment.succeeded" => ("payment.updated", "payment", payment("COMPLETED", "CAPTURED")),
+        "payment.succeeded" => (
+            "payment.updated",
+            "payment",
+            payment("COMPLETED", "CAPTURED"),
+        ),
         "payment.failed" => ("payment.updated", "payment", payment("FAILED", "FAILED")),
         "refund.succeeded" => ("refund.updated", "refund", refund("COMPLETED")?),
         "refund.failed" => ("refund.updated", "refund", refund("FAILED")?),
@@ -392,7 +397,10 @@ mod tests {
     ];
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = format!("{}/tests/fixtures/square/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/tests/fixtures/square/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
@@ -491,7 +499,13 @@ mod tests {
 
     #[test]
     fn a_notification_url_that_is_not_an_absolute_url_is_refused() {
-        for url in ["", "hooks.example.com/x", "https://", "https://a b", "ftp://x"] {
+        for url in [
+            "",
+            "hooks.example.com/x",
+            "https://",
+            "https://a b",
+            "ftp://x",
+        ] {
             assert!(Square::new(&[KEY.to_owned()], url).is_err(), "{url:?}");
         }
         assert!(Square::new(&[String::new()], URL).is_err());
@@ -525,14 +539,23 @@ mod tests {
             summary(&event(&fixture("refund.updated.failed.json"))),
             (refund, EventKind::RefundFailed, parent, 1000, "USD")
         );
-        for name in ["payment.created.approved.json", "refund.created.pending.json"] {
+        for name in [
+            "payment.created.approved.json",
+            "refund.created.pending.json",
+        ] {
             assert!(
-                matches!(parse_event("square", &fixture(name)), Ok(Item::Ignored { .. })),
+                matches!(
+                    parse_event("square", &fixture(name)),
+                    Ok(Item::Ignored { .. })
+                ),
                 "{name}"
             );
         }
         assert_eq!(
-            Square::psp_event_id(&http::HeaderMap::new(), &fixture("refund.updated.completed.json")),
+            Square::psp_event_id(
+                &http::HeaderMap::new(),
+                &fixture("refund.updated.completed.json")
+            ),
             Some("bc316346-6691-4243-88ed-6d651a0d0c47".to_owned())
         );
     }
@@ -558,12 +581,24 @@ mod tests {
     #[test]
     fn a_tipped_payment_is_credited_its_total_money() {
         let body = fixture("payment.updated.completed.json");
-        let tipped = with(&body, &at_payment("tip_money"), json!({"amount": 20, "currency": "USD"}));
-        let tipped = with(&tipped, &at_payment("total_money"), json!({"amount": 120, "currency": "USD"}));
+        let tipped = with(
+            &body,
+            &at_payment("tip_money"),
+            json!({"amount": 20, "currency": "USD"}),
+        );
+        let tipped = with(
+            &tipped,
+            &at_payment("total_money"),
+            json!({"amount": 120, "currency": "USD"}),
+        );
         assert_eq!(event(&tipped).amount_minor, 120);
         let no_total = with(&body, &at_payment("total_money"), Value::Null);
         assert_eq!(event(&no_total).amount_minor, 100);
-        let mixed = with(&body, &at_payment("total_money"), json!({"amount": 100, "currency": "EUR"}));
+        let mixed = with(
+            &body,
+            &at_payment("total_money"),
+            json!({"amount": 100, "currency": "EUR"}),
+        );
         assert!(matches!(parse_event("p", &mixed), Err(Reject::Invalid(_))));
     }
 
@@ -574,14 +609,28 @@ mod tests {
         assert_eq!(event(&canceled).event_type, EventKind::PaymentFailed);
         for status in ["APPROVED", "PENDING", "SOMETHING_NEW"] {
             let b = with(&body, &at_payment("status"), json!(status));
-            assert!(matches!(parse_event("p", &b), Ok(Item::Ignored { .. })), "{status}");
+            assert!(
+                matches!(parse_event("p", &b), Ok(Item::Ignored { .. })),
+                "{status}"
+            );
         }
         let refund = fixture("refund.updated.completed.json");
-        let rejected = with(&refund, &["data", "object", "refund", "status"], json!("REJECTED"));
+        let rejected = with(
+            &refund,
+            &["data", "object", "refund", "status"],
+            json!("REJECTED"),
+        );
         assert_eq!(event(&rejected).event_type, EventKind::RefundFailed);
-        for t in ["order.updated", "dispute.created", "webhooks.test_notification"] {
+        for t in [
+            "order.updated",
+            "dispute.created",
+            "webhooks.test_notification",
+        ] {
             let b = format!(r#"{{"type":"{t}"}}"#);
-            assert!(matches!(parse_event("p", b.as_bytes()), Ok(Item::Ignored { .. })));
+            assert!(matches!(
+                parse_event("p", b.as_bytes()),
+                Ok(Item::Ignored { .. })
+            ));
         }
     }
 
@@ -591,12 +640,32 @@ mod tests {
         let refund = fixture("refund.updated.completed.json");
         let r = |f: &'static str| vec!["data", "object", "refund", f];
         let cases: Vec<Vec<u8>> = vec![
-            with(&pay, &at_payment("amount_money"), json!({"amount": "100", "currency": "USD"})),
-            with(&pay, &at_payment("amount_money"), json!({"amount": 1.5, "currency": "USD"})),
-            with(&pay, &at_payment("amount_money"), json!({"amount": 0, "currency": "USD"})),
-            with(&pay, &at_payment("amount_money"), json!({"amount": 100, "currency": "usd"})),
+            with(
+                &pay,
+                &at_payment("amount_money"),
+                json!({"amount": "100", "currency": "USD"}),
+            ),
+            with(
+                &pay,
+                &at_payment("amount_money"),
+                json!({"amount": 1.5, "currency": "USD"}),
+            ),
+            with(
+                &pay,
+                &at_payment("amount_money"),
+                json!({"amount": 0, "currency": "USD"}),
+            ),
+            with(
+                &pay,
+                &at_payment("amount_money"),
+                json!({"amount": 100, "currency": "usd"}),
+            ),
             with(&pay, &at_payment("amount_money"), Value::Null),
-            with(&pay, &at_payment("total_money"), json!({"amount": -1, "currency": "USD"})),
+            with(
+                &pay,
+                &at_payment("total_money"),
+                json!({"amount": -1, "currency": "USD"}),
+            ),
             with(&pay, &at_payment("id"), json!(" x")),
             with(&pay, &at_payment("id"), Value::Null),
             with(&pay, &at_payment("status"), json!(5)),
