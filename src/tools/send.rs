@@ -728,9 +728,9 @@ mod rsa_tests {
     /// (`key.pem` beside the file).
     fn table(name: &str, scheme: SchemeKind) -> String {
         let settings = match (scheme, secret_of(scheme)) {
-            (SchemeKind::Square, Some(secret)) => format!(
-                "secrets = [\"{secret}\"]\nnotification_url = \"{NOTIFICATION_URL}\""
-            ),
+            (SchemeKind::Square, Some(secret)) => {
+                format!("secrets = [\"{secret}\"]\nnotification_url = \"{NOTIFICATION_URL}\"")
+            }
             (_, Some(secret)) => format!("secrets = [\"{secret}\"]"),
             (SchemeKind::WechatPay, None) => {
                 format!("secrets = [\"{APIV3}\"]\nplatform_keys = {{ {SERIAL} = \"key.pem\" }}")
