@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::config::Config;
+use fencehook::providers::keys::RsaSigner;
 use fencehook::providers::paddle;
-use fencehook::providers::psp::Notice;
+use fencehook::providers::psp::{self, Credentials, Key, Notice, PspError};
 use fencehook::providers::{Provider, SchemeKind};
 use serde_json::Value;
 
-use crate::helpers::{now, Reply, TestApp, TestContext};
+use crate::helpers::{now, psp_sdk, Reply, TestApp, TestContext};
 
 /// The notification destination's secret key, and the one before a rotation.
 const SECRET: &str = "pdl_ntf_01hv8x0fencehookintegration_aW50ZWdyYXRpb24gdGVzdCBzZWNyZXQga2V5";
@@ -330,4 +331,157 @@ async fn a_storm_of_four_copies_of_each_paddle_transaction_over_three_instances_
         (0..transactions as i64).map(|t| 1000 + t).sum::<i64>()
     );
     ctx.assert_audit_clean().await;
+}
+
+/// What a PSP side signs with: the keys `fencehook send` would have gathered.
+struct Keys(Vec<(Key, String)>);
+
+impl Credentials for Keys {
+    fn key(&self, key: &Key) -> Result<&str, PspError> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .ok_or_else(|| PspError::new(key.flag, "not given"))
+    }
+    fn signer(&self) -> Result<&RsaSigner, PspError> {
+        Err(PspError::new(
+            "private-key",
+            "an HMAC scheme signs with none",
+        ))
+    }
+}
+
+fn notice(event_type: &str) -> Notice {
+    let refund = event_type.starts_with("refund.");
+    Notice {
+        transaction_id: if refund { "adj_sdk_1" } else { "txn_sdk_1" }.into(),
+        amount: 4200,
+        currency: "USD".into(),
+        event_type: event_type.into(),
+        payment_transaction_id: refund.then(|| "txn_sdk_0".to_owned()),
+    }
+}
+
+#[test]
+fn what_fencehook_send_signs_for_paddle_verifies_with_paddles_own_sdk() {
+    let keys = Keys(vec![(psp::SECRET, SECRET.to_owned())]);
+    for kind in [
+        "payment.succeeded",
+        "payment.failed",
+        "refund.succeeded",
+        "refund.failed",
+    ] {
+        // The delivery `fencehook send --provider paddle` builds: the
+        // scheme's PSP side, signed now (the SDK allows 5 s of drift).
+        let delivery = SchemeKind::Paddle
+            .spec()
+            .deliver(&keys, &notice(kind), None, "evt_sdk_interop", now())
+            .unwrap();
+        let (_, header) = &delivery.headers[0];
+        let out = psp_sdk::run(
+            "paddle.py",
+            &["verify", header, OLD_SECRET, SECRET],
+            delivery.body.as_bytes(),
+        );
+        assert!(out.status.success(), "{kind}: {out:?}");
+        // The SDK is not accepting everything: one byte changed is refused.
+        let changed = delivery.body.replacen("4200", "4201", 1);
+        let out = psp_sdk::run("paddle.py", &["verify", header, SECRET], changed.as_bytes());
+        assert_eq!(out.status.code(), Some(1), "{kind}: {out:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_paddles_own_sdk_signs_is_accepted_by_the_service() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let body = fixture("transaction.completed.json");
+    let ts = now().to_string();
+    let out = psp_sdk::run("paddle.py", &["sign", OLD_SECRET, &ts], body.as_bytes());
+    assert!(out.status.success(), "{out:?}");
+    let header = String::from_utf8(out.stdout).unwrap();
+    let r = post(&app, &body, header.trim()).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(
+        ledger(&ctx).await,
+        vec![(s(TXN), s("credit"), 65215, s("USD"))]
+    );
+}
+
+/// `fencehook send ARGS` with only `env` of the FENCEHOOK_ settings: exit
+/// code and standard output.
+pub(crate) async fn fencehook_send(args: Vec<String>, env: Vec<(String, String)>) -> (i32, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FENCEHOOK_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd.arg("send").args(args).envs(env).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fencehook_send_with_a_paddle_provider_of_the_file_is_booked_by_the_service() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let dir = std::env::temp_dir().join(format!("fencehook-send-paddle-{}", ctx.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    std::fs::write(
+        &file,
+        format!("[providers.paddle]\nscheme = \"paddle\"\nsecrets = [\"{SECRET}\"]\n"),
+    )
+    .unwrap();
+    let send = |event_type: &str, id: &str, parent: Option<&str>| {
+        let mut args: Vec<String> = [
+            "--url",
+            &app.base,
+            "--provider",
+            "paddle",
+            "--transaction-id",
+            id,
+            "--amount",
+            "4200",
+            "--event-type",
+            event_type,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if let Some(p) = parent {
+            args.extend(["--payment-transaction-id".to_owned(), p.to_owned()]);
+        }
+        let env = vec![("FENCEHOOK_PROVIDERS".to_owned(), file.display().to_string())];
+        fencehook_send(args, env)
+    };
+    let (code, out) = send("payment.succeeded", "txn_from_send", None).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.starts_with("200 ") && out.contains("processed"),
+        "{out}"
+    );
+    let (code, out) = send("refund.succeeded", "adj_from_send", Some("txn_from_send")).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("processed"), "{out}");
+    assert_eq!(
+        ledger(&ctx).await,
+        vec![
+            (s("txn_from_send"), s("credit"), 4200, s("USD")),
+            (s("adj_from_send"), s("debit"), -4200, s("USD")),
+        ]
+    );
+    let (code, out) = send("dispute.funds_withdrawn", "dp_1", Some("txn_from_send")).await;
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("paddle sends no notification"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

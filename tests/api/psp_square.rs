@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::config::Config;
-use fencehook::providers::psp::Notice;
-use fencehook::providers::{square, Provider};
+use fencehook::providers::keys::RsaSigner;
+use fencehook::providers::psp::{self, Credentials, Key, Notice, PspError};
+use fencehook::providers::{square, Provider, SchemeKind};
 use serde_json::Value;
 
-use crate::helpers::{Reply, TestApp, TestContext};
+use crate::helpers::{psp_sdk, Reply, TestApp, TestContext};
 
 /// The subscription's signature key, and the one before a rotation.
 const KEY: &str = "fencehook-square-integration-key";
@@ -314,4 +315,141 @@ async fn a_storm_of_four_copies_of_each_square_payment_over_three_instances_book
         (0..payments as i64).map(|t| 500 + t).sum::<i64>()
     );
     ctx.assert_audit_clean().await;
+}
+
+/// What a PSP side signs with: the keys `fencehook send` would have gathered.
+struct Keys(Vec<(Key, String)>);
+
+impl Credentials for Keys {
+    fn key(&self, key: &Key) -> Result<&str, PspError> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .ok_or_else(|| PspError::new(key.flag, "not given"))
+    }
+    fn signer(&self) -> Result<&RsaSigner, PspError> {
+        Err(PspError::new(
+            "private-key",
+            "an HMAC scheme signs with none",
+        ))
+    }
+}
+
+#[test]
+fn what_fencehook_send_signs_for_square_verifies_with_squares_own_sdk() {
+    let keys = Keys(vec![
+        (psp::SECRET, KEY.to_owned()),
+        (square::NOTIFICATION_URL, URL.to_owned()),
+    ]);
+    for kind in [
+        "payment.succeeded",
+        "payment.failed",
+        "refund.succeeded",
+        "refund.failed",
+    ] {
+        let refund = kind.starts_with("refund.");
+        let notice = Notice {
+            transaction_id: if refund {
+                "sq_refund_sdk"
+            } else {
+                "sq_payment_sdk"
+            }
+            .into(),
+            amount: 4200,
+            currency: "USD".into(),
+            event_type: kind.into(),
+            payment_transaction_id: refund.then(|| "sq_payment_sdk_0".to_owned()),
+        };
+        // The delivery `fencehook send --provider square` builds: the
+        // scheme's PSP side.
+        let delivery = SchemeKind::Square
+            .spec()
+            .deliver(
+                &keys,
+                &notice,
+                None,
+                "event-sdk-interop",
+                crate::helpers::now(),
+            )
+            .unwrap();
+        let (_, signature) = &delivery.headers[0];
+        let out = psp_sdk::run(
+            "square.py",
+            &["verify", signature, KEY, URL],
+            delivery.body.as_bytes(),
+        );
+        assert!(out.status.success(), "{kind}: {out:?}");
+        // Another URL (a trailing slash) is refused by the SDK too.
+        let other = format!("{URL}/");
+        let out = psp_sdk::run(
+            "square.py",
+            &["verify", signature, KEY, &other],
+            delivery.body.as_bytes(),
+        );
+        assert_eq!(out.status.code(), Some(1), "{kind}: {out:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_squares_own_sdk_signs_is_accepted_by_the_service() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let body = fixture("payment.updated.completed.json");
+    let out = psp_sdk::run("square.py", &["sign", KEY, URL], body.as_bytes());
+    assert!(out.status.success(), "{out:?}");
+    let signature = String::from_utf8(out.stdout).unwrap();
+    let r = post(&app, &body, signature.trim()).await;
+    assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
+    assert_eq!(
+        ledger(&ctx).await,
+        vec![(s(PAYMENT), s("credit"), 100, s("USD"))]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fencehook_send_with_a_square_provider_of_the_file_is_booked_by_the_service() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let dir = std::env::temp_dir().join(format!("fencehook-send-square-{}", ctx.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    // The file gives the key and the notification URL.
+    std::fs::write(
+        &file,
+        format!("[providers.square]\nscheme = \"square\"\nsecrets = [\"{KEY}\"]\nnotification_url = \"{URL}\"\n"),
+    )
+    .unwrap();
+    let send = |extra: &[&str]| {
+        let mut args: Vec<String> = [
+            "--url",
+            &app.base,
+            "--provider",
+            "square",
+            "--transaction-id",
+            "sq_from_send",
+            "--amount",
+            "4200",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let env = vec![("FENCEHOOK_PROVIDERS".to_owned(), file.display().to_string())];
+        crate::psp_paddle::fencehook_send(args, env)
+    };
+    // --notification-url wins over the file: another URL is refused (401).
+    let (code, out) = send(&["--notification-url", "https://elsewhere.example.com/square"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("401 "), "{out}");
+    let (code, out) = send(&[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.starts_with("200 ") && out.contains("processed"),
+        "{out}"
+    );
+    assert_eq!(
+        ledger(&ctx).await,
+        vec![(s("sq_from_send"), s("credit"), 4200, s("USD"))]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
