@@ -485,3 +485,79 @@ async fn fencehook_send_with_a_paddle_provider_of_the_file_is_booked_by_the_serv
     assert!(out.contains("paddle sends no notification"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `fencehook load` from the provider `provider` of the providers file
+/// `file` against `targets`: 60 transactions, 4 copies of each, racing.
+/// Its JSON report.
+pub(crate) async fn fencehook_load(
+    file: &std::path::Path,
+    provider: &str,
+    targets: &[&TestApp],
+) -> Value {
+    let mut args: Vec<String> = [
+        "load",
+        "--provider",
+        provider,
+        "--transactions",
+        "60",
+        "--duplicates",
+        "4",
+        "--concurrency",
+        "16",
+        "--json",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for app in targets {
+        args.extend(["--target".to_owned(), app.base.clone()]);
+    }
+    let file = file.display().to_string();
+    let (code, out) = tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencehook"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FENCEHOOK_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .args(args)
+            .env("FENCEHOOK_PROVIDERS", file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code().unwrap_or(-1),
+            format!("{}{err}", String::from_utf8_lossy(&out.stdout)),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "a clean run exits 0: {out}");
+    serde_json::from_str(out.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencehook_load_as_paddle_books_each_transaction_once_over_three_instances() {
+    let ctx = TestContext::new().await;
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        apps.push(ctx.spawn(config(&ctx)).await);
+    }
+    let dir = std::env::temp_dir().join(format!("fencehook-load-paddle-{}", ctx.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    std::fs::write(
+        &file,
+        format!("[providers.paddle]\nscheme = \"paddle\"\nsecrets = [\"{SECRET}\"]\n"),
+    )
+    .unwrap();
+    let report = fencehook_load(&file, "paddle", &apps.iter().collect::<Vec<_>>()).await;
+    assert_eq!(report["scheme"], "paddle");
+    assert_eq!(report["transactions"], 60);
+    assert_eq!(report["deliveries"], 240);
+    assert_eq!(report["processed_twice"], 0, "{report}");
+    assert_eq!(ctx.payments().await, 60);
+    ctx.assert_audit_clean().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -453,3 +453,29 @@ async fn fencehook_send_with_a_square_provider_of_the_file_is_booked_by_the_serv
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencehook_load_as_square_books_each_payment_once_over_three_instances() {
+    let ctx = TestContext::new().await;
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        apps.push(ctx.spawn(config(&ctx)).await);
+    }
+    let dir = std::env::temp_dir().join(format!("fencehook-load-square-{}", ctx.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    std::fs::write(
+        &file,
+        format!("[providers.square]\nscheme = \"square\"\nsecrets = [\"{KEY}\"]\nnotification_url = \"{URL}\"\n"),
+    )
+    .unwrap();
+    let report =
+        crate::psp_paddle::fencehook_load(&file, "square", &apps.iter().collect::<Vec<_>>()).await;
+    assert_eq!(report["scheme"], "square");
+    assert_eq!(report["transactions"], 60);
+    assert_eq!(report["deliveries"], 240);
+    assert_eq!(report["processed_twice"], 0, "{report}");
+    assert_eq!(ctx.payments().await, 60);
+    ctx.assert_audit_clean().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
