@@ -825,7 +825,14 @@ secrets = ["{ADYEN_KEY}"]
             Provider::generic("whsec_c2VjcmV0LWtleS1vbGQ=").unwrap(),
             Provider::new("s", SchemeKind::Stripe, &["whsec_x".into()], None).unwrap(),
             Provider::new("a", SchemeKind::Adyen, &[ADYEN_KEY.into()], None).unwrap(),
+            Provider::new("pd", SchemeKind::Paddle, &["pdl_ntf_x".into()], None).unwrap(),
         ];
+        all.extend(
+            Provider::from_toml_str(
+                "[providers.sq]\nscheme = \"square\"\nsecrets = [\"k\"]\nnotification_url = \"https://x.example/sq\"",
+            )
+            .unwrap(),
+        );
         let rsa = testkeys::providers_file(
             r#"
 [providers.w]
@@ -1092,7 +1099,8 @@ secrets = ["whsec_x"]
                     wechatpay::SIGNATURE_HEADER, wechatpay::SERIAL_HEADER,
                     paypal::TRANSMISSION_ID_HEADER, paypal::TRANSMISSION_TIME_HEADER,
                     paypal::TRANSMISSION_SIG_HEADER, paypal::CERT_URL_HEADER,
-                    paypal::AUTH_ALGO_HEADER,
+                    paypal::AUTH_ALGO_HEADER, paddle::SIGNATURE_HEADER,
+                    square::SIGNATURE_HEADER,
                 ]), proptest::collection::vec(proptest::num::u8::ANY, 0..120)),
                 0..5,
             ),

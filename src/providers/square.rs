@@ -512,6 +512,53 @@ mod tests {
     }
 
     #[test]
+    fn a_square_provider_needs_its_notification_url_and_keeps_it_as_written() {
+        let table = |rest: &str| {
+            crate::providers::Provider::from_toml_str(&format!(
+                "[providers.sq]\nscheme = \"square\"\n{rest}"
+            ))
+        };
+        let err = table("secrets = [\"fencehook-square-test-signature-key\"]").unwrap_err();
+        assert!(
+            matches!(err.lines(), [line] if line.starts_with("provider `sq`: notification_url: required")),
+            "{err}"
+        );
+        let err =
+            table("secrets = [\"k\"]\nnotification_url = \"hooks.example.com/sq\"").unwrap_err();
+        assert!(
+            err.lines()[0].starts_with("provider `sq`: notification_url: must be the absolute"),
+            "{err}"
+        );
+        let http = table("secrets = [\"fencehook-square-test-signature-key\"]\nnotification_url = \"http://127.0.0.1:8080/webhooks/sq/\"")
+            .unwrap();
+        assert!(
+            http[0].warnings()[0].contains("https://"),
+            "{:?}",
+            http[0].warnings()
+        );
+        // Kept byte for byte, trailing slash included: what send signs for.
+        assert_eq!(
+            http[0].psp_value(&NOTIFICATION_URL),
+            Some("http://127.0.0.1:8080/webhooks/sq/")
+        );
+        // A key shorter than Square's is an exposure (refused at start).
+        let with_key = |key: &str| {
+            table(&format!(
+                "secrets = [\"{key}\"]\nnotification_url = \"https://x.example/sq\""
+            ))
+            .unwrap()
+            .remove(0)
+        };
+        let short = with_key("a-21-character-key-xx");
+        assert!(
+            short.exposures()[0].starts_with("provider `sq`: secrets: "),
+            "{:?}",
+            short.exposures()
+        );
+        assert!(with_key("a-22-character-key-xxx").exposures().is_empty());
+    }
+
+    #[test]
     fn each_fixture_books_what_square_means() {
         let pay = "hYy9pRFVxpDsO1FB05SunFWUe9JZY";
         let completed = event(&fixture("payment.updated.completed.json"));
