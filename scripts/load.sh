@@ -12,7 +12,8 @@
 #   LOAD_SCHEME       standard (default: the built-in generic provider), or wechatpay, alipay,
 #                     paypal: a throwaway RSA key (openssl) plays the PSP, the instances and
 #                     the load read one providers file naming its public half, and for paypal
-#                     the load serves the certificate on LOAD_CERT_PORT (default 18099)
+#                     the load serves the certificate on LOAD_CERT_PORT (default 18099); or
+#                     paddle, square: a throwaway HMAC secret (openssl rand) in that one file
 #   LOAD_DURATION     seconds of load (default 30)
 #   LOAD_DUPLICATES   copies of each transaction, k (default 4)
 #   LOAD_CONCURRENCY  HTTP requests in flight (default 32)
@@ -68,9 +69,9 @@ case $MODE in
 esac
 case $SCHEME in
   standard) ;;
-  wechatpay | alipay | paypal)
+  wechatpay | alipay | paypal | paddle | square)
     command -v openssl >/dev/null 2>&1 || die "openssl is needed to make LOAD_SCHEME=$SCHEME's key" ;;
-  *) die "LOAD_SCHEME must be standard, wechatpay, alipay or paypal (got '$SCHEME')" ;;
+  *) die "LOAD_SCHEME must be standard, wechatpay, alipay, paypal, paddle or square (got '$SCHEME')" ;;
 esac
 command -v curl >/dev/null 2>&1 || die "curl is needed to probe /readyz and /metrics (apt-get install -y curl)"
 
@@ -183,7 +184,23 @@ rm -rf "$PSP_DIR"
 # secret matches.
 PROVIDERS_ENV=(-u FENCEHOOK_PROVIDERS)
 PSP_ARGS=()
-if [[ $SCHEME != standard ]]; then
+if [[ $SCHEME == paddle || $SCHEME == square ]]; then
+  # A throwaway HMAC secret for this run only, in the providers file the instances and the load
+  # both read; the EXIT trap deletes it.
+  mkdir -p "$PSP_DIR"
+  secret=$(openssl rand -hex 24)
+  case $SCHEME in
+    paddle)
+      printf '[providers.psp]\nscheme = "paddle"\nsecrets = ["pdl_ntf_load_%s"]\n' "$secret" >"$PSP_DIR/providers.toml"
+      ;;
+    square)
+      printf '[providers.psp]\nscheme = "square"\nsecrets = ["%s"]\nnotification_url = "https://fencehook.invalid/webhooks/psp"\n' \
+        "$secret" >"$PSP_DIR/providers.toml"
+      ;;
+  esac
+  PSP_ARGS=(--providers "$PSP_DIR/providers.toml" --provider psp)
+  PROVIDERS_ENV=(FENCEHOOK_PROVIDERS="$PSP_DIR/providers.toml")
+elif [[ $SCHEME != standard ]]; then
   # A throwaway key for this run only: the providers file names its public half, the load
   # signs with it, the EXIT trap deletes it.
   mkdir -p "$PSP_DIR"

@@ -23,7 +23,10 @@
 //!   encrypted resource;
 //! - [`alipay`]: form-encoded notifications signed with RSA2;
 //! - [`paypal`]: SHA256withRSA with a certificate fetched from PayPal (the
-//!   one scheme whose verification awaits: [`Provider::accept`] is async).
+//!   one scheme whose verification awaits: [`Provider::accept`] is async);
+//! - [`paddle`]: Paddle Billing, `Paddle-Signature` (`ts` and `h1`);
+//! - [`square`]: `x-square-hmacsha256-signature` over the notification URL
+//!   and the body;
 //!
 //! Shared: [`scheme`] (the trait, [`Item`], [`Reject`], [`AckBody`]),
 //! `file.rs` (the providers file), [`settings`] (one provider's table read
@@ -61,6 +64,7 @@ mod fields;
 mod file;
 mod hmac;
 pub mod keys;
+pub mod paddle;
 pub mod paypal;
 pub mod paypal_api;
 pub mod psp;
@@ -68,6 +72,7 @@ mod published;
 pub mod scheme;
 pub mod settings;
 pub mod setup;
+pub mod square;
 pub mod standard;
 pub mod stripe;
 #[cfg(any(test, feature = "test-support"))]
@@ -182,6 +187,8 @@ registry! {
     WechatPay => wechatpay::WechatPay,
     Alipay => alipay::Alipay,
     Paypal => paypal::Paypal,
+    Paddle => paddle::Paddle,
+    Square => square::Square,
 }
 
 impl SchemeKind {
@@ -697,7 +704,7 @@ mod tests {
     fn messages_that_name_every_scheme_are_made_from_the_registry_word_for_word() {
         assert_eq!(
             SchemeKind::choices(),
-            "standard | stripe | adyen | wechatpay | alipay | paypal"
+            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle | square"
         );
         let err = file::parse(
             "[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5",
@@ -716,7 +723,7 @@ mod tests {
         };
         assert_eq!(
             psp::parent(&refund).unwrap_err(),
-            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal)"
+            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle, the payment's id for square)"
         );
         let failure = psp::Notice {
             event_type: "payment.failed".into(),
@@ -819,7 +826,14 @@ secrets = ["{ADYEN_KEY}"]
             Provider::generic("whsec_c2VjcmV0LWtleS1vbGQ=").unwrap(),
             Provider::new("s", SchemeKind::Stripe, &["whsec_x".into()], None).unwrap(),
             Provider::new("a", SchemeKind::Adyen, &[ADYEN_KEY.into()], None).unwrap(),
+            Provider::new("pd", SchemeKind::Paddle, &["pdl_ntf_x".into()], None).unwrap(),
         ];
+        all.extend(
+            Provider::from_toml_str(
+                "[providers.sq]\nscheme = \"square\"\nsecrets = [\"k\"]\nnotification_url = \"https://x.example/sq\"",
+            )
+            .unwrap(),
+        );
         let rsa = testkeys::providers_file(
             r#"
 [providers.w]
@@ -1086,7 +1100,8 @@ secrets = ["whsec_x"]
                     wechatpay::SIGNATURE_HEADER, wechatpay::SERIAL_HEADER,
                     paypal::TRANSMISSION_ID_HEADER, paypal::TRANSMISSION_TIME_HEADER,
                     paypal::TRANSMISSION_SIG_HEADER, paypal::CERT_URL_HEADER,
-                    paypal::AUTH_ALGO_HEADER,
+                    paypal::AUTH_ALGO_HEADER, paddle::SIGNATURE_HEADER,
+                    square::SIGNATURE_HEADER,
                 ]), proptest::collection::vec(proptest::num::u8::ANY, 0..120)),
                 0..5,
             ),

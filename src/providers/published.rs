@@ -173,7 +173,7 @@ mod tests {
                 "{exposures:?}"
             );
         }
-        assert_eq!(with_secrets, 5);
+        assert_eq!(with_secrets, 7);
         for secret in example_secrets(EXAMPLE_PROVIDERS) {
             assert!(published().contains(&secret), "{secret}");
         }
@@ -186,6 +186,7 @@ mod tests {
             (SchemeKind::Stripe, "whsec_0123456789abcdef0123456789abcde"),
             (SchemeKind::Standard, "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="),
             (SchemeKind::Adyen, "00112233445566778899AABBCCDDEEFF"),
+            (SchemeKind::Paddle, "pdl_ntf_01hshort"),
         ] {
             assert!(exposure(scheme, short).is_some(), "{short}");
         }
@@ -198,6 +199,10 @@ mod tests {
             (
                 SchemeKind::Adyen,
                 "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF",
+            ),
+            (
+                SchemeKind::Paddle,
+                "pdl_ntf_01hv8x2axb33yr5y238zfwcn5p_0123456789abcdefghijklmnopqrstuv",
             ),
         ] {
             assert_eq!(exposure(scheme, ok), None, "{ok}");

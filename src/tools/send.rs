@@ -50,12 +50,15 @@ pub struct PspArgs {
     /// Wire format: standard (Standard Webhooks, generic payload), stripe (a
     /// signed Stripe event), adyen (a one-item notification batch), wechatpay
     /// (an encrypted API v3 notification), alipay (a form-encoded
-    /// notification), paypal (a v2 capture event). Default: the providers
-    /// file's, else standard.
+    /// notification), paypal (a v2 capture event), paddle (a Paddle Billing
+    /// event), square (a Square payment or refund event). Default: the
+    /// providers file's, else standard.
     #[arg(long, value_parser = parse_scheme)]
     pub scheme: Option<SchemeKind>,
     /// Signing secret of the HMAC schemes: whsec_<base64> (standard), the
-    /// endpoint's whsec_... (stripe), the HMAC key in hex (adyen).
+    /// endpoint's whsec_... (stripe), the HMAC key in hex (adyen), the
+    /// notification destination's secret key pdl_ntf_... (paddle), the
+    /// subscription's signature key (square).
     #[arg(long, env = SECRET_ENV, hide_env_values = true)]
     pub secret: Option<String>,
     /// wechatpay, alipay, paypal: the PEM file of the RSA private key that
@@ -77,6 +80,10 @@ pub struct PspArgs {
     /// of --private-key (under its cert_url_prefixes).
     #[arg(long)]
     pub cert_url: Option<String>,
+    /// square: the notification URL the webhook subscription is registered
+    /// with (part of what Square signs; the providers file's when absent).
+    #[arg(long)]
+    pub notification_url: Option<String>,
 }
 
 fn parse_scheme(s: &str) -> Result<SchemeKind, String> {
@@ -140,6 +147,7 @@ impl PspArgs {
             "apiv3-key" => self.apiv3_key.as_deref(),
             "app-id" => self.app_id.as_deref(),
             "cert-url" => self.cert_url.as_deref(),
+            "notification-url" => self.notification_url.as_deref(),
             "webhook-id" => webhook_id,
             _ => None,
         }
@@ -489,6 +497,7 @@ mod tests {
             apiv3_key: None,
             app_id: None,
             cert_url: None,
+            notification_url: None,
         }
     }
 
@@ -688,6 +697,11 @@ mod rsa_tests {
             SchemeKind::Adyen,
             "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
         ),
+        (
+            SchemeKind::Paddle,
+            "pdl_ntf_01hv8x0sendtestsecretxxxx_c2VuZCB0ZXN0IHNlY3JldCBmb3IgcGFkZGxl",
+        ),
+        (SchemeKind::Square, "fencehook-send-test-square-key"),
     ];
 
     fn secret_of(scheme: SchemeKind) -> Option<&'static str> {
@@ -696,6 +710,7 @@ mod rsa_tests {
     const APP_ID: &str = "2021000000000000";
     const WEBHOOK_ID: &str = "WH-SEND-TEST";
     const CERT_URL: &str = "https://api.paypal.com/v1/notifications/certs/CERT-send-test";
+    const NOTIFICATION_URL: &str = "https://hooks.example.com/webhooks/square";
     const NOW: i64 = 1_700_000_000;
 
     /// Test key 0's private key in a file, as a user would pass it.
@@ -713,6 +728,9 @@ mod rsa_tests {
     /// (`key.pem` beside the file).
     fn table(name: &str, scheme: SchemeKind) -> String {
         let settings = match (scheme, secret_of(scheme)) {
+            (SchemeKind::Square, Some(secret)) => {
+                format!("secrets = [\"{secret}\"]\nnotification_url = \"{NOTIFICATION_URL}\"")
+            }
             (_, Some(secret)) => format!("secrets = [\"{secret}\"]"),
             (SchemeKind::WechatPay, None) => {
                 format!("secrets = [\"{APIV3}\"]\nplatform_keys = {{ {SERIAL} = \"key.pem\" }}")
@@ -762,6 +780,7 @@ mod rsa_tests {
             apiv3_key: Some(APIV3.into()),
             app_id: Some(APP_ID.into()),
             cert_url: Some(CERT_URL.into()),
+            notification_url: Some(NOTIFICATION_URL.into()),
         }
     }
 
@@ -851,6 +870,8 @@ mod rsa_tests {
             (SchemeKind::WechatPay, "REFUND.ABNORMAL"),
             (SchemeKind::Alipay, "WAIT_BUYER_PAY"),
             (SchemeKind::Paypal, "PAYMENT.CAPTURE.PENDING"),
+            (SchemeKind::Paddle, "transaction.paid"),
+            (SchemeKind::Square, "order.updated"),
         ] {
             let mut n = notice(scheme, native);
             n.payment_transaction_id = Some("PAY-0".into());
@@ -934,6 +955,7 @@ mod rsa_tests {
                 apiv3_key: None,
                 app_id: None,
                 cert_url: None,
+                notification_url: None,
             };
             let psp = only_name.resolve_in(file, None, &|_| None).unwrap();
             assert_eq!(psp.scheme, scheme);

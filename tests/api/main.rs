@@ -30,6 +30,8 @@ mod patroni;
 mod pg_tls;
 mod process;
 mod providers;
+mod psp_paddle;
+mod psp_square;
 mod redis_ha;
 mod rsa_providers;
 mod schema;

@@ -12,6 +12,7 @@ pub mod patroni;
 pub mod postgres;
 pub mod process;
 pub mod proxy;
+pub mod psp_sdk;
 pub mod redis_ha;
 
 use std::collections::HashMap;
