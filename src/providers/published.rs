@@ -281,6 +281,8 @@ mod tests {
         "whsec_fencehook_stripe_secret_before_the_roll",
         "whsec_test_secret_for_fencehook_unit_tests",
         "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        // tests/api/downstream_trust.rs: the order service's secret (FENCEHOOK_DOWNSTREAM_SECRET).
+        "whsec_b3JkZXItc2VydmljZS1zZWNyZXQtZm9yLXRlc3RzLSE=",
         // An Adyen key no PSP issued: the suite's "unknown key".
         "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF",
         // A Stripe signature (src/providers/stripe.rs), not a key.
