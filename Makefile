@@ -160,7 +160,7 @@ clean:
 # `fencehook load` across them (k copies of every transaction, racing), then
 # `fencehook audit --answers`; one report, everything stopped and dropped afterwards.
 # Knobs: LOAD_DURATION (s, default 30), LOAD_DUPLICATES (4), LOAD_CONCURRENCY (32), LOAD_MODE
-# (sync | inbox), LOAD_SCHEME (standard | wechatpay | alipay | paypal | paddle | square; a throwaway key), LOAD_CERT_PORT
+# (sync | inbox), LOAD_SCHEME (standard | wechatpay | alipay | paypal | paddle | square | checkout | razorpay; a throwaway key), LOAD_CERT_PORT
 # (paypal's certificate, default 18099). See docs/load.md.
 .PHONY: load
 load:

@@ -13,7 +13,8 @@
 #                     paypal: a throwaway RSA key (openssl) plays the PSP, the instances and
 #                     the load read one providers file naming its public half, and for paypal
 #                     the load serves the certificate on LOAD_CERT_PORT (default 18099); or
-#                     paddle, square: a throwaway HMAC secret (openssl rand) in that one file
+#                     paddle, square, checkout, razorpay: a throwaway HMAC secret (openssl rand)
+#                     in that one file
 #   LOAD_DURATION     seconds of load (default 30)
 #   LOAD_DUPLICATES   copies of each transaction, k (default 4)
 #   LOAD_CONCURRENCY  HTTP requests in flight (default 32)
@@ -69,9 +70,9 @@ case $MODE in
 esac
 case $SCHEME in
   standard) ;;
-  wechatpay | alipay | paypal | paddle | square)
+  wechatpay | alipay | paypal | paddle | square | checkout | razorpay)
     command -v openssl >/dev/null 2>&1 || die "openssl is needed to make LOAD_SCHEME=$SCHEME's key" ;;
-  *) die "LOAD_SCHEME must be standard, wechatpay, alipay, paypal, paddle or square (got '$SCHEME')" ;;
+  *) die "LOAD_SCHEME must be standard, wechatpay, alipay, paypal, paddle, square, checkout or razorpay (got '$SCHEME')" ;;
 esac
 command -v curl >/dev/null 2>&1 || die "curl is needed to probe /readyz and /metrics (apt-get install -y curl)"
 
@@ -184,7 +185,7 @@ rm -rf "$PSP_DIR"
 # secret matches.
 PROVIDERS_ENV=(-u FENCEHOOK_PROVIDERS)
 PSP_ARGS=()
-if [[ $SCHEME == paddle || $SCHEME == square ]]; then
+if [[ $SCHEME == paddle || $SCHEME == square || $SCHEME == checkout || $SCHEME == razorpay ]]; then
   # A throwaway HMAC secret for this run only, in the providers file the instances and the load
   # both read; the EXIT trap deletes it.
   mkdir -p "$PSP_DIR"
@@ -196,6 +197,9 @@ if [[ $SCHEME == paddle || $SCHEME == square ]]; then
     square)
       printf '[providers.psp]\nscheme = "square"\nsecrets = ["%s"]\nnotification_url = "https://fencehook.invalid/webhooks/psp"\n' \
         "$secret" >"$PSP_DIR/providers.toml"
+      ;;
+    checkout | razorpay)
+      printf '[providers.psp]\nscheme = "%s"\nsecrets = ["%s"]\n' "$SCHEME" "$secret" >"$PSP_DIR/providers.toml"
       ;;
   esac
   PSP_ARGS=(--providers "$PSP_DIR/providers.toml" --provider psp)

@@ -27,6 +27,9 @@
 //! - [`paddle`]: Paddle Billing, `Paddle-Signature` (`ts` and `h1`);
 //! - [`square`]: `x-square-hmacsha256-signature` over the notification URL
 //!   and the body;
+//! - [`checkout`]: Checkout.com's `Cko-Signature`, payments by `pay_` id,
+//!   refunds by their action id;
+//! - [`razorpay`]: `X-Razorpay-Signature`, payments and refunds by their ids.
 //!
 //! Shared: [`scheme`] (the trait, [`Item`], [`Reject`], [`AckBody`]),
 //! `file.rs` (the providers file), [`settings`] (one provider's table read
@@ -59,6 +62,7 @@
 
 pub mod adyen;
 pub mod alipay;
+pub mod checkout;
 mod fetch;
 mod fields;
 mod file;
@@ -69,6 +73,7 @@ pub mod paypal;
 pub mod paypal_api;
 pub mod psp;
 mod published;
+pub mod razorpay;
 pub mod scheme;
 pub mod settings;
 pub mod setup;
@@ -189,6 +194,8 @@ registry! {
     Paypal => paypal::Paypal,
     Paddle => paddle::Paddle,
     Square => square::Square,
+    Checkout => checkout::Checkout,
+    Razorpay => razorpay::Razorpay,
 }
 
 impl SchemeKind {
@@ -704,7 +711,7 @@ mod tests {
     fn messages_that_name_every_scheme_are_made_from_the_registry_word_for_word() {
         assert_eq!(
             SchemeKind::choices(),
-            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle | square"
+            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle | square | checkout | razorpay"
         );
         let err = file::parse(
             "[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5",
@@ -723,7 +730,7 @@ mod tests {
         };
         assert_eq!(
             psp::parent(&refund).unwrap_err(),
-            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle, the payment's id for square)"
+            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle, the payment's id for square, the payment's pay_ id for checkout, the payment's pay_ id for razorpay)"
         );
         let failure = psp::Notice {
             event_type: "payment.failed".into(),
@@ -827,6 +834,20 @@ secrets = ["{ADYEN_KEY}"]
             Provider::new("s", SchemeKind::Stripe, &["whsec_x".into()], None).unwrap(),
             Provider::new("a", SchemeKind::Adyen, &[ADYEN_KEY.into()], None).unwrap(),
             Provider::new("pd", SchemeKind::Paddle, &["pdl_ntf_x".into()], None).unwrap(),
+            Provider::new(
+                "c",
+                SchemeKind::Checkout,
+                &["fencehook-checkout-unit-key".into()],
+                None,
+            )
+            .unwrap(),
+            Provider::new(
+                "r",
+                SchemeKind::Razorpay,
+                &["fencehook-razorpay-unit-secret".into()],
+                None,
+            )
+            .unwrap(),
         ];
         all.extend(
             Provider::from_toml_str(
@@ -1102,6 +1123,8 @@ secrets = ["whsec_x"]
                     paypal::TRANSMISSION_SIG_HEADER, paypal::CERT_URL_HEADER,
                     paypal::AUTH_ALGO_HEADER, paddle::SIGNATURE_HEADER,
                     square::SIGNATURE_HEADER,
+                    checkout::SIGNATURE_HEADER,
+                    razorpay::SIGNATURE_HEADER, razorpay::EVENT_ID_HEADER,
                 ]), proptest::collection::vec(proptest::num::u8::ANY, 0..120)),
                 0..5,
             ),

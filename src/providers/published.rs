@@ -173,7 +173,7 @@ mod tests {
                 "{exposures:?}"
             );
         }
-        assert_eq!(with_secrets, 7);
+        assert_eq!(with_secrets, 9);
         for secret in example_secrets(EXAMPLE_PROVIDERS) {
             assert!(published().contains(&secret), "{secret}");
         }

@@ -51,14 +51,16 @@ pub struct PspArgs {
     /// signed Stripe event), adyen (a one-item notification batch), wechatpay
     /// (an encrypted API v3 notification), alipay (a form-encoded
     /// notification), paypal (a v2 capture event), paddle (a Paddle Billing
-    /// event), square (a Square payment or refund event). Default: the
+    /// event), square (a Square payment or refund event), checkout (a
+    /// Checkout.com event), razorpay (a Razorpay event). Default: the
     /// providers file's, else standard.
     #[arg(long, value_parser = parse_scheme)]
     pub scheme: Option<SchemeKind>,
     /// Signing secret of the HMAC schemes: whsec_<base64> (standard), the
     /// endpoint's whsec_... (stripe), the HMAC key in hex (adyen), the
     /// notification destination's secret key pdl_ntf_... (paddle), the
-    /// subscription's signature key (square).
+    /// subscription's signature key (square), the webhook's signature key
+    /// (checkout), the webhook secret (razorpay).
     #[arg(long, env = SECRET_ENV, hide_env_values = true)]
     pub secret: Option<String>,
     /// wechatpay, alipay, paypal: the PEM file of the RSA private key that
@@ -326,8 +328,8 @@ pub struct SendArgs {
     /// every item's hmacSignature is computed and set).
     #[arg(long)]
     pub body: Option<String>,
-    /// webhook-id header (standard) or event id (stripe), default a new one
-    /// per call; paypal: the webhook id the provider is configured with
+    /// webhook-id header (standard), event id (stripe, checkout) or
+    /// X-Razorpay-Event-Id (razorpay), default a new one per call; paypal: the webhook id the provider is configured with
     /// (part of what PayPal signs; the providers file's when absent).
     #[arg(long)]
     pub webhook_id: Option<String>,
@@ -702,6 +704,14 @@ mod rsa_tests {
             "pdl_ntf_01hv8x0sendtestsecretxxxx_c2VuZCB0ZXN0IHNlY3JldCBmb3IgcGFkZGxl",
         ),
         (SchemeKind::Square, "fencehook-send-test-square-key"),
+        (
+            SchemeKind::Checkout,
+            "fencehook-send-checkout-signature-key",
+        ),
+        (
+            SchemeKind::Razorpay,
+            "fencehook-send-razorpay-webhook-secret",
+        ),
     ];
 
     fn secret_of(scheme: SchemeKind) -> Option<&'static str> {
@@ -872,6 +882,8 @@ mod rsa_tests {
             (SchemeKind::Paypal, "PAYMENT.CAPTURE.PENDING"),
             (SchemeKind::Paddle, "transaction.paid"),
             (SchemeKind::Square, "order.updated"),
+            (SchemeKind::Checkout, "payment_approved"),
+            (SchemeKind::Razorpay, "payment.authorized"),
         ] {
             let mut n = notice(scheme, native);
             n.payment_transaction_id = Some("PAY-0".into());
