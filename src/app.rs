@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 
-use crate::config::{Config, Mode};
+use crate::config::{setting, Config, Mode};
 use crate::delivery::Deliveries;
 use crate::downstream::Downstream;
 use crate::health::Health;
@@ -43,7 +43,7 @@ pub enum AppError {
     #[error(transparent)]
     Lease(#[from] LeaseError),
     /// The downstream call's TLS could not be set up.
-    #[error("FENCEHOOK_DOWNSTREAM_URL: {0}")]
+    #[error("{}: {}", crate::config::setting::FENCEHOOK_DOWNSTREAM_URL, .0)]
     Downstream(String),
 }
 
@@ -398,7 +398,8 @@ async fn reload_on_sighup(
         let Some(path) = &path else {
             if state.console().is_none() {
                 tracing::warn!(
-                    "SIGHUP ignored: no providers file (FENCEHOOK_PROVIDERS) to re-read"
+                    "SIGHUP ignored: no providers file ({}) to re-read",
+                    setting::FENCEHOOK_PROVIDERS
                 );
             }
             continue;
@@ -605,7 +606,7 @@ fn fit_open_files(cfg: &Config) -> usize {
     let soft = match rlimit::increase_nofile_limit(wanted) {
         Ok(soft) => soft,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read or raise the open-file limit (RLIMIT_NOFILE); FENCEHOOK_MAX_CONNECTIONS is kept as set");
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit (RLIMIT_NOFILE); {} is kept as set", setting::FENCEHOOK_MAX_CONNECTIONS);
             return cfg.max_connections;
         }
     };
@@ -622,7 +623,8 @@ fn fit_open_files(cfg: &Config) -> usize {
         hard_limit = hard,
         wanted,
         max_connections = lowered,
-        "the open-file limit (RLIMIT_NOFILE, LimitNOFILE in systemd) cannot carry FENCEHOOK_MAX_CONNECTIONS ({}) plus the pools and outbound connections ({others}): the public listener takes at most {lowered}; raise the limit to {wanted}",
+        "the open-file limit (RLIMIT_NOFILE, LimitNOFILE in systemd) cannot carry {} ({}) plus the pools and outbound connections ({others}): the public listener takes at most {lowered}; raise the limit to {wanted}",
+        setting::FENCEHOOK_MAX_CONNECTIONS,
         cfg.max_connections
     );
     lowered

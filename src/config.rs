@@ -58,8 +58,8 @@ pub enum LogFormat {
 pub struct ServeArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// Redis URL of the lease store (redis://host:port[/db], rediss:// for
-    /// TLS). Default: redis://127.0.0.1:6379, unless
+    /// Redis URL of the lease store with the redis lease backend
+    /// (redis://host:port[/db], rediss:// for TLS; unread with postgres). Default: redis://127.0.0.1:6379, unless
     /// FENCEHOOK_REDIS_SENTINELS is set (then it must be unset).
     #[arg(long, env = setting::REDIS_URL)]
     pub redis_url: Option<String>,
@@ -917,7 +917,7 @@ const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// Settings that were renamed: (old name, new name). Warned about at start.
 pub const RENAMED_SETTINGS: &[(&str, &str)] = &[(
-    "FENCEHOOK_REDIS_TIMEOUT_MS",
+    setting::FENCEHOOK_REDIS_TIMEOUT_MS,
     setting::FENCEHOOK_LEASE_TIMEOUT_MS,
 )];
 
@@ -945,26 +945,11 @@ pub fn misspelt_settings(
         .filter(|k| !known.contains(k))
         .filter_map(|k| {
             let near = closest(&k);
-            (k.starts_with("FENCEHOOK_") || near.is_some()).then_some((k, near))
+            (k.starts_with(setting::PREFIX) || near.is_some()).then_some((k, near))
         })
         .collect();
     out.sort();
     out
-}
-
-/// `FENCEHOOK_*` variables in `env` that no setting reads: usually a typo
-/// that would otherwise silently leave a default in force.
-pub fn unknown_settings(
-    known: &[String],
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Vec<String> {
-    let mut unknown: Vec<String> = env
-        .into_iter()
-        .map(|(k, _)| k)
-        .filter(|k| k.starts_with("FENCEHOOK_") && !known.contains(k))
-        .collect();
-    unknown.sort();
-    unknown
 }
 
 #[cfg(test)]
@@ -1103,20 +1088,6 @@ mod tests {
                 ("FENCEHOOK_NOTHING_LIKE_IT", None),
                 ("REDIS_ULR", Some("REDIS_URL")),
             ]
-        );
-    }
-
-    #[test]
-    fn unknown_fencehook_variables_are_listed() {
-        let known = vec!["FENCEHOOK_LEASE_TTL_MS".to_owned()];
-        let env = vec![
-            ("FENCEHOOK_LEASE_TTL_MS".to_owned(), "1".to_owned()),
-            ("FENCEHOOK_LEASE_TTL".to_owned(), "1".to_owned()),
-            ("PATH".to_owned(), "/bin".to_owned()),
-        ];
-        assert_eq!(
-            unknown_settings(&known, env),
-            vec!["FENCEHOOK_LEASE_TTL".to_owned()]
         );
     }
 

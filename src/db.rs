@@ -25,7 +25,7 @@ pub struct PoolSpec<'a> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolBuildError {
-    #[error("DATABASE_URL")]
+    #[error("{}", crate::config::setting::DATABASE_URL)]
     Url(#[source] tls::UrlError),
     #[error("cannot build the connection pool")]
     Build(#[source] deadpool_postgres::BuildError),

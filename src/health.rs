@@ -227,9 +227,12 @@ impl Health {
             .set(if on { 1.0 } else { 0.0 });
         if !on && !self.warned_async.swap(true, Ordering::Relaxed) {
             let consequence = if self.require_sync {
-                "deliveries are answered 503 until it is (FENCEHOOK_REQUIRE_SYNC_REPLICATION)"
+                format!(
+                    "deliveries are answered 503 until it is ({})",
+                    crate::config::setting::FENCEHOOK_REQUIRE_SYNC_REPLICATION
+                )
             } else {
-                "an acknowledged payment can be lost if the primary fails over"
+                "an acknowledged payment can be lost if the primary fails over".to_owned()
             };
             tracing::warn!(
                 synchronous_standby_names = %node.synchronous_standby_names,

@@ -51,7 +51,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_postgres::AsyncMessage;
 
-use crate::config::{DbConfig, InboxConfig};
+use crate::config::{setting, DbConfig, InboxConfig};
 use crate::domain::{CanonicalEvent, Rejection};
 use crate::error::Error;
 use crate::metrics::{InboxAttempt, Metrics};
@@ -520,7 +520,10 @@ impl Inbox {
         let too_old = age >= self.cfg.max_age;
         let requeue = |delay: Duration, reason: String| {
             if too_old {
-                let error = format!("older than FENCEHOOK_MAX_AGE_SECS; last: {reason}");
+                let error = format!(
+                    "older than {}; last: {reason}",
+                    setting::FENCEHOOK_MAX_AGE_SECS
+                );
                 (
                     Settle::Dead {
                         error,

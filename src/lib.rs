@@ -4,10 +4,9 @@
 //!
 //! Data flows one way: HTTP edge → provider adapter → processor → lease +
 //! store → answer. Each room below depends only on the rooms after it in this
-//! list, except three pairs that lean on each other: [`console`] and [`http`]
+//! list, except two pairs that lean on each other: [`console`] and [`http`]
 //! (the admin route serves the console, which answers with the edge's `Body`
-//! and JSON helper), [`telemetry`] and [`metrics`] (the counts of dropped
-//! spans), [`config`] and [`db`] (`DATABASE_URL` is checked with
+//! and JSON helper), [`config`] and [`db`] (`DATABASE_URL` is checked with
 //! [`db::tls`]'s parser; the pool reads [`config::DbConfig`]).
 //!
 //! - [`app`]: `App::build(config)`, `port()`, `run_until_stopped(shutdown)`,
@@ -42,17 +41,19 @@
 //! - [`error`]: the processing error (lease, store or downstream), which
 //!   `http::answer` maps to 503.
 //! - [`health`]: readiness probes and the gauges sampled in the background.
-//! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
-//!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
-//!   scripts ([`lease::redis`]; the master asked of Redis Sentinel in
-//!   [`lease::sentinel`]) and the PostgreSQL backend.
 //! - [`store`]: fenced writes returning outcome enums, SQLSTATE
 //!   classification, migrations ([`store::migrate`]), the invariant
 //!   checks of `fencehook audit` ([`store::audit`]), the drain figures
 //!   of an inbox-mode `fencehook load` ([`store::drain`]), the PayPal
 //!   transmission ids bound to their bodies ([`store::transmissions`]),
 //!   the ledger as finance reads it ([`store::ledger`]) and the erasure of
-//!   stored bodies ([`store::erase`]).
+//!   stored bodies ([`store::erase`]). The write that takes its lease inside
+//!   itself starts with the PostgreSQL lease backend's SQL fragment.
+//! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
+//!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
+//!   scripts ([`lease::redis`]; the master asked of Redis Sentinel in
+//!   [`lease::sentinel`]) and the PostgreSQL backend (the owner of the
+//!   `leases` table, whose SQL the store's inline write borrows).
 //! - [`downstream`]: the optional business call that leaves the database.
 //! - [`telemetry`]: the process's log lines and, when an OTLP endpoint is
 //!   set, OpenTelemetry traces: the span list ([`telemetry::spans`]), W3C
@@ -82,8 +83,10 @@
 //!   currencies' exponents ([`domain::amount`]).
 //! - [`report`]: the one-line cause chain for logs, below every room.
 //!
-//! The operator and demo tools (`send`, `load`, `audit`'s printing and its
-//! answers file) are **not** in this library: they live under `src/tools/`,
+//! The operator and demo tools (`send`, `load`, `check-config`, `migrate`,
+//! `audit`'s printing and the load run's answers file, the inbox's
+//! `inspect`, `events`, `replay` and `prune`, `export ledger` and `erase`)
+//! are **not** in this library: they live under `src/tools/`,
 //! a module tree of the `fencehook` binary (declared in `main.rs`), so no
 //! service module can import them, nor uses their own dependencies
 //! (`hdrhistogram`, `humantime`; the one binary links them).
@@ -113,3 +116,115 @@ pub mod report;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+
+#[cfg(test)]
+mod tests {
+    //! The layout above is a claim about the code; this keeps it true.
+
+    use std::collections::{BTreeSet, HashMap};
+    use std::path::{Path, PathBuf};
+
+    const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+    /// The pairs the layout says lean on each other.
+    const PAIRS: &[(&str, &str)] = &[("console", "http"), ("db", "config")];
+
+    /// Every `.rs` file under `dir`.
+    fn sources(dir: &Path) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files.extend(sources(&path));
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+        files
+    }
+
+    /// A file's code without its comments and without its test module.
+    fn code(text: &str) -> String {
+        let text = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+        text.lines()
+            .map(|l| l.split("//").next().unwrap())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The rooms a room's code names, `crate::<room>` or in a `use
+    /// crate::{…}` group.
+    fn rooms_used(code: &str, rooms: &[String]) -> BTreeSet<String> {
+        let mut used = BTreeSet::new();
+        for (i, _) in code.match_indices("crate::") {
+            let rest = &code[i + "crate::".len()..];
+            let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find(';').unwrap_or(group.len())];
+                group
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .filter_map(|p| p.split("::").next())
+                    .collect()
+            } else {
+                let end = rest
+                    .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                vec![&rest[..end]]
+            };
+            used.extend(
+                names
+                    .into_iter()
+                    .filter(|n| rooms.iter().any(|r| r == n))
+                    .map(str::to_owned),
+            );
+        }
+        used
+    }
+
+    #[test]
+    fn every_room_uses_only_rooms_after_it_in_the_layout_but_the_named_pairs() {
+        let lib = std::fs::read_to_string(format!("{ROOT}/src/lib.rs")).unwrap();
+        let order: Vec<String> = lib
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! - [`"))
+            .filter_map(|l| l.split('`').next())
+            .map(str::to_owned)
+            .collect();
+        let declared: BTreeSet<String> = lib
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub mod "))
+            .map(|l| l.trim_end_matches(';').to_owned())
+            .collect();
+        assert_eq!(
+            order.iter().cloned().collect::<BTreeSet<_>>(),
+            declared,
+            "the layout names every room once"
+        );
+        let place: HashMap<&str, usize> = order
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.as_str(), i))
+            .collect();
+        let mut back = Vec::new();
+        let src = Path::new(ROOT).join("src");
+        for file in sources(&src) {
+            let relative = file.strip_prefix(&src).unwrap();
+            let first = relative.components().next().unwrap().as_os_str();
+            let room = first.to_str().unwrap().trim_end_matches(".rs");
+            let Some(&here) = place.get(room) else {
+                continue; // lib.rs, main.rs, the tools
+            };
+            let text = std::fs::read_to_string(&file).unwrap();
+            for used in rooms_used(&code(&text), &order) {
+                let paired = PAIRS.contains(&(room, used.as_str()));
+                if used != room && place[used.as_str()] < here && !paired {
+                    back.push(format!("{} uses {used}", relative.display()));
+                }
+            }
+        }
+        assert!(
+            back.is_empty(),
+            "arrows back up the layout of src/lib.rs:\n{}",
+            back.join("\n")
+        );
+    }
+}

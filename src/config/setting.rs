@@ -3,6 +3,17 @@
 //! leave a message naming the old one. (The tests spell the names out: they
 //! check the names a user types.)
 
+/// What every fencehook setting's name starts with; a variable that does
+/// and is no setting is warned about at start.
+pub const PREFIX: &str = "FENCEHOOK_";
+
+/// The OTLP exporter's settings together, as a message names them.
+pub const OTEL_EXPORTER_OTLP_ALL: &str = "OTEL_EXPORTER_OTLP_*";
+
+/// `FENCEHOOK_REDIS_TIMEOUT_MS`, the old name of
+/// `FENCEHOOK_LEASE_TIMEOUT_MS`: warned about at start, read by nothing.
+pub const FENCEHOOK_REDIS_TIMEOUT_MS: &str = "FENCEHOOK_REDIS_TIMEOUT_MS";
+
 /// `pub const NAME: &str = "NAME";` for each name, the name written once.
 macro_rules! settings {
     ($($name:ident),* $(,)?) => {
@@ -78,4 +89,85 @@ settings! {
     OTEL_BSP_MAX_QUEUE_SIZE,
     OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
     OTEL_BSP_SCHEDULE_DELAY,
+    // Read by the tools only: `send`'s target and `send`/`load`'s WeChat Pay key.
+    FENCEHOOK_URL,
+    FENCEHOOK_WECHATPAY_APIV3_KEY,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+    /// Every setting name this file writes.
+    fn names() -> Vec<String> {
+        let text = std::fs::read_to_string(format!("{ROOT}/src/config/setting.rs")).unwrap();
+        let text = text.split("#[cfg(test)]").next().unwrap();
+        text.lines()
+            .map(str::trim)
+            .map(|l| l.trim_end_matches(','))
+            .filter(|l| {
+                l.len() > 4
+                    && l.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                    && l.contains('_')
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn sources(dir: &Path) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files.extend(sources(&path));
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+        files
+    }
+
+    /// The string literals of a line of code (not of its comment).
+    fn literals(line: &str) -> Vec<&str> {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            return Vec::new();
+        }
+        code.split('"').skip(1).step_by(2).collect()
+    }
+
+    /// A renamed setting cannot leave a message naming the old one: outside
+    /// this file, code names a setting through its constant. (The metrics
+    /// table's help texts are literals by necessity, and tests spell the
+    /// names a user types.)
+    #[test]
+    fn no_setting_name_is_spelled_in_a_string_outside_this_file() {
+        let names = names();
+        assert!(names.len() > 60, "{names:?}");
+        let src = Path::new(ROOT).join("src");
+        let mut spelled = Vec::new();
+        for file in sources(&src) {
+            let relative = file.strip_prefix(&src).unwrap().display().to_string();
+            if relative == "config/setting.rs" || relative == "metrics/table.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+            for (n, line) in code.lines().enumerate() {
+                for literal in literals(line) {
+                    let words = literal.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+                    if let Some(name) = words.into_iter().find(|w| names.iter().any(|n| n == w)) {
+                        spelled.push(format!("src/{relative}:{}: {name}", n + 1));
+                    }
+                }
+            }
+        }
+        assert!(
+            spelled.is_empty(),
+            "setting names spelled out; use config::setting's constants:\n{}",
+            spelled.join("\n")
+        );
+    }
 }

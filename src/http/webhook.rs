@@ -23,6 +23,7 @@ use super::answer::{self, Answer};
 use super::log_sample::Kind;
 use super::state::State;
 use super::Body;
+use crate::config::setting;
 use crate::delivery::{Received, Refusal};
 use crate::metrics::{RejectReason, WebhookResult};
 use crate::providers::{Provider, Reject};
@@ -134,7 +135,7 @@ async fn respond(
             let result = answer.result.as_str();
             if *kind == Kind::Overloaded {
                 tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
-                    "FENCEHOOK_MAX_INFLIGHT reached; answered 503");
+                    "{} reached; answered 503", setting::FENCEHOOK_MAX_INFLIGHT);
             } else if *kind == Kind::VerificationUnavailable {
                 tracing::warn!(provider = %provider.name, result, status, latency_ms, suppressed,
                     reason = why.as_deref().unwrap_or("-"),

@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use super::sentinel::SentinelConn;
 use super::{LeaseError, LeaseKey, RawAcquire};
-use crate::config::{LeaseConfig, RedisTls};
+use crate::config::{setting, LeaseConfig, RedisTls};
 
 // Tokens are handled as decimal strings inside the scripts, never as Lua
 // numbers: Lua formats a number with `%.14g` (10^14 becomes `1e+14`, which no
@@ -356,7 +356,7 @@ pub async fn verify_tls(cfg: &LeaseConfig) -> Result<(), crate::config::ConfigEr
         let client =
             redis::Client::build_with_tls(node, certificates(&cfg.redis_tls)).map_err(|e| {
                 ConfigError {
-                    setting: "REDIS_URL",
+                    setting: setting::REDIS_URL,
                     reason: format!("cannot set up TLS: {e}"),
                 }
             })?;
@@ -376,23 +376,23 @@ pub async fn verify_tls(cfg: &LeaseConfig) -> Result<(), crate::config::ConfigEr
                 Error::InvalidCertificate(CertificateError::NotValidForName)
                 | Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
                     ConfigError {
-                        setting: "REDIS_URL",
+                        setting: setting::REDIS_URL,
                         reason: format!("{target}: the server's certificate does not name this host ({tls})"),
                     }
                 }
                 Error::InvalidCertificate(_) => ConfigError {
-                    setting: "FENCEHOOK_REDIS_CA_FILE",
+                    setting: setting::FENCEHOOK_REDIS_CA_FILE,
                     reason: format!(
                         "{target}: the server's certificate does not verify against {} ({tls})",
                         if cfg.redis_tls.ca.is_some() { "this CA" } else { "the system's trust store; set the CA that signed it" }
                     ),
                 },
                 Error::AlertReceived(_) => ConfigError {
-                    setting: "FENCEHOOK_REDIS_CLIENT_CERT_FILE",
+                    setting: setting::FENCEHOOK_REDIS_CLIENT_CERT_FILE,
                     reason: format!("{target}: the server refused the TLS handshake ({tls}); it may want a client certificate it trusts"),
                 },
                 _ => ConfigError {
-                    setting: "REDIS_URL",
+                    setting: setting::REDIS_URL,
                     reason: format!("{target}: TLS handshake failed ({tls})"),
                 },
             });

@@ -100,7 +100,7 @@ metric_table! {
     FENCE_REJECTED_TOTAL = "fencehook_fence_rejected_total", counter, [],
         "Writes refused because a newer fencing token owns the payment.";
     FENCE_RESYNC_TOTAL = "fencehook_fence_resync_total", counter, [],
-        "Times the Redis fence counter was behind the database and was fast-forwarded.";
+        "Times the lease backend's fence counter (a Redis key or a leases row) was behind the database and was fast-forwarded.";
     INFLIGHT_WAIT_TOTAL = "fencehook_inflight_wait_total", counter, [outcome],
         "Deliveries that waited for another holder: duplicate, in_progress, timeout.";
     DOWNSTREAM_TOTAL = "fencehook_downstream_requests_total", counter, [result],

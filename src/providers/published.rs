@@ -6,13 +6,16 @@
 //! files against this list as it reads them (`Setup::secrets`,
 //! `Setup::key_file`).
 //!
-//! The published list is read from the repository's files as they were
-//! built (`include_str!`): every `secrets` entry of
-//! `deploy/providers.example.toml`, the placeholder key under `deploy/keys`,
-//! and every secret-shaped token quoted in the README, the docs, the
-//! environment example, the Kubernetes Secrets' example and the Makefile (the development secret
-//! `make run` uses, Adyen's library test key, the examples' `whsec_…`). A
-//! secret added to any of them later is refused without a change here.
+//! The published list is data, not prose: every `secrets` entry of
+//! `deploy/providers.example.toml` and the placeholder key under
+//! `deploy/keys` (both read as they were built, `include_str!`), the
+//! development secret `make run` uses, and `published.txt` beside this
+//! file: every secret-shaped token quoted in the README, the docs, the
+//! environment example, the Kubernetes Secrets' example and the Makefile
+//! (Adyen's library test key, the examples' `whsec_…`). The service never
+//! compiles the prose in, so editing a page does not rebuild it; a test
+//! reads those files and fails, naming the line to add, when one quotes a
+//! secret the list lacks.
 //!
 //! A secret is compared with them as the key its scheme signs with
 //! (`Scheme::key_bytes`), not as a string: a published Adyen key spelt in
@@ -30,26 +33,24 @@ const EXAMPLE_PROVIDERS: &str = include_str!("../../deploy/providers.example.tom
 /// The example's placeholder public key (WeChat Pay, Alipay).
 const PLACEHOLDER_KEY: &str = include_str!("../../deploy/keys/PLACEHOLDER_public_key.pem");
 
-/// Files whose quoted secrets are published.
-const DOCUMENTS: &[&str] = &[
-    include_str!("../../README.md"),
-    include_str!("../../docs/providers.md"),
-    include_str!("../../docs/reference.md"),
-    include_str!("../../docs/operations.md"),
-    include_str!("../../docs/load.md"),
-    include_str!("../../deploy/fencehook.env.example"),
-    include_str!("../../deploy/kubernetes/secrets.example.yaml"),
-    include_str!("../../Makefile"),
-];
+/// The secrets quoted in the repository's prose and examples, one a line
+/// (`#` starts a comment line).
+const PUBLISHED_LIST: &str = include_str!("published.txt");
+
+/// The secrets of [`PUBLISHED_LIST`].
+fn listed() -> impl Iterator<Item = &'static str> {
+    PUBLISHED_LIST
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+}
 
 /// Every published secret, read once.
 fn published() -> &'static HashSet<String> {
     static PUBLISHED: OnceLock<HashSet<String>> = OnceLock::new();
     PUBLISHED.get_or_init(|| {
         let mut all: HashSet<String> = example_secrets(EXAMPLE_PROVIDERS).into_iter().collect();
-        for doc in DOCUMENTS {
-            all.extend(quoted_secrets(doc));
-        }
+        all.extend(listed().map(str::to_owned));
         all.insert(super::DEV_SECRET.to_owned());
         all
     })
@@ -68,28 +69,6 @@ fn example_secrets(text: &str) -> Vec<String> {
         .flatten()
         .filter_map(|s| s.as_str().map(str::to_owned))
         .collect()
-}
-
-/// Secret-shaped tokens of a document: `whsec_…` strings, runs of 64 hex
-/// digits (an Adyen key), and every string quoted on a `secrets = [...]`
-/// line (a TOML example of any scheme).
-fn quoted_secrets(text: &str) -> Vec<String> {
-    let token_char = |c: char| c.is_ascii_alphanumeric() || "+/=_-".contains(c);
-    let mut found: Vec<String> = text
-        .split(|c: char| !token_char(c))
-        .filter(|t| {
-            (t.starts_with("whsec_") && t.len() > "whsec_".len())
-                || (t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit()))
-        })
-        .map(str::to_owned)
-        .collect();
-    for line in text
-        .lines()
-        .filter(|l| l.trim_start().starts_with("secrets"))
-    {
-        found.extend(line.split('"').skip(1).step_by(2).map(str::to_owned));
-    }
-    found
 }
 
 /// Why `secret` must not serve, if it is published: the development
@@ -131,6 +110,28 @@ pub(super) fn is_placeholder_key(contents: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::providers::{load_file, Provider, SchemeKind};
+
+    /// Secret-shaped tokens of a document: `whsec_…` strings, runs of 64 hex
+    /// digits (an Adyen key), and every string quoted on a `secrets = [...]`
+    /// line (a TOML example of any scheme).
+    fn quoted_secrets(text: &str) -> Vec<String> {
+        let token_char = |c: char| c.is_ascii_alphanumeric() || "+/=_-".contains(c);
+        let mut found: Vec<String> = text
+            .split(|c: char| !token_char(c))
+            .filter(|t| {
+                (t.starts_with("whsec_") && t.len() > "whsec_".len())
+                    || (t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit()))
+            })
+            .map(str::to_owned)
+            .collect();
+        for line in text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("secrets"))
+        {
+            found.extend(line.split('"').skip(1).step_by(2).map(str::to_owned));
+        }
+        found
+    }
 
     /// What a provider of `scheme` with this one secret is refused for.
     fn exposure(scheme: SchemeKind, secret: &str) -> Option<String> {
@@ -346,6 +347,48 @@ mod tests {
             servable.is_empty(),
             "secret-shaped tokens a provider would serve, though anyone can read them:\n{}",
             servable.join("\n")
+        );
+    }
+
+    /// The files whose quoted secrets are published: the README, every page
+    /// of docs/, the settings and Kubernetes Secrets' examples, the Makefile.
+    fn published_documents() -> Vec<std::path::PathBuf> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files: Vec<_> = [
+            "README.md",
+            "Makefile",
+            "deploy/fencehook.env.example",
+            "deploy/kubernetes/secrets.example.yaml",
+        ]
+        .iter()
+        .map(|f| root.join(f))
+        .collect();
+        for entry in std::fs::read_dir(root.join("docs")).unwrap().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "md") {
+                files.push(entry.path());
+            }
+        }
+        files
+    }
+
+    #[test]
+    fn every_secret_quoted_in_the_readme_the_docs_and_the_examples_is_in_the_published_list() {
+        let listed: HashSet<&str> = listed().collect();
+        let mut missing = Vec::new();
+        for path in published_documents() {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for token in quoted_secrets(&text) {
+                if !listed.contains(token.as_str()) && token != super::super::DEV_SECRET {
+                    missing.push(format!("{token}   ({})", path.display()));
+                }
+            }
+        }
+        missing.sort();
+        missing.dedup();
+        assert!(
+            missing.is_empty(),
+            "secrets quoted in the docs but not published; add each line to src/providers/published.txt:\n{}",
+            missing.join("\n")
         );
     }
 

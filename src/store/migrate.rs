@@ -6,6 +6,7 @@
 
 use tokio_postgres::error::SqlState;
 
+use crate::config::setting;
 use crate::db::tls::{self, Target};
 
 mod embedded {
@@ -53,14 +54,17 @@ pub fn latest_version() -> i32 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
-    #[error("DATABASE_URL")]
+    #[error("{}", setting::DATABASE_URL)]
     Url(#[source] tls::UrlError),
     #[error("cannot connect to PostgreSQL")]
     Connect(#[source] tokio_postgres::Error),
     /// A setting to fix (the sslmode, the CA), so it names it.
-    #[error("DATABASE_URL: no TLS connection to PostgreSQL as its sslmode asks")]
+    #[error(
+        "{}: no TLS connection to PostgreSQL as its sslmode asks",
+        setting::DATABASE_URL
+    )]
     Tls(#[source] tokio_postgres::Error),
-    #[error("database `{name}` does not exist; create it with `fencehook migrate --create-database` (or fix the name in DATABASE_URL)")]
+    #[error("database `{name}` does not exist; create it with `fencehook migrate --create-database` (or fix the name in {})", setting::DATABASE_URL)]
     NoDatabase { name: String },
     #[error("cannot create database `{name}`")]
     CreateDatabase {
@@ -70,7 +74,7 @@ pub enum MigrateError {
     },
     /// The role may not create what a migration creates: `serve` started as
     /// the app role on a database nobody migrated (or not since an upgrade).
-    #[error("the role `{role}` may not create fencehook's tables (permission denied): run `fencehook migrate` as the database's owner (DATABASE_URL of the owner role) first, then start again")]
+    #[error("the role `{role}` may not create fencehook's tables (permission denied): run `fencehook migrate` as the database's owner ({} of the owner role) first, then start again", setting::DATABASE_URL)]
     NoPrivilege {
         role: String,
         #[source]

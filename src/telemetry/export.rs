@@ -22,6 +22,7 @@ use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::config::setting;
 use crate::metrics::SpanDrop;
 use crate::outbound::{self, HttpsClient};
 
@@ -42,7 +43,7 @@ impl CollectorClient {
     pub fn new(timeout: Duration) -> Result<CollectorClient, String> {
         Ok(CollectorClient {
             inner: outbound::https(timeout)
-                .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}"))?,
+                .map_err(|e| format!("{}: {e}", setting::OTEL_EXPORTER_OTLP_ENDPOINT))?,
             timeout,
         })
     }

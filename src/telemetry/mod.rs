@@ -31,7 +31,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
-use crate::config::{LogFormat, OtlpProtocol, Sampler, SamplerRoot, TraceConfig};
+use crate::config::{setting, LogFormat, OtlpProtocol, Sampler, SamplerRoot, TraceConfig};
 use crate::metrics::SpanDrop;
 
 /// Whether this process exports traces: the edges (extracting an incoming
@@ -73,7 +73,8 @@ impl Telemetry {
         if lost > 0 {
             tracing::warn!(
                 spans = lost,
-                "spans still queued at shutdown were not exported within FENCEHOOK_SHUTDOWN_TIMEOUT_MS"
+                "spans still queued at shutdown were not exported within {}",
+                setting::FENCEHOOK_SHUTDOWN_TIMEOUT_MS
             );
         }
         ENABLED.store(false, Ordering::Relaxed);
@@ -99,7 +100,8 @@ pub fn install(
     let mut bad_filter = None;
     let filter = EnvFilter::try_new(levels).unwrap_or_else(|e| {
         bad_filter = Some(format!(
-            "FENCEHOOK_LOG `{levels}` is not a log filter ({e}); using info"
+            "{} `{levels}` is not a log filter ({e}); using info",
+            setting::FENCEHOOK_LOG
         ));
         EnvFilter::new("info")
     });
@@ -145,7 +147,7 @@ fn tracer_provider(cfg: &TraceConfig) -> Result<(SdkTracerProvider, export::Flus
         .with_timeout(cfg.timeout)
         .with_headers(cfg.headers.iter().cloned().collect())
         .build()
-        .map_err(|e| format!("OTEL_EXPORTER_OTLP_*: {e}"))?;
+        .map_err(|e| format!("{}: {e}", setting::OTEL_EXPORTER_OTLP_ALL))?;
     exporter.set_resource(&resource);
     let drops = DROPS.get_or_init(Default::default).clone();
     let (batcher, flusher) = export::batcher(

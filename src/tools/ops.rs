@@ -2,7 +2,7 @@
 //! `prune`. Each reads or changes the database only; the service need not run.
 
 use clap::Args;
-use fencehook::config::DbArgs;
+use fencehook::config::{setting, DbArgs};
 use fencehook::domain::amount::major_units;
 use fencehook::store::console::EVENT_STATUSES;
 use fencehook::store::inbox::{EventFilter, EventRow, Inspection, Replay};
@@ -82,7 +82,7 @@ pub struct PruneArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// Keep events received within this many days.
-    #[arg(long, env = "FENCEHOOK_EVENT_RETENTION_DAYS", default_value_t = 30)]
+    #[arg(long, env = setting::FENCEHOOK_EVENT_RETENTION_DAYS, default_value_t = 30)]
     pub event_retention_days: u64,
     /// Delete dead events past retention too (kept by default: they wait for a replay).
     #[arg(long)]
@@ -236,9 +236,13 @@ pub async fn events(args: &EventsArgs) -> Result<bool, String> {
 pub async fn prune(args: &PruneArgs) -> Result<bool, String> {
     let retention = fencehook::config::retention(args.event_retention_days)
         .map_err(|e| format!("invalid configuration: {e}"))?;
-    let before = fencehook::config::time_before(OffsetDateTime::now_utc(), retention).ok_or(
-        "invalid configuration: FENCEHOOK_EVENT_RETENTION_DAYS: reaches back before any date",
-    )?;
+    let before =
+        fencehook::config::time_before(OffsetDateTime::now_utc(), retention).ok_or_else(|| {
+            format!(
+                "invalid configuration: {}: reaches back before any date",
+                setting::FENCEHOOK_EVENT_RETENTION_DAYS
+            )
+        })?;
     let store = store(&args.db)?;
     let before_text = before.format(&Rfc3339).unwrap_or_default();
     if args.dry_run {

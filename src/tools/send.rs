@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
+use fencehook::config::setting;
 use fencehook::outbound;
 use fencehook::providers::keys::RsaSigner;
 pub use fencehook::providers::psp::{Credentials, Delivery, Key, Notice, PspError};
@@ -30,9 +31,9 @@ use http_body_util::{BodyExt, Full};
 /// The environment variable of `--secret`: the built-in `generic`
 /// provider's secret, which the service ignores once a providers file is
 /// given.
-pub const SECRET_ENV: &str = "FENCEHOOK_GENERIC_SECRET";
+pub const SECRET_ENV: &str = setting::FENCEHOOK_GENERIC_SECRET;
 /// The environment variable of `--apiv3-key`.
-pub const APIV3_KEY_ENV: &str = "FENCEHOOK_WECHATPAY_APIV3_KEY";
+pub const APIV3_KEY_ENV: &str = setting::FENCEHOOK_WECHATPAY_APIV3_KEY;
 
 /// Who a delivery is signed as, and with what: the flags `send` and `load`
 /// share.
@@ -45,7 +46,7 @@ pub struct PspArgs {
     /// The providers file the service reads: --provider's entry gives the
     /// scheme and what the file holds of its keys (the first of `secrets`,
     /// alipay's app_id, paypal's webhook_id); flags given here win.
-    #[arg(long, env = "FENCEHOOK_PROVIDERS", value_name = "FILE")]
+    #[arg(long, env = setting::FENCEHOOK_PROVIDERS, value_name = "FILE")]
     pub providers: Option<PathBuf>,
     /// Wire format: standard (Standard Webhooks, generic payload), stripe (a
     /// signed Stripe event), adyen (a one-item notification batch), wechatpay
@@ -303,7 +304,7 @@ impl Credentials for Psp {
 #[derive(Debug, Clone, Args)]
 pub struct SendArgs {
     /// Base URL of the public listener.
-    #[arg(long, env = "FENCEHOOK_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = setting::FENCEHOOK_URL, default_value = "http://127.0.0.1:8080")]
     pub url: String,
     #[command(flatten)]
     pub psp: PspArgs,

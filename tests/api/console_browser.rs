@@ -3,8 +3,8 @@
 //! an operator does at 3 a.m.: sign in, search, open a payment with its
 //! refunds, open the dead events, replay one and see it booked, once, even
 //! when a stale page's button is clicked again; and what a viewer and a
-//! forged cross-origin form cannot do. The screenshots of the README are
-//! taken here (target/console-screenshots/).
+//! forged cross-origin form cannot do. The screenshots of the README and
+//! docs/console.md are taken here (target/console-screenshots/).
 
 use std::time::Duration;
 

@@ -10,6 +10,7 @@ mod console;
 mod console_browser;
 mod container;
 mod deploy;
+mod docs;
 mod downstream_trust;
 mod edge;
 mod exactly_once;

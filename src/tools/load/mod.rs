@@ -42,6 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::Args;
+use fencehook::config::setting;
 use fencehook::domain::EventKind;
 use fencehook::outbound::{self, HttpClient};
 use fencehook::providers::SchemeKind;
@@ -151,7 +152,7 @@ pub struct LoadArgs {
     /// With --inbox: the targets' database, read after the load to wait until
     /// every event of the run is done or dead, and to report the drain rate
     /// and lag. Ignored without --inbox.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    #[arg(long, env = setting::DATABASE_URL, hide_env_values = true)]
     pub database_url: Option<String>,
     /// With --inbox and --database-url: longest wait for the drain after the
     /// load (e.g. 60s, 2m; a bare number is seconds).

@@ -807,7 +807,8 @@ fn render_drain(o: &mut String, drain: Option<&Drain>) {
     let Some(d) = drain else {
         let _ = writeln!(
             o,
-            "  drain: not watched (give --database-url or DATABASE_URL to wait for the workers and report it)"
+            "  drain: not watched (give --database-url or {} to wait for the workers and report it)",
+            fencehook::config::setting::DATABASE_URL
         );
         return;
     };
