@@ -295,6 +295,23 @@ impl Transition {
     }
 }
 
+/// Whether an event of a payment matches its row (of `kind`, in `status`)
+/// whatever its amount and currency: a failure moves no money, so until a
+/// success has settled the payment a success is taken at its own amount (the
+/// row takes it), and a failure answers by the row's status (`stale` after a
+/// success, `duplicate` after a failure; an unsettled row takes it). A
+/// success at another amount than a settled success is a mismatch, as is
+/// every other difference (a refund's failure gives back the refund's
+/// amount, so it must match).
+pub fn payment_event_matches(kind: ObjectKind, status: Status, event: EventKind) -> bool {
+    kind == ObjectKind::Payment
+        && match event {
+            EventKind::PaymentSucceeded => status != Status::Succeeded,
+            EventKind::PaymentFailed => true,
+            _ => false,
+        }
+}
+
 /// Whether a refund its PSP may have meant as a cancel (Adyen's
 /// `CANCEL_OR_REFUND`, which says which only in a field it does not sign)
 /// was a cancel, which moves nothing: so when its payment is recorded
@@ -431,6 +448,36 @@ mod tests {
         let mut moved = refund.clone();
         moved.parent_transaction_id = Some("tx_2".into());
         assert_ne!(refund.fingerprint(), moved.fingerprint(), "another parent");
+    }
+
+    #[test]
+    fn a_payment_no_success_settled_takes_a_success_at_any_amount_and_a_failure_always() {
+        use EventKind::*;
+        for &status in Status::ALL {
+            assert_eq!(
+                payment_event_matches(ObjectKind::Payment, status, PaymentSucceeded),
+                status != Status::Succeeded,
+                "{status:?}"
+            );
+            assert!(payment_event_matches(
+                ObjectKind::Payment,
+                status,
+                PaymentFailed
+            ));
+            for kind in [ObjectKind::Refund, ObjectKind::Dispute] {
+                for &event in EventKind::ALL {
+                    assert!(
+                        !payment_event_matches(kind, status, event),
+                        "{kind:?} {event:?}"
+                    );
+                }
+            }
+            assert!(!payment_event_matches(
+                ObjectKind::Payment,
+                status,
+                RefundFailed
+            ));
+        }
     }
 
     #[test]

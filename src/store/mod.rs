@@ -243,9 +243,12 @@ const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM p
 /// inside the write, the same parameters fenced with the lease's token
 /// ([`APPLY_LEASED`]).
 /// The fingerprint must be the row's, with two exceptions, where the row takes
-/// the event's fields and fingerprint (the same values otherwise): a failed
-/// payment's success (a failure moved no money, so the success's amount and
-/// currency stand), and a refund left unsettled by a release before refunds
+/// the event's fields and fingerprint (the same values otherwise): a
+/// payment's event while no success has settled it (a failure moved no
+/// money, booked or not, so a success's amount and currency stand, and a
+/// failure's are as good as the last one's; see
+/// [`domain::payment_event_matches`](crate::domain::payment_event_matches)),
+/// and a refund left unsettled by a release before refunds
 /// named their payment (migration V4 fingerprinted it with an empty parent):
 /// it gets its parent now, and its money is taken from it. A settled one
 /// keeps no parent (its debit never moved its payment's money): the
@@ -269,8 +272,8 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
  WHERE payments.status = ANY($12::text[])
    AND payments.fence < EXCLUDED.fence
    AND (payments.fingerprint = EXCLUDED.fingerprint
-        OR (payments.status = 'failed' AND payments.kind = 'payment'
-            AND EXCLUDED.event_type = 'payment.succeeded')
+        OR (payments.kind = 'payment' AND EXCLUDED.kind = 'payment'
+            AND (payments.status <> 'succeeded' OR EXCLUDED.event_type = 'payment.failed'))
         OR (payments.kind = 'refund' AND payments.parent_transaction_id IS NULL
             AND payments.status IN ('queued', 'processing', 'dead')
             AND payments.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2',

@@ -51,6 +51,20 @@ async fn net(ctx: &TestContext, tx: &str) -> i64 {
         .get(0)
 }
 
+/// (status, amount) of one row.
+async fn row_of(ctx: &TestContext, tx: &str) -> (String, i64) {
+    let row = ctx
+        .db()
+        .await
+        .query_one(
+            "SELECT status, amount_minor FROM payments WHERE transaction_id = $1",
+            &[&tx],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
 async fn effects(ctx: &TestContext, tx: &str) -> Vec<String> {
     ctx.db()
         .await
@@ -137,10 +151,125 @@ async fn a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succee
     // Once it succeeded, another amount is a mismatch again.
     let other = event("payment.succeeded", "pay_reprice", 1300, None);
     assert_eq!(send(&app, &other).await, (422, "payload_mismatch".into()));
-    // Out of `failed` only a payment's success may change the amount.
-    send(&app, &event("payment.failed", "pay_declined", 500, None)).await;
-    let again = event("payment.failed", "pay_declined", 600, None);
-    assert_eq!(send(&app, &again).await, (422, "payload_mismatch".into()));
+    ctx.assert_audit_clean().await;
+}
+
+/// A payment declined at 1000, paid at 1200, then a late copy of the
+/// decline: the failure answers by status (`stale`), whatever its amount;
+/// one credit, at 1200.
+async fn a_late_copy_of_a_decline_after_a_repriced_success_is_stale(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    let failed = event("payment.failed", "pay_late_decline", 1000, None);
+    let succeeded = event("payment.succeeded", "pay_late_decline", 1200, None);
+    assert_eq!(send(&app, &failed).await, (200, "processed".into()));
+    assert_eq!(send(&app, &succeeded).await, (200, "processed".into()));
+    assert_eq!(send(&app, &failed).await, (200, "stale".into()));
+    assert_eq!(effects(&ctx, "pay_late_decline").await, ["credit"]);
+    assert_eq!(net(&ctx, "pay_late_decline").await, 1200);
+    assert_eq!(
+        row_of(&ctx, "pay_late_decline").await,
+        ("succeeded".to_owned(), 1200)
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// A payment declined at 1000 and declined again at 1300 (re-priced between
+/// two attempts): a decline moves no money, so the second is a copy of the
+/// first (`duplicate`), never a mismatch; nothing is booked, and a success
+/// at a third amount is still credited.
+async fn a_decline_at_another_amount_is_answered_as_a_copy(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    let first = event("payment.failed", "pay_declined_twice", 1000, None);
+    let second = event("payment.failed", "pay_declined_twice", 1300, None);
+    assert_eq!(send(&app, &first).await, (200, "processed".into()));
+    assert_eq!(send(&app, &second).await, (200, "duplicate".into()));
+    assert_eq!(ctx.entries().await, 0);
+    let succeeded = event("payment.succeeded", "pay_declined_twice", 1500, None);
+    assert_eq!(send(&app, &succeeded).await, (200, "processed".into()));
+    assert_eq!(net(&ctx, "pay_declined_twice").await, 1500);
+    assert_eq!(ctx.entries().await, 1);
+    ctx.assert_audit_clean().await;
+}
+
+/// Inbox mode on an accept-only instance (no workers: the failure stays
+/// queued): a success at another amount is accepted and *stored*, not
+/// refused while the failure is unbooked; once workers run, it is credited
+/// at its own amount, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_inbox_mode_a_repriced_success_is_stored_while_its_failure_is_queued() {
+    let ctx = TestContext::new().await;
+    let accept_only = ctx.spawn(ctx.inbox_config(0)).await;
+    let failed = event("payment.failed", "pay_queued_decline", 1000, None);
+    let succeeded = event("payment.succeeded", "pay_queued_decline", 1200, None);
+    assert_eq!(send(&accept_only, &failed).await, (200, "accepted".into()));
+    assert_eq!(
+        send(&accept_only, &succeeded).await,
+        (200, "accepted".into())
+    );
+    assert_eq!(
+        send(&accept_only, &succeeded).await,
+        (200, "duplicate".into())
+    );
+    // A decline at another amount is a copy of the stored one.
+    let repriced_decline = event("payment.failed", "pay_queued_decline", 1300, None);
+    assert_eq!(
+        send(&accept_only, &repriced_decline).await,
+        (200, "duplicate".into())
+    );
+    let stored = "SELECT count(*) FROM events WHERE transaction_id = 'pay_queued_decline'";
+    assert_eq!(ctx.count(stored).await, 2, "the failure and the success");
+    let _workers = ctx.spawn(ctx.inbox_config(2)).await;
+    wait_for("both events done", Duration::from_secs(30), || async {
+        ctx.count(
+            "SELECT count(*) FROM events
+              WHERE transaction_id = 'pay_queued_decline' AND status = 'done'",
+        )
+        .await
+            == 2
+    })
+    .await;
+    assert_eq!(effects(&ctx, "pay_queued_decline").await, ["credit"]);
+    assert_eq!(net(&ctx, "pay_queued_decline").await, 1200);
+    assert_eq!(
+        row_of(&ctx, "pay_queued_decline").await,
+        ("succeeded".to_owned(), 1200)
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// Sync mode with the downstream down for the failure (its claim is left
+/// `processing`), then up: the success at another amount is booked at its
+/// amount, sent at it, and the failure's retry is `stale`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repriced_success_is_booked_while_the_downstream_has_not_taken_the_failure() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    downstream.set_status(503);
+    let failed = event("payment.failed", "pay_ds_down", 1000, None);
+    assert_eq!(send(&app, &failed).await.0, 503);
+    assert_eq!(
+        ctx.payment("pay_ds_down").await.map(|p| p.0),
+        Some("processing".to_owned())
+    );
+    downstream.set_status(200);
+    let succeeded = event("payment.succeeded", "pay_ds_down", 1200, None);
+    assert_eq!(send(&app, &succeeded).await, (200, "processed".into()));
+    let last = downstream.calls().pop().unwrap();
+    assert_eq!(
+        (
+            last.body["event_type"].clone(),
+            last.body["amount_minor"].clone()
+        ),
+        (json!("payment.succeeded"), json!(1200))
+    );
+    assert_eq!(send(&app, &failed).await, (200, "stale".into()));
+    assert_eq!(effects(&ctx, "pay_ds_down").await, ["credit"]);
+    assert_eq!(net(&ctx, "pay_ds_down").await, 1200);
     ctx.assert_audit_clean().await;
 }
 
@@ -543,6 +672,8 @@ async fn a_refund_frozen_before_its_commit_does_not_block_its_payment(backend: L
 
 crate::helpers::both_backends!(
     a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succeeds_with,
+    a_late_copy_of_a_decline_after_a_repriced_success_is_stale,
+    a_decline_at_another_amount_is_answered_as_a_copy,
     copies_of_a_refund_and_of_its_failure_answer_as_copies,
     disputes_are_booked_past_the_payment_and_refunds_keep_the_cap,
     refunds_from_before_the_lifecycle_keep_matching_the_events_that_name_their_payment,
@@ -646,7 +777,7 @@ async fn in_inbox_mode_a_repriced_success_and_a_pre_lifecycle_refund_failure_are
 
 /// Accepts stored together answer as they would alone: a failed payment's
 /// success at another amount is new, another amount for a failed payment's
-/// failure is still a mismatch.
+/// failure is a copy (a decline moves no money).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
     let ctx = TestContext::new().await;
@@ -699,7 +830,7 @@ async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
     let batch: Vec<&ToAccept> = batch.iter().collect();
     assert_eq!(
         store.accept_many(&batch).await.unwrap(),
-        [Accepted::New, Accepted::Mismatch]
+        [Accepted::New, Accepted::Duplicate]
     );
 }
 
