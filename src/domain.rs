@@ -21,10 +21,12 @@
 //! | `dispute.funds_withdrawn` | → succeeded, dispute¹ | duplicate | stale |
 //! | `dispute.funds_reinstated` | wait for the withdrawal | → failed, dispute_reversal | duplicate |
 //!
-//! ¹ Only against a `succeeded` payment of the same currency, and only while
-//! the refunds and disputes booked against it (net of reversals) plus this one
-//! stay within its amount; checked and booked atomically with the entry
-//! (see `store`). A payment not yet succeeded here makes the refund wait; a
+//! ¹ Only against a `succeeded` payment of the same currency, and, for a
+//! refund, only while the refunds booked against it (net of reversals) plus
+//! this one stay within its amount (a dispute is money already gone: not
+//! capped, and a payment its refunds and disputes together took past its
+//! amount is reported over-returned); checked and booked atomically with the
+//! entry (see `store`). A payment not yet succeeded here makes the refund wait; a
 //! failed payment, another currency or too much is a [`Rejection`].
 //!
 //! `queued`, `processing` and `dead` mean no event has settled the row yet
@@ -385,7 +387,7 @@ pub enum Rejection {
     PaymentFailed,
     /// Another currency than the payment's.
     CurrencyMismatch,
-    /// With the refunds and disputes already booked, more would go out than came in.
+    /// With the refunds already booked, more would be refunded than came in.
     ExceedsPayment,
     /// The parent id names a refund or a dispute, not a payment.
     NotAPayment,

@@ -677,7 +677,8 @@ impl Processor {
         }
     }
 
-    /// A dispute took its payment past its amount: booked (the money is
+    /// A refund or a dispute took its payment past its amount (refunds and
+    /// disputes together; refunds alone never do): booked (the money is
     /// gone), counted and logged for someone to reconcile.
     fn over_returned(&self, ev: &CanonicalEvent) {
         self.metrics.payments_over_returned().increment(1);
@@ -685,7 +686,7 @@ impl Processor {
             payment = ev.parent_transaction_id.as_deref().unwrap_or("-"),
             event_type = ev.event_type.as_str(), amount_minor = ev.amount_minor,
             currency = %ev.currency,
-            "payment over-returned: a dispute took more than came in; booked");
+            "payment over-returned: its refunds and disputes took more than came in; booked");
     }
 
     /// The downstream call under the heartbeat, then the fenced finalize.

@@ -503,6 +503,96 @@ async fn disputes_are_booked_past_the_payment_and_refunds_keep_the_cap(backend: 
     );
 }
 
+/// Payment 1000, a chargeback of 1000 and a refund of 600, in both orders:
+/// refunds are capped by refunds alone, so the refund after the chargeback
+/// is booked as the one before it is (it used to be 422 `exceeds_payment`).
+/// The same facts give the same ledger; each payment is reported
+/// over-returned once (counted, and an `audit` warning), whatever the order.
+async fn a_refund_after_its_chargeback_is_booked_as_one_before_it(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    let orders = [
+        ("pay_cb_first", ["dispute", "refund"]),
+        ("pay_re_first", ["refund", "dispute"]),
+    ];
+    for (pay, order) in orders {
+        send(&app, &event("payment.succeeded", pay, 1000, None)).await;
+        for kind in order {
+            let (ev, tx) = match kind {
+                "dispute" => ("dispute.funds_withdrawn", format!("dp_{pay}")),
+                _ => ("refund.succeeded", format!("re_{pay}")),
+            };
+            let amount = if kind == "dispute" { 1000 } else { 600 };
+            let ev = event(ev, &tx, amount, Some(pay));
+            assert_eq!(
+                send(&app, &ev).await,
+                (200, "processed".into()),
+                "{pay}: {kind}"
+            );
+        }
+    }
+    for (pay, _) in orders {
+        assert_eq!(
+            effects(&ctx, &format!("dp_{pay}")).await,
+            ["dispute"],
+            "{pay}"
+        );
+        assert_eq!(
+            effects(&ctx, &format!("re_{pay}")).await,
+            ["debit"],
+            "{pay}"
+        );
+        let out = format!("SELECT amount_out_minor FROM payments WHERE transaction_id = '{pay}'");
+        assert_eq!(ctx.count(&out).await, 1600, "{pay}");
+    }
+    assert_eq!(
+        ctx.count("SELECT sum(amount_minor)::int8 FROM ledger_entries")
+            .await,
+        -1200
+    );
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 2.0);
+    // The refunds alone still keep the cap: 400 more is all there is.
+    let more = event("refund.succeeded", "re_more_cb", 401, Some("pay_cb_first"));
+    let r = app.deliver(&more).await;
+    assert_eq!((r.status, r.result()), (422, "refund_rejected"), "{r:?}");
+    assert_eq!(r.body["reason"], "exceeds_payment");
+    let rest = event("refund.succeeded", "re_rest_cb", 400, Some("pay_cb_first"));
+    assert_eq!(send(&app, &rest).await, (200, "processed".into()));
+    ctx.assert_audit_clean().await;
+    let (code, out, _) = fencehook_binary(&["audit"], &[("DATABASE_URL", &ctx.database_url)]).await;
+    assert_eq!(code, 0, "a warning, not a violation: {out}");
+    assert!(
+        out.contains("warning: 2 payment(s) gave back more than came in"),
+        "{out}"
+    );
+}
+
+/// With a downstream (the money reserved at the claim): a refund after its
+/// payment's chargeback is booked too.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_downstream_a_refund_after_its_chargeback_is_booked() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    send(&app, &event("payment.succeeded", "pay_ds_cb", 1000, None)).await;
+    let cb = event(
+        "dispute.funds_withdrawn",
+        "dp_ds_cb",
+        1000,
+        Some("pay_ds_cb"),
+    );
+    assert_eq!(send(&app, &cb).await, (200, "processed".into()));
+    let refund = event("refund.succeeded", "re_ds_cb", 600, Some("pay_ds_cb"));
+    assert_eq!(send(&app, &refund).await, (200, "processed".into()));
+    assert_eq!(effects(&ctx, "re_ds_cb").await, ["debit"]);
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 1.0);
+    let more = event("refund.succeeded", "re_ds_cb_more", 401, Some("pay_ds_cb"));
+    assert_eq!(send(&app, &more).await, (422, "refund_rejected".into()));
+    ctx.assert_audit_clean().await;
+}
+
 /// The same with a downstream: the dispute is reserved at its claim past
 /// the payment's amount, executed, and booked.
 #[tokio::test(flavor = "multi_thread")]
@@ -671,6 +761,7 @@ async fn a_refund_frozen_before_its_commit_does_not_block_its_payment(backend: L
 }
 
 crate::helpers::both_backends!(
+    a_refund_after_its_chargeback_is_booked_as_one_before_it,
     a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succeeds_with,
     a_late_copy_of_a_decline_after_a_repriced_success_is_stale,
     a_decline_at_another_amount_is_answered_as_a_copy,
