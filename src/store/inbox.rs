@@ -120,11 +120,10 @@ fn accepted(event: EventKind, fingerprint: &str, seen: &Seen) -> Option<Accepted
         // another accept stored it meanwhile, maybe with another payload.
         (seen.existing.is_some() || seen.row_inserted).then_some(Accepted::New)
     } else {
-        match seen.event_fp.as_deref() {
-            Some(fp) => Some(as_stored(event, fp == fingerprint)),
-            // Our insert met an event our snapshot does not see.
-            None => None,
-        }
+        // None: our insert met an event our snapshot does not see.
+        seen.event_fp
+            .as_deref()
+            .map(|fp| as_stored(event, fp == fingerprint))
     }
 }
 
