@@ -15,8 +15,8 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
  WHERE payments.status = ANY('{processing}'::text[])
    AND payments.fence < EXCLUDED.fence
    AND (payments.fingerprint = EXCLUDED.fingerprint
-        OR (payments.status = 'failed' AND payments.kind = 'payment'
-            AND EXCLUDED.event_type = 'payment.succeeded')
+        OR (payments.kind = 'payment' AND EXCLUDED.kind = 'payment'
+            AND (payments.status <> 'succeeded' OR EXCLUDED.event_type = 'payment.failed'))
         OR (payments.kind = 'refund' AND payments.parent_transaction_id IS NULL
             AND payments.status IN ('queued', 'processing', 'dead')
             AND payments.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2',

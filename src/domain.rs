@@ -21,10 +21,12 @@
 //! | `dispute.funds_withdrawn` | → succeeded, dispute¹ | duplicate | stale |
 //! | `dispute.funds_reinstated` | wait for the withdrawal | → failed, dispute_reversal | duplicate |
 //!
-//! ¹ Only against a `succeeded` payment of the same currency, and only while
-//! the refunds and disputes booked against it (net of reversals) plus this one
-//! stay within its amount; checked and booked atomically with the entry
-//! (see `store`). A payment not yet succeeded here makes the refund wait; a
+//! ¹ Only against a `succeeded` payment of the same currency, and, for a
+//! refund, only while the refunds booked against it (net of reversals) plus
+//! this one stay within its amount (a dispute is money already gone: not
+//! capped, and a payment its refunds and disputes together took past its
+//! amount is reported over-returned); checked and booked atomically with the
+//! entry (see `store`). A payment not yet succeeded here makes the refund wait; a
 //! failed payment, another currency or too much is a [`Rejection`].
 //!
 //! `queued`, `processing` and `dead` mean no event has settled the row yet
@@ -295,6 +297,23 @@ impl Transition {
     }
 }
 
+/// Whether an event of a payment matches its row (of `kind`, in `status`)
+/// whatever its amount and currency: a failure moves no money, so until a
+/// success has settled the payment a success is taken at its own amount (the
+/// row takes it), and a failure answers by the row's status (`stale` after a
+/// success, `duplicate` after a failure; an unsettled row takes it). A
+/// success at another amount than a settled success is a mismatch, as is
+/// every other difference (a refund's failure gives back the refund's
+/// amount, so it must match).
+pub fn payment_event_matches(kind: ObjectKind, status: Status, event: EventKind) -> bool {
+    kind == ObjectKind::Payment
+        && match event {
+            EventKind::PaymentSucceeded => status != Status::Succeeded,
+            EventKind::PaymentFailed => true,
+            _ => false,
+        }
+}
+
 /// Whether a refund its PSP may have meant as a cancel (Adyen's
 /// `CANCEL_OR_REFUND`, which says which only in a field it does not sign)
 /// was a cancel, which moves nothing: so when its payment is recorded
@@ -368,7 +387,7 @@ pub enum Rejection {
     PaymentFailed,
     /// Another currency than the payment's.
     CurrencyMismatch,
-    /// With the refunds and disputes already booked, more would go out than came in.
+    /// With the refunds already booked, more would be refunded than came in.
     ExceedsPayment,
     /// The parent id names a refund or a dispute, not a payment.
     NotAPayment,
@@ -431,6 +450,36 @@ mod tests {
         let mut moved = refund.clone();
         moved.parent_transaction_id = Some("tx_2".into());
         assert_ne!(refund.fingerprint(), moved.fingerprint(), "another parent");
+    }
+
+    #[test]
+    fn a_payment_no_success_settled_takes_a_success_at_any_amount_and_a_failure_always() {
+        use EventKind::*;
+        for &status in Status::ALL {
+            assert_eq!(
+                payment_event_matches(ObjectKind::Payment, status, PaymentSucceeded),
+                status != Status::Succeeded,
+                "{status:?}"
+            );
+            assert!(payment_event_matches(
+                ObjectKind::Payment,
+                status,
+                PaymentFailed
+            ));
+            for kind in [ObjectKind::Refund, ObjectKind::Dispute] {
+                for &event in EventKind::ALL {
+                    assert!(
+                        !payment_event_matches(kind, status, event),
+                        "{kind:?} {event:?}"
+                    );
+                }
+            }
+            assert!(!payment_event_matches(
+                ObjectKind::Payment,
+                status,
+                RefundFailed
+            ));
+        }
     }
 
     #[test]

@@ -30,7 +30,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::domain::{
-    decide, CanonicalEvent, Decision, EventKind, ObjectKind, Rejection, Status, Transition,
+    decide, payment_event_matches, CanonicalEvent, Decision, ObjectKind, Rejection, Status,
+    Transition,
 };
 use crate::downstream::{Downstream, DownstreamError};
 use crate::error::Error;
@@ -676,7 +677,8 @@ impl Processor {
         }
     }
 
-    /// A dispute took its payment past its amount: booked (the money is
+    /// A refund or a dispute took its payment past its amount (refunds and
+    /// disputes together; refunds alone never do): booked (the money is
     /// gone), counted and logged for someone to reconcile.
     fn over_returned(&self, ev: &CanonicalEvent) {
         self.metrics.payments_over_returned().increment(1);
@@ -684,7 +686,7 @@ impl Processor {
             payment = ev.parent_transaction_id.as_deref().unwrap_or("-"),
             event_type = ev.event_type.as_str(), amount_minor = ev.amount_minor,
             currency = %ev.currency,
-            "payment over-returned: a dispute took more than came in; booked");
+            "payment over-returned: its refunds and disputes took more than came in; booked");
     }
 
     /// The downstream call under the heartbeat, then the fenced finalize.
@@ -806,16 +808,17 @@ impl Processor {
 }
 
 /// Whether `row` is the object `ev` (fingerprint `fp`) is about: the same
-/// fingerprint, or a failed payment that now succeeds. A failure moves no
-/// money, and a PSP may change a payment's amount after a decline (Stripe
-/// lets a PaymentIntent's amount change), so out of `failed` the success's
-/// amount and currency stand; the write re-fingerprints the row
-/// (`fenced_upsert!`). Every other difference is a mismatch.
+/// fingerprint, or a payment's event that another amount cannot make another
+/// object ([`domain::payment_event_matches`](crate::domain::payment_event_matches)):
+/// a success while no success has settled the payment (a failure moved no
+/// money, whether it is booked, queued, in flight or dead, and a PSP may
+/// change a payment's amount after a decline: Stripe lets a PaymentIntent's
+/// amount change), and a failure, which then answers by status (`stale`
+/// after a success, `duplicate` after a failure). The write re-fingerprints
+/// the row (`fenced_upsert!`). Every other difference is a mismatch.
 fn is_the_same_object(row: &PaymentRow, ev: &CanonicalEvent, fp: &str) -> bool {
     row.fingerprint == fp
-        || (row.status == Status::Failed
-            && row.kind == ObjectKind::Payment
-            && ev.event_type == EventKind::PaymentSucceeded)
+        || payment_event_matches(row.kind, row.status, ev.event_type)
         || (!row.status.is_settled() && is_from_before_parents(row, ev))
 }
 

@@ -126,7 +126,7 @@ metric_table! {
     REFUND_REJECTED_TOTAL = "fencehook_refund_rejected_total", counter, [reason],
         "Refunds and disputes their payment cannot give (failed payment, other currency, more than came in): nothing booked.";
     PAYMENTS_OVER_RETURNED_TOTAL = "fencehook_payments_over_returned_total", counter, [],
-        "Disputes booked past their payment's amount (a chargeback larger than the charge, or after a refund): more went out than came in.";
+        "Refunds and disputes booked past their payment's amount together, whichever came last (a chargeback larger than the charge, or beside a refund): more went out than came in.";
     PROVIDERS_RELOADS_TOTAL = "fencehook_providers_reloads_total", counter, [result],
         "Providers file re-read on SIGHUP: ok (new secrets in force), error (the old ones kept).";
     INBOX_ROWS = "fencehook_inbox_rows", gauge, [status],

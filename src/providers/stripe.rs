@@ -22,9 +22,9 @@
 //!
 //! | event | booked as | transaction_id | parent | amount |
 //! | --- | --- | --- | --- | --- |
-//! | `payment_intent.succeeded` | payment.succeeded (credit) | PaymentIntent `id` | – | `amount_received`, else `amount` |
+//! | `payment_intent.succeeded` | payment.succeeded (credit) | PaymentIntent `id` | – | `amount_received`, else `amount`; before API 2025-03-31.basil the larger of the two |
 //! | `payment_intent.payment_failed` | payment.failed | PaymentIntent `id` | – | `amount` |
-//! | `charge.succeeded` (`captured: true`) | payment.succeeded (credit) | the Charge's `payment_intent`, else the Charge `id` | – | `amount_captured`, else `amount` |
+//! | `charge.succeeded` (`captured: true`) | payment.succeeded (credit) | the Charge's `payment_intent`, else the Charge `id` | – | `amount_captured`, else `amount`; before basil the larger of the two |
 //! | `charge.failed` | payment.failed | the Charge's `payment_intent`, else the Charge `id` | – | `amount` |
 //! | `refund.created`, `refund.updated`, `charge.refund.updated` | `status` `succeeded` → refund.succeeded (debit); `failed`, `canceled` → refund.failed; other statuses ignored | Refund `id` | Refund `payment_intent`, else its `charge` | Refund `amount` |
 //! | `refund.failed` | refund.failed | Refund `id` | as above | Refund `amount` |
@@ -41,9 +41,19 @@
 //! - A failure is keyed by the PaymentIntent, like its success: the lifecycle
 //!   books failed → succeeded, so a PaymentIntent whose first attempt was
 //!   declined is still credited when a later attempt succeeds, and a failure
-//!   arriving after the success is `stale`. Out of `failed` the success's
-//!   amount stands, so a manual *partial* capture after a decline is
-//!   credited its `amount_received` (< `amount`).
+//!   arriving after the success is `stale`. Until a success settles the
+//!   payment, the success's amount stands (a failure moves no money).
+//! - Capture reversals, on both sides of API version 2025-03-31.basil.
+//!   Before it, Stripe booked a manual capture of less than was authorised
+//!   as a capture of the whole authorisation plus a Refund of the rest, and
+//!   the cancellation (or expiry) of an uncaptured payment as a Refund of
+//!   all of it with no balance transaction. So before basil a success
+//!   credits the authorised `amount` (when larger than what was received)
+//!   and the remainder's Refund is booked as a refund, netting it to what was
+//!   captured; a Refund with a null `balance_transaction`, or any refund of
+//!   a Charge never captured, released an authorisation and is ignored. From
+//!   basil on neither Refund exists: the success credits what was received.
+//!   The event's `api_version` decides.
 //! - `charge.succeeded` for an uncaptured charge (manual capture) is only an
 //!   authorisation: ignored; `payment_intent.succeeded` books it on capture.
 //! - `charge.refunded` is one delivery of as many items as its refund list
@@ -306,6 +316,7 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
                 .ok_or_else(|| invalid("created must be a unix timestamp (integer)"))?,
         ),
     };
+    let before_basil = before_basil(event)?;
     let data = req_object(event, "data", "data")?;
     let object = req_object(data, "object", "data.object")?;
     let declared = req_str(object, "object", "data.object.object")?;
@@ -320,10 +331,7 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
             kind: EventKind::PaymentSucceeded,
             transaction_id: req_str(object, "id", "data.object.id")?,
             parent: None,
-            amount: match opt(object, "amount_received") {
-                Some(v) => amount_minor(Some(v), "data.object.amount_received")?,
-                None => amount_minor(opt(object, "amount"), "data.object.amount")?,
-            },
+            amount: credited(object, "amount_received", before_basil)?,
             currency: req_str(object, "currency", "data.object.currency")?,
             path: OBJECT,
         }],
@@ -350,10 +358,7 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
                 kind: EventKind::PaymentSucceeded,
                 transaction_id: charge_payment_key(object)?,
                 parent: None,
-                amount: match opt(object, "amount_captured") {
-                    Some(v) => amount_minor(Some(v), "data.object.amount_captured")?,
-                    None => amount_minor(opt(object, "amount"), "data.object.amount")?,
-                },
+                amount: credited(object, "amount_captured", before_basil)?,
                 currency: req_str(object, "currency", "data.object.currency")?,
                 path: OBJECT,
             }]
@@ -366,10 +371,12 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
             currency: req_str(object, "currency", "data.object.currency")?,
             path: OBJECT,
         }],
-        "charge.refunded" => succeeded_refunds(object)?,
+        "charge.refunded" => succeeded_refunds(object, before_basil)?,
         "refund.failed" => vec![refund_mapped(object, EventKind::RefundFailed)?],
         "refund.created" | "refund.updated" | "charge.refund.updated" => {
             match req_str(object, "status", "data.object.status")? {
+                // A released authorisation moved no money.
+                "succeeded" if before_basil && releases_an_authorisation(object) => Vec::new(),
                 "succeeded" => vec![refund_mapped(object, EventKind::RefundSucceeded)?],
                 // `canceled` is reachable only from `requires_action`, so never
                 // after a success: recorded failed, like a refused refund.
@@ -394,6 +401,67 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
         .into_iter()
         .map(|m| m.into_item(provider, occurred_at))
         .collect()
+}
+
+/// The first API version that no longer models a partial capture or a
+/// cancelled authorisation as a refund (Stripe's changelog, 2025-03-31.basil).
+const BASIL: &str = "2025-03-31";
+
+/// Whether the event is rendered in an API version before
+/// [`BASIL`] (2025-03-31.basil): its `api_version` (`YYYY-MM-DD` or
+/// `YYYY-MM-DD.<name>`) sorts before it. Stripe leaves `api_version` null only
+/// on events from before 2014-10-31: before too.
+fn before_basil(event: &Object) -> Result<bool, Reject> {
+    let version = match opt(event, "api_version") {
+        None => return Ok(true),
+        Some(Value::String(v)) => v.as_str(),
+        Some(_) => return Err(invalid("api_version must be a string")),
+    };
+    let date = version.get(..10).filter(|d| {
+        d.bytes().enumerate().all(|(i, b)| {
+            if i == 4 || i == 7 {
+                b == b'-'
+            } else {
+                b.is_ascii_digit()
+            }
+        })
+    });
+    match date {
+        Some(date) if version.len() == 10 || version[10..].starts_with('.') => Ok(date < BASIL),
+        _ => Err(invalid(format!(
+            "api_version `{version}` is not a Stripe API version (YYYY-MM-DD[.name])"
+        ))),
+    }
+}
+
+/// What a payment's success credits: what was received (`received`: a
+/// PaymentIntent's `amount_received`, a Charge's `amount_captured`), else the
+/// `amount`. Before 2025-03-31.basil, a capture of less than was authorised
+/// was booked by Stripe as a capture of the whole authorisation and a refund
+/// of the rest (a Refund object, its own balance transaction, a
+/// `charge.refunded`): the authorised `amount` is credited then, and that
+/// refund, booked as every refund is, nets it to what was captured. From
+/// basil on no such refund exists: what was received is credited.
+fn credited(object: &Object, received: &str, before_basil: bool) -> Result<i64, Reject> {
+    let amount = || amount_minor(opt(object, "amount"), "data.object.amount");
+    let Some(v) = opt(object, received) else {
+        return amount();
+    };
+    let received = amount_minor(Some(v), &format!("data.object.{received}"))?;
+    if before_basil && opt(object, "amount").is_some() {
+        Ok(received.max(amount()?))
+    } else {
+        Ok(received)
+    }
+}
+
+/// Whether a succeeded Refund released an authorisation rather than
+/// returning money (before 2025-03-31.basil, the cancellation or expiry of an
+/// uncaptured payment made one): it has no balance transaction, as nothing
+/// had reached the balance. Only a Refund that says so (`balance_transaction`
+/// present and null) is one; one without the field is a refund.
+fn releases_an_authorisation(refund: &Object) -> bool {
+    matches!(refund.get("balance_transaction"), Some(Value::Null))
 }
 
 /// One booking read from a Stripe object, before its fields are checked.
@@ -510,9 +578,14 @@ fn dispute_mapped(dispute: &Object, kind: EventKind) -> Result<Mapped<'_>, Rejec
 /// in list order. None when the list is absent (API 2022-11-15 and later) or
 /// holds no succeeded refund: other statuses are settled by `refund.*`
 /// events. A list with `has_more` is booked as far as it goes; the refunds
-/// beyond it come through `refund.*` events too.
-fn succeeded_refunds(charge: &Object) -> Result<Vec<Mapped<'_>>, Reject> {
+/// beyond it come through `refund.*` events too. Before 2025-03-31.basil,
+/// the refunds of a Charge never captured, and refunds without a balance
+/// transaction, released an authorisation: none is booked.
+fn succeeded_refunds(charge: &Object, before_basil: bool) -> Result<Vec<Mapped<'_>>, Reject> {
     const PATH: &str = "data.object.refunds.data[]";
+    if before_basil && matches!(opt(charge, "captured"), Some(Value::Bool(false))) {
+        return Ok(Vec::new());
+    }
     let list = match opt(charge, "refunds") {
         None => return Ok(Vec::new()),
         Some(Value::Object(list)) => list,
@@ -528,7 +601,9 @@ fn succeeded_refunds(charge: &Object) -> Result<Vec<Mapped<'_>>, Reject> {
         let refund = refund
             .as_object()
             .ok_or_else(|| invalid(format!("{PATH} must be refund objects")))?;
-        if req_str(refund, "status", &format!("{PATH}.status"))? != "succeeded" {
+        if req_str(refund, "status", &format!("{PATH}.status"))? != "succeeded"
+            || (before_basil && releases_an_authorisation(refund))
+        {
             continue;
         }
         let parent =
@@ -782,6 +857,21 @@ mod tests {
         .into_bytes()
     }
 
+    /// [`event`] rendered in API version `version`.
+    fn event_at(version: &str, event_type: &str, object: Value) -> Vec<u8> {
+        serde_json::json!({
+            "id": "evt_1", "object": "event", "created": 1_700_000_000, "api_version": version,
+            "type": event_type, "data": {"object": object}
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn items_at(version: &str, event_type: &str, object: Value) -> Vec<Item> {
+        parse_event("stripe", &event_at(version, event_type, object))
+            .unwrap_or_else(|e| panic!("{event_type}: {e}"))
+    }
+
     fn pi(extra: Value) -> Value {
         let mut o = serde_json::json!({
             "id": "pi_1", "object": "payment_intent", "amount": 2000,
@@ -951,17 +1041,171 @@ mod tests {
 
     #[test]
     fn a_partial_capture_after_a_failure_maps_to_another_amount_under_the_same_key() {
-        // The known limit (docs/providers.md): the store answers payload_mismatch.
+        // The store takes it: no success had settled the payment.
         let failed = mapped(
             "payment_intent.payment_failed",
             pi(serde_json::json!({"amount_received": 0})),
         );
-        let partial = mapped(
+        let partial = match items_at(
+            "2025-03-31.basil",
             "payment_intent.succeeded",
             pi(serde_json::json!({"amount_received": 1500})),
-        );
+        )
+        .as_slice()
+        {
+            [Item::Event(e)] => e.clone(),
+            other => panic!("{other:?}"),
+        };
         assert_eq!(failed.transaction_id, partial.transaction_id);
+        assert_eq!(partial.amount_minor, 1500);
         assert_ne!(failed.fingerprint(), partial.fingerprint());
+    }
+
+    fn amount_of(items: &[Item]) -> i64 {
+        match items {
+            [Item::Event(e)] => e.amount_minor,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn before_basil_a_partial_capture_credits_the_authorisation_and_from_basil_what_was_captured() {
+        let partial = || pi(serde_json::json!({"amount": 1000, "amount_received": 600}));
+        let charge = || charge(serde_json::json!({"amount": 1000, "amount_captured": 600}));
+        for version in ["2024-06-20", "2025-02-24.acacia"] {
+            for (event_type, object) in [
+                ("payment_intent.succeeded", partial()),
+                ("charge.succeeded", charge()),
+            ] {
+                assert_eq!(
+                    amount_of(&items_at(version, event_type, object)),
+                    1000,
+                    "{version}"
+                );
+            }
+        }
+        assert_eq!(
+            amount_of(&items("payment_intent.succeeded", partial())),
+            1000,
+            "no version: pre-2014"
+        );
+        for version in [
+            "2025-03-31.basil",
+            "2025-09-30.clover",
+            "2026-01-28.clover",
+            "2025-04-30",
+        ] {
+            for (event_type, object) in [
+                ("payment_intent.succeeded", partial()),
+                ("charge.succeeded", charge()),
+            ] {
+                assert_eq!(
+                    amount_of(&items_at(version, event_type, object)),
+                    600,
+                    "{version}"
+                );
+            }
+        }
+        // An over-capture: what was received, on both sides.
+        let over = || pi(serde_json::json!({"amount": 1000, "amount_received": 1100}));
+        assert_eq!(
+            amount_of(&items_at("2024-06-20", "payment_intent.succeeded", over())),
+            1100
+        );
+        assert_eq!(
+            amount_of(&items_at(
+                "2025-03-31.basil",
+                "payment_intent.succeeded",
+                over()
+            )),
+            1100
+        );
+        for bad in ["basil", "2025-3-31", "20250331", "2025-03-31basil"] {
+            assert!(
+                parse_event(
+                    "stripe",
+                    &event_at(bad, "payment_intent.succeeded", partial())
+                )
+                .is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn before_basil_a_refund_without_a_balance_transaction_released_an_authorisation() {
+        let refund = |bt: Value| {
+            serde_json::json!({
+                "id": "re_1", "object": "refund", "amount": 1000, "currency": "eur",
+                "payment_intent": "pi_1", "charge": "ch_1", "status": "succeeded",
+                "balance_transaction": bt, "reason": "expired_uncaptured_charge"
+            })
+        };
+        for event_type in ["refund.created", "refund.updated", "charge.refund.updated"] {
+            assert!(is_ignored(&items_at(
+                "2024-06-20",
+                event_type,
+                refund(Value::Null)
+            )));
+            assert_eq!(
+                amount_of(&items_at(
+                    "2024-06-20",
+                    event_type,
+                    refund(serde_json::json!("txn_1"))
+                )),
+                1000
+            );
+            // From basil no such refund exists: a refund is a refund.
+            assert_eq!(
+                amount_of(&items_at(
+                    "2025-03-31.basil",
+                    event_type,
+                    refund(Value::Null)
+                )),
+                1000
+            );
+        }
+        // charge.refunded of a Charge never captured: nothing.
+        let uncaptured = charge(serde_json::json!({
+            "captured": false, "amount_captured": 0, "amount_refunded": 1000,
+            "refunds": {"object": "list", "has_more": false,
+                        "data": [refund(serde_json::json!("txn_1"))]}
+        }));
+        assert!(is_ignored(&items_at(
+            "2022-08-01",
+            "charge.refunded",
+            uncaptured
+        )));
+    }
+
+    #[test]
+    fn the_capture_reversal_fixtures_net_to_what_was_captured_on_both_sides_of_basil() {
+        let credit = |name: &str| fixture_events(name)[0].amount_minor;
+        let refunds = |name: &str| -> i64 {
+            parse_event("stripe", &fixture(name))
+                .unwrap()
+                .iter()
+                .map(|item| match item {
+                    Item::Event(e) => e.amount_minor,
+                    Item::Ignored { .. } => 0,
+                    other => panic!("{name}: {other:?}"),
+                })
+                .sum()
+        };
+        // A manual capture of 60.00 of 100.00.
+        assert_eq!(
+            credit("capture-partial.pre-basil.payment_intent.succeeded.json")
+                - refunds("capture-partial.pre-basil.refund.created.json"),
+            6000
+        );
+        assert_eq!(
+            credit("capture-partial.basil.payment_intent.succeeded.json"),
+            6000
+        );
+        // A cancelled (expired) authorisation of 100.00: nothing moves.
+        assert_eq!(refunds("cancel.pre-basil.charge.refunded.json"), 0);
+        assert_eq!(refunds("cancel.pre-basil.refund.updated.json"), 0);
+        assert_eq!(refunds("cancel.basil.payment_intent.canceled.json"), 0);
     }
 
     #[test]

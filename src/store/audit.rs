@@ -220,8 +220,9 @@ async fn has_reservations(client: &tokio_postgres::Client) -> Result<bool, Store
         .get(0))
 }
 
-/// Payments that have given back more than came in: disputes booked past
-/// the amount (a chargeback larger than the charge, or after a refund). The
+/// Payments that have given back more than came in: refunds and disputes
+/// booked past the amount together (a chargeback larger than the charge, or
+/// a chargeback and a refund in either order; refunds alone never are). The
 /// money is gone, so they are booked; a warning for someone to reconcile,
 /// not a violation. At most [`SHOWN_VIOLATIONS`] of them, and how many.
 pub async fn over_returned(url: &str) -> Result<(Vec<String>, i64), StoreError> {

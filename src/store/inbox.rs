@@ -41,7 +41,7 @@ use tokio_postgres::types::{Json, Type};
 
 use super::{payment_at, PaymentRow, Store, StoreError};
 use crate::domain::amount::major_amount;
-use crate::domain::CanonicalEvent;
+use crate::domain::{payment_event_matches, CanonicalEvent, EventKind, ObjectKind, Status};
 
 /// The channel accepts notify and workers listen on.
 pub const CHANNEL: &str = "fencehook_inbox";
@@ -112,7 +112,7 @@ struct Seen {
 /// a concurrent accept of the same event (or object) that commits meanwhile
 /// makes its insert do nothing, yet is invisible to its reads. Then only a
 /// look after the statement knows ([`Store::after_race`]).
-fn accepted(fingerprint: &str, seen: &Seen) -> Option<Accepted> {
+fn accepted(event: EventKind, fingerprint: &str, seen: &Seen) -> Option<Accepted> {
     if seen.existing.as_deref().is_some_and(|fp| fp != fingerprint) {
         Some(Accepted::Mismatch)
     } else if seen.inserted.is_some() {
@@ -120,12 +120,22 @@ fn accepted(fingerprint: &str, seen: &Seen) -> Option<Accepted> {
         // another accept stored it meanwhile, maybe with another payload.
         (seen.existing.is_some() || seen.row_inserted).then_some(Accepted::New)
     } else {
-        match seen.event_fp.as_deref() {
-            Some(fp) if fp != fingerprint => Some(Accepted::Mismatch),
-            Some(_) => Some(Accepted::Duplicate),
-            // Our insert met an event our snapshot does not see.
-            None => None,
-        }
+        // None: our insert met an event our snapshot does not see.
+        seen.event_fp
+            .as_deref()
+            .map(|fp| as_stored(event, fp == fingerprint))
+    }
+}
+
+/// The answer to an event of a type its object already has stored: a copy
+/// when the payloads are the same, or when it is a payment's failure (a
+/// decline moves no money, whatever its amount: the one stored is as good);
+/// else a mismatch.
+fn as_stored(event: EventKind, same_payload: bool) -> Accepted {
+    if same_payload || event == EventKind::PaymentFailed {
+        Accepted::Duplicate
+    } else {
+        Accepted::Mismatch
     }
 }
 
@@ -236,13 +246,15 @@ pub struct EventRow {
 
 /// `existing` is the fingerprint of the object's row, taken as the event's
 /// own where the fenced write matches the row anyway (`fenced_upsert!` in
-/// the store): a failed payment's success (its amount and currency stand)
-/// and a refund from before refunds named their payment (fingerprinted with
+/// the store): a payment's success while no success has settled it (its
+/// amount and currency stand, whether the failure before it is booked,
+/// queued or dead), a payment's failure (it answers by status) and a refund from before refunds named their payment (fingerprinted with
 /// an empty parent). A row is still *there* in those cases: an accept that
 /// raced another is told apart from one that found the row by it.
 const ACCEPT: &str = "\
 WITH existing AS (
-    SELECT CASE WHEN (status = 'failed' AND kind = 'payment' AND $3 = 'payment.succeeded')
+    SELECT CASE WHEN (kind = 'payment' AND $10 = 'payment'
+                      AND (status <> 'succeeded' OR $3 = 'payment.failed'))
                   OR (kind = 'refund' AND parent_transaction_id IS NULL
                       AND fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2', $1::text, $2::text,
                           'refund', $11::int8::text, $12::text, ''), 'UTF8')), 'hex'))
@@ -283,7 +295,8 @@ WITH input AS (
                                 occurred_at, n)),
 existing AS (
     SELECT i.n,
-           CASE WHEN (p.status = 'failed' AND p.kind = 'payment' AND i.event_type = 'payment.succeeded')
+           CASE WHEN (p.kind = 'payment' AND i.kind = 'payment'
+                      AND (p.status <> 'succeeded' OR i.event_type = 'payment.failed'))
                   OR (p.kind = 'refund' AND p.parent_transaction_id IS NULL
                       AND p.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2', i.provider,
                           i.transaction_id, 'refund', i.amount::text, i.currency, ''), 'UTF8')), 'hex'))
@@ -492,7 +505,7 @@ impl Store {
             ))
             .await?;
         let seen = seen(&row, 0);
-        match accepted(fingerprint, &seen) {
+        match accepted(ev.event_type, fingerprint, &seen) {
             Some(answer) => Ok(answer),
             None => self.after_race(ev, fingerprint, seen.inserted).await,
         }
@@ -513,17 +526,27 @@ impl Store {
         let reader = self.pool.get().await?;
         let row = reader
             .query_one(
-                "SELECT (SELECT fingerprint FROM payments WHERE provider = $1 AND transaction_id = $2),
+                "SELECT p.fingerprint, p.kind, p.status,
                         (SELECT fingerprint FROM events
-                          WHERE provider = $1 AND transaction_id = $2 AND event_type = $3)",
+                          WHERE provider = $1 AND transaction_id = $2 AND event_type = $3)
+                   FROM (SELECT 1) one
+                   LEFT JOIN payments p ON p.provider = $1 AND p.transaction_id = $2",
                 &[&ev.provider, &ev.transaction_id, &ev.event_type.as_str()],
             )
             .await?;
         drop(reader);
         let existing: Option<String> = row.get(0);
-        let event_fp: Option<String> = row.get(1);
+        let matches_anyway = match (row.get::<_, Option<&str>>(1), row.get(2)) {
+            (Some(kind), Some(status)) => ObjectKind::parse(kind)
+                .zip(Status::parse(status))
+                .is_some_and(|(kind, status)| payment_event_matches(kind, status, ev.event_type)),
+            _ => false,
+        };
+        let event_fp: Option<String> = row.get(3);
         match inserted {
-            Some(id) if existing.as_deref().is_some_and(|fp| fp != fingerprint) => {
+            Some(id)
+                if !matches_anyway && existing.as_deref().is_some_and(|fp| fp != fingerprint) =>
+            {
                 let client = self.writer().await?;
                 client
                     .watch()
@@ -536,8 +559,7 @@ impl Store {
             }
             Some(_) => Ok(Accepted::New),
             None => match event_fp {
-                Some(fp) if fp == fingerprint => Ok(Accepted::Duplicate),
-                Some(_) => Ok(Accepted::Mismatch),
+                Some(fp) => Ok(as_stored(ev.event_type, fp == fingerprint)),
                 None => Err(StoreError::Corrupt(
                     "an accept's insert met an event that is gone".to_owned(),
                 )),
@@ -686,13 +708,15 @@ impl Store {
         let mut answers = Vec::with_capacity(items.len());
         for (row, item) in rows.iter().zip(items) {
             let seen = seen(row, 1);
-            answers.push(match accepted(&item.fingerprint, &seen) {
-                Some(answer) => Ok(answer),
-                None => {
-                    self.after_race(&item.event, &item.fingerprint, seen.inserted)
-                        .await
-                }
-            });
+            answers.push(
+                match accepted(item.event.event_type, &item.fingerprint, &seen) {
+                    Some(answer) => Ok(answer),
+                    None => {
+                        self.after_race(&item.event, &item.fingerprint, seen.inserted)
+                            .await
+                    }
+                },
+            );
         }
         Ok(answers)
     }
@@ -1273,29 +1297,73 @@ mod tests {
         let fp = "ours";
         // Alone: a new object, a new event of a known object, a repeat.
         assert_eq!(
-            accepted(fp, &seen(None, true, true, None)),
+            accepted(
+                EventKind::PaymentSucceeded,
+                fp,
+                &seen(None, true, true, None)
+            ),
             Some(Accepted::New)
         );
         assert_eq!(
-            accepted(fp, &seen(Some(fp), true, false, None)),
+            accepted(
+                EventKind::PaymentSucceeded,
+                fp,
+                &seen(Some(fp), true, false, None)
+            ),
             Some(Accepted::New)
         );
         assert_eq!(
-            accepted(fp, &seen(Some(fp), false, false, Some(fp))),
+            accepted(
+                EventKind::PaymentSucceeded,
+                fp,
+                &seen(Some(fp), false, false, Some(fp))
+            ),
             Some(Accepted::Duplicate)
         );
         // Another payload stored before.
         assert_eq!(
-            accepted(fp, &seen(Some("theirs"), false, false, None)),
+            accepted(
+                EventKind::PaymentSucceeded,
+                fp,
+                &seen(Some("theirs"), false, false, None)
+            ),
             Some(Accepted::Mismatch)
         );
         assert_eq!(
-            accepted(fp, &seen(None, false, false, Some("theirs"))),
+            accepted(
+                EventKind::PaymentSucceeded,
+                fp,
+                &seen(None, false, false, Some("theirs"))
+            ),
             Some(Accepted::Mismatch)
+        );
+        // A payment's failure at another amount than the one stored: a copy
+        // of the decline.
+        assert_eq!(
+            accepted(
+                EventKind::PaymentFailed,
+                fp,
+                &seen(Some(fp), false, false, Some("theirs"))
+            ),
+            Some(Accepted::Duplicate)
         );
         // Raced: our insert met an event we cannot see, or our event went in
         // but the object's row was stored meanwhile by another accept.
-        assert_eq!(accepted(fp, &seen(None, false, false, None)), None);
-        assert_eq!(accepted(fp, &seen(None, true, false, None)), None);
+        assert_eq!(
+            accepted(
+                EventKind::PaymentSucceeded,
+                fp,
+                &seen(None, false, false, None)
+            ),
+            None
+        );
+        assert_eq!(
+            accepted(
+                EventKind::PaymentSucceeded,
+                fp,
+                &seen(None, true, false, None)
+            ),
+            None
+        );
     }
 }

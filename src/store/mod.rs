@@ -26,22 +26,25 @@
 //!
 //! A refund or a dispute takes money out of its payment, whose row keeps the
 //! sum taken (`amount_out_minor`, net of reversals). The cap is checked and
-//! booked by one `UPDATE` of the payment row inside the transaction that
+//! booked by an `UPDATE` of the payment row inside the transaction that
 //! writes the object's own row first: a copy of the same event finds that
 //! row settled (or held) and answers as a copy, never as a refusal. The
-//! update locks the payment row without waiting (`NOWAIT`): a payment row
+//! payment row is locked first, without waiting (`NOWAIT`): a payment row
 //! held by another transaction — another refund's, finishing in a moment, or
 //! one stalled before its commit — is [`ParentRefusal::Busy`], and the
 //! processor polls as for a held lease instead of queueing on the lock.
-//! Whoever gets the lock re-checks the condition against the committed sum
-//! (PostgreSQL re-evaluates an `UPDATE`'s `WHERE` on the newest row version),
-//! so two refunds racing on two instances can never together take more than
-//! came in.
+//! Whoever gets the lock checks the condition in a statement started after
+//! it, against the committed sums, so two refunds racing on two instances
+//! can never together take more than came in.
 //!
-//! Refunds are capped by the payment's amount (a PSP never refunds more than
-//! the charge: an excess is a mapping fault or a forgery). Disputes are not:
-//! a chargeback is money already gone, larger than the charge or after a
-//! refund, so it is booked past the amount and reported as over-returned.
+//! Refunds are capped by the payment's amount, counting refunds alone (a PSP
+//! never refunds more than the charge: an excess is a mapping fault or a
+//! forgery). Disputes are not capped: a chargeback is money already gone,
+//! larger than the charge, or beside a refund. So a refund and a dispute
+//! that together exceed the payment are both booked whatever order they
+//! arrive in, and the move that takes the payment past its amount is
+//! reported as over-returned. The disputes' share of `amount_out_minor` is
+//! read from their rows in a statement after the payment row is locked.
 //!
 //! On the downstream path the money is taken at the claim, before the call
 //! (the row is `reserved`), so a step the downstream executed is never
@@ -93,7 +96,7 @@ pub enum ParentRefusal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     /// The transition and its entry are committed; `over_returned` when a
-    /// dispute took its payment past its amount.
+    /// dispute or a refund took its payment past its amount.
     Committed { status: Status, over_returned: bool },
     /// Nothing written: the row, re-read, for the processor to decide again.
     NotWritten(PaymentRow),
@@ -243,9 +246,12 @@ const SELECT_PAYMENT: &str = "SELECT id, kind, status, fingerprint, fence FROM p
 /// inside the write, the same parameters fenced with the lease's token
 /// ([`APPLY_LEASED`]).
 /// The fingerprint must be the row's, with two exceptions, where the row takes
-/// the event's fields and fingerprint (the same values otherwise): a failed
-/// payment's success (a failure moved no money, so the success's amount and
-/// currency stand), and a refund left unsettled by a release before refunds
+/// the event's fields and fingerprint (the same values otherwise): a
+/// payment's event while no success has settled it (a failure moved no
+/// money, booked or not, so a success's amount and currency stand, and a
+/// failure's are as good as the last one's; see
+/// [`domain::payment_event_matches`](crate::domain::payment_event_matches)),
+/// and a refund left unsettled by a release before refunds
 /// named their payment (migration V4 fingerprinted it with an empty parent):
 /// it gets its parent now, and its money is taken from it. A settled one
 /// keeps no parent (its debit never moved its payment's money): the
@@ -269,8 +275,8 @@ ON CONFLICT ON CONSTRAINT payments_provider_transaction_id_key DO UPDATE
  WHERE payments.status = ANY($12::text[])
    AND payments.fence < EXCLUDED.fence
    AND (payments.fingerprint = EXCLUDED.fingerprint
-        OR (payments.status = 'failed' AND payments.kind = 'payment'
-            AND EXCLUDED.event_type = 'payment.succeeded')
+        OR (payments.kind = 'payment' AND EXCLUDED.kind = 'payment'
+            AND (payments.status <> 'succeeded' OR EXCLUDED.event_type = 'payment.failed'))
         OR (payments.kind = 'refund' AND payments.parent_transaction_id IS NULL
             AND payments.status IN ('queued', 'processing', 'dead')
             AND payments.fingerprint = encode(sha256(convert_to(concat_ws(chr(31), 'v2',
@@ -364,20 +370,48 @@ entry AS (
     RETURNING payment_id)
 SELECT id FROM upd";
 
+/// The money a payment's disputes hold of its `amount_out_minor`: each
+/// dispute booked and not reinstated (`succeeded`), or whose claim reserved
+/// it (`reserved`, V10; read through `to_jsonb`, so that the statement runs
+/// on the schemas before V10 the inline path books on, where no row is
+/// reserved). $1 provider, $2 the payment's transaction id. Read after the
+/// payment row is locked ([`LOCK_PARENT`]): every dispute moves its money
+/// under that lock, in the transaction that writes its own row, so a
+/// snapshot taken after the lock sees each dispute and its money together.
+macro_rules! disputes_out {
+    () => {
+        "(SELECT coalesce(sum(d.amount_minor), 0)::int8 FROM payments d
+   WHERE d.provider = $1 AND d.parent_transaction_id = $2 AND d.kind = 'dispute'
+     AND (d.status = 'succeeded' OR coalesce((to_jsonb(d) ->> 'reserved')::boolean, false)))"
+    };
+}
+
+/// Locks a refund's or dispute's payment row ($1 provider, $2 its
+/// transaction id), or fails at once (SQLSTATE 55P03) when another
+/// transaction holds it; `NO KEY` so as not to wait for entries that merely
+/// reference the row. Its own statement, before [`MOVE_PARENT_MONEY`]: that
+/// one's snapshot then sees every committed move of the payment's money
+/// (none can commit while the lock is ours).
+const LOCK_PARENT: &str = "\
+SELECT id FROM payments WHERE provider = $1 AND transaction_id = $2 FOR NO KEY UPDATE NOWAIT";
+
 /// Moves money out of (positive $4) or back into (negative) a succeeded
-/// payment of the same currency: never below zero, and never past its amount
-/// unless `$5` (a dispute: money already gone). Locks the payment row, or
-/// fails at once (SQLSTATE 55P03) when another transaction holds it; `NO
-/// KEY` so as not to wait for entries that merely reference the row.
-/// Returns whether the payment has now given back more than came in.
-const MOVE_PARENT_MONEY: &str = "\
+/// payment of the same currency, locked by [`LOCK_PARENT`]: never below
+/// zero, and a refund never so that the refunds (net of reversals) exceed
+/// its amount; a dispute (`$5`: money already gone) is not capped, nor are
+/// the refunds and disputes together. Returns whether this move took the
+/// payment (further) past its amount: more has gone out than came in.
+const MOVE_PARENT_MONEY: &str = concat!(
+    "\
 UPDATE payments SET amount_out_minor = amount_out_minor + $4, updated_at = now()
- WHERE id = (SELECT id FROM payments WHERE provider = $1 AND transaction_id = $2
-              FOR NO KEY UPDATE NOWAIT)
+ WHERE provider = $1 AND transaction_id = $2
    AND kind = 'payment' AND status = 'succeeded' AND currency = $3
    AND amount_out_minor + $4 >= 0
-   AND ($4 < 0 OR $5::bool OR amount_out_minor + $4 <= amount_minor)
-RETURNING amount_out_minor > amount_minor";
+   AND ($4 < 0 OR $5::bool OR amount_out_minor + $4 - ",
+    disputes_out!(),
+    " <= amount_minor)
+RETURNING $4 > 0 AND amount_out_minor > amount_minor"
+);
 
 /// Marks a claimed row as holding its money (taken by the claim). $1 id.
 const RESERVE: &str = "UPDATE payments SET reserved = true WHERE id = $1";
@@ -389,9 +423,13 @@ UPDATE payments SET reserved = false, updated_at = now()
 RETURNING id";
 
 /// What the payment a refund or dispute names looks like, to say why it refused.
-const SELECT_PARENT: &str = "\
-SELECT kind, status, currency, amount_minor, amount_out_minor FROM payments
- WHERE provider = $1 AND transaction_id = $2";
+const SELECT_PARENT: &str = concat!(
+    "\
+SELECT kind, status, currency, amount_minor, amount_out_minor, ",
+    disputes_out!(),
+    " FROM payments
+ WHERE provider = $1 AND transaction_id = $2"
+);
 
 /// One row per (provider, key): `item_sha256` is the SHA-256 of the item's
 /// key — for an Adyen item the fields its signature covers — not of its
@@ -921,7 +959,8 @@ impl<'a> Write<'a> {
     }
 
     /// Whether the money may go past the payment's amount: a dispute's may
-    /// (money already gone), a refund's never.
+    /// (money already gone), a refund's only beside disputes (refunds alone
+    /// stay within it).
     fn uncapped(&self) -> bool {
         self.t.effect == Some(Effect::Dispute)
     }
@@ -1002,7 +1041,7 @@ fn leased(
 }
 
 /// Takes `amount` out of (or, negative, back into) the event's parent
-/// payment, past its amount only when `uncapped`; `Ok(over_returned)` when
+/// payment, refunds alone within its amount unless `uncapped`; `Ok(over_returned)` when
 /// done, else why not. A payment row another transaction holds is
 /// [`ParentRefusal::Busy`] at once (the transaction is then aborted: the
 /// caller rolls it back).
@@ -1016,26 +1055,29 @@ async fn move_parent_money<C: GenericClient>(
         .parent_transaction_id
         .as_deref()
         .expect("only events with a parent move its money");
+    let lock = client.prepare_cached(LOCK_PARENT).await?;
     let stmt = client.prepare_cached(MOVE_PARENT_MONEY).await?;
-    // The update sees the payment as of its start; a payment committed just
+    // The lock sees the payment as of its start; a payment committed just
     // after (the refund raced its own payment) is seen by the re-read, and
-    // the update is tried again.
+    // the lock and the update are tried again.
     for _ in 0..3 {
-        let moved = match client
-            .query_opt(
-                &stmt,
-                &[&ev.provider, &parent, &ev.currency, &amount, &uncapped],
-            )
-            .await
-        {
-            Ok(moved) => moved,
+        let locked = match client.query_opt(&lock, &[&ev.provider, &parent]).await {
+            Ok(locked) => locked.is_some(),
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                 return Ok(Err(ParentRefusal::Busy))
             }
             Err(e) => return Err(e.into()),
         };
-        if let Some(row) = moved {
-            return Ok(Ok(row.try_get(0)?));
+        if locked {
+            let moved = client
+                .query_opt(
+                    &stmt,
+                    &[&ev.provider, &parent, &ev.currency, &amount, &uncapped],
+                )
+                .await?;
+            if let Some(row) = moved {
+                return Ok(Ok(row.try_get(0)?));
+            }
         }
         if let Some(refusal) = parent_refusal(client, ev, amount, uncapped).await? {
             return Ok(Err(refusal));
@@ -1061,7 +1103,7 @@ async fn parent_refusal<C: GenericClient>(
     let kind: &str = row.get(0);
     let status: &str = row.get(1);
     let currency: &str = row.get(2);
-    let (total, out): (i64, i64) = (row.get(3), row.get(4));
+    let (total, out, disputed): (i64, i64, i64) = (row.get(3), row.get(4), row.get(5));
     Ok(if kind != ObjectKind::Payment.as_str() {
         Some(ParentRefusal::Rejected(Rejection::NotAPayment))
     } else if status == Status::Failed.as_str() {
@@ -1070,7 +1112,8 @@ async fn parent_refusal<C: GenericClient>(
         Some(ParentRefusal::NotYet)
     } else if currency != ev.currency {
         Some(ParentRefusal::Rejected(Rejection::CurrencyMismatch))
-    } else if amount > 0 && !uncapped && out + amount > total {
+    } else if amount > 0 && !uncapped && out - disputed + amount > total {
+        // The refunds alone would exceed it.
         Some(ParentRefusal::Rejected(Rejection::ExceedsPayment))
     } else if out + amount < 0 {
         // The object's own row was written first in this transaction, so

@@ -93,8 +93,11 @@ async fn a_failed_payment_that_later_succeeds_is_credited_and_a_late_failure_is_
     assert_eq!(send(&app, &succeeded).await, (200, "processed".into()));
     assert_eq!(send(&app, &failed).await, (200, "stale".into()));
     assert_eq!(effects(&ctx, "pay_late_fail").await, ["credit"]);
-    // Another amount for the same payment is still a mismatch, whatever the state.
+    // A failure answers by status whatever its amount; another amount for
+    // a success after the success is a mismatch.
     let other = event("payment.failed", "pay_late_fail", 701, None);
+    assert_eq!(send(&app, &other).await, (200, "stale".into()));
+    let other = event("payment.succeeded", "pay_late_fail", 701, None);
     assert_eq!(send(&app, &other).await, (422, "payload_mismatch".into()));
     ctx.assert_audit_clean().await;
 }

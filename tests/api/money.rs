@@ -51,6 +51,20 @@ async fn net(ctx: &TestContext, tx: &str) -> i64 {
         .get(0)
 }
 
+/// (status, amount) of one row.
+async fn row_of(ctx: &TestContext, tx: &str) -> (String, i64) {
+    let row = ctx
+        .db()
+        .await
+        .query_one(
+            "SELECT status, amount_minor FROM payments WHERE transaction_id = $1",
+            &[&tx],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
 async fn effects(ctx: &TestContext, tx: &str) -> Vec<String> {
     ctx.db()
         .await
@@ -137,10 +151,125 @@ async fn a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succee
     // Once it succeeded, another amount is a mismatch again.
     let other = event("payment.succeeded", "pay_reprice", 1300, None);
     assert_eq!(send(&app, &other).await, (422, "payload_mismatch".into()));
-    // Out of `failed` only a payment's success may change the amount.
-    send(&app, &event("payment.failed", "pay_declined", 500, None)).await;
-    let again = event("payment.failed", "pay_declined", 600, None);
-    assert_eq!(send(&app, &again).await, (422, "payload_mismatch".into()));
+    ctx.assert_audit_clean().await;
+}
+
+/// A payment declined at 1000, paid at 1200, then a late copy of the
+/// decline: the failure answers by status (`stale`), whatever its amount;
+/// one credit, at 1200.
+async fn a_late_copy_of_a_decline_after_a_repriced_success_is_stale(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    let failed = event("payment.failed", "pay_late_decline", 1000, None);
+    let succeeded = event("payment.succeeded", "pay_late_decline", 1200, None);
+    assert_eq!(send(&app, &failed).await, (200, "processed".into()));
+    assert_eq!(send(&app, &succeeded).await, (200, "processed".into()));
+    assert_eq!(send(&app, &failed).await, (200, "stale".into()));
+    assert_eq!(effects(&ctx, "pay_late_decline").await, ["credit"]);
+    assert_eq!(net(&ctx, "pay_late_decline").await, 1200);
+    assert_eq!(
+        row_of(&ctx, "pay_late_decline").await,
+        ("succeeded".to_owned(), 1200)
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// A payment declined at 1000 and declined again at 1300 (re-priced between
+/// two attempts): a decline moves no money, so the second is a copy of the
+/// first (`duplicate`), never a mismatch; nothing is booked, and a success
+/// at a third amount is still credited.
+async fn a_decline_at_another_amount_is_answered_as_a_copy(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    let first = event("payment.failed", "pay_declined_twice", 1000, None);
+    let second = event("payment.failed", "pay_declined_twice", 1300, None);
+    assert_eq!(send(&app, &first).await, (200, "processed".into()));
+    assert_eq!(send(&app, &second).await, (200, "duplicate".into()));
+    assert_eq!(ctx.entries().await, 0);
+    let succeeded = event("payment.succeeded", "pay_declined_twice", 1500, None);
+    assert_eq!(send(&app, &succeeded).await, (200, "processed".into()));
+    assert_eq!(net(&ctx, "pay_declined_twice").await, 1500);
+    assert_eq!(ctx.entries().await, 1);
+    ctx.assert_audit_clean().await;
+}
+
+/// Inbox mode on an accept-only instance (no workers: the failure stays
+/// queued): a success at another amount is accepted and *stored*, not
+/// refused while the failure is unbooked; once workers run, it is credited
+/// at its own amount, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_inbox_mode_a_repriced_success_is_stored_while_its_failure_is_queued() {
+    let ctx = TestContext::new().await;
+    let accept_only = ctx.spawn(ctx.inbox_config(0)).await;
+    let failed = event("payment.failed", "pay_queued_decline", 1000, None);
+    let succeeded = event("payment.succeeded", "pay_queued_decline", 1200, None);
+    assert_eq!(send(&accept_only, &failed).await, (200, "accepted".into()));
+    assert_eq!(
+        send(&accept_only, &succeeded).await,
+        (200, "accepted".into())
+    );
+    assert_eq!(
+        send(&accept_only, &succeeded).await,
+        (200, "duplicate".into())
+    );
+    // A decline at another amount is a copy of the stored one.
+    let repriced_decline = event("payment.failed", "pay_queued_decline", 1300, None);
+    assert_eq!(
+        send(&accept_only, &repriced_decline).await,
+        (200, "duplicate".into())
+    );
+    let stored = "SELECT count(*) FROM events WHERE transaction_id = 'pay_queued_decline'";
+    assert_eq!(ctx.count(stored).await, 2, "the failure and the success");
+    let _workers = ctx.spawn(ctx.inbox_config(2)).await;
+    wait_for("both events done", Duration::from_secs(30), || async {
+        ctx.count(
+            "SELECT count(*) FROM events
+              WHERE transaction_id = 'pay_queued_decline' AND status = 'done'",
+        )
+        .await
+            == 2
+    })
+    .await;
+    assert_eq!(effects(&ctx, "pay_queued_decline").await, ["credit"]);
+    assert_eq!(net(&ctx, "pay_queued_decline").await, 1200);
+    assert_eq!(
+        row_of(&ctx, "pay_queued_decline").await,
+        ("succeeded".to_owned(), 1200)
+    );
+    ctx.assert_audit_clean().await;
+}
+
+/// Sync mode with the downstream down for the failure (its claim is left
+/// `processing`), then up: the success at another amount is booked at its
+/// amount, sent at it, and the failure's retry is `stale`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repriced_success_is_booked_while_the_downstream_has_not_taken_the_failure() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    downstream.set_status(503);
+    let failed = event("payment.failed", "pay_ds_down", 1000, None);
+    assert_eq!(send(&app, &failed).await.0, 503);
+    assert_eq!(
+        ctx.payment("pay_ds_down").await.map(|p| p.0),
+        Some("processing".to_owned())
+    );
+    downstream.set_status(200);
+    let succeeded = event("payment.succeeded", "pay_ds_down", 1200, None);
+    assert_eq!(send(&app, &succeeded).await, (200, "processed".into()));
+    let last = downstream.calls().pop().unwrap();
+    assert_eq!(
+        (
+            last.body["event_type"].clone(),
+            last.body["amount_minor"].clone()
+        ),
+        (json!("payment.succeeded"), json!(1200))
+    );
+    assert_eq!(send(&app, &failed).await, (200, "stale".into()));
+    assert_eq!(effects(&ctx, "pay_ds_down").await, ["credit"]);
+    assert_eq!(net(&ctx, "pay_ds_down").await, 1200);
     ctx.assert_audit_clean().await;
 }
 
@@ -374,6 +503,96 @@ async fn disputes_are_booked_past_the_payment_and_refunds_keep_the_cap(backend: 
     );
 }
 
+/// Payment 1000, a chargeback of 1000 and a refund of 600, in both orders:
+/// refunds are capped by refunds alone, so the refund after the chargeback
+/// is booked as the one before it is (it used to be 422 `exceeds_payment`).
+/// The same facts give the same ledger; each payment is reported
+/// over-returned once (counted, and an `audit` warning), whatever the order.
+async fn a_refund_after_its_chargeback_is_booked_as_one_before_it(backend: LeaseBackendKind) {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(ctx.config_for(backend)).await;
+    let orders = [
+        ("pay_cb_first", ["dispute", "refund"]),
+        ("pay_re_first", ["refund", "dispute"]),
+    ];
+    for (pay, order) in orders {
+        send(&app, &event("payment.succeeded", pay, 1000, None)).await;
+        for kind in order {
+            let (ev, tx) = match kind {
+                "dispute" => ("dispute.funds_withdrawn", format!("dp_{pay}")),
+                _ => ("refund.succeeded", format!("re_{pay}")),
+            };
+            let amount = if kind == "dispute" { 1000 } else { 600 };
+            let ev = event(ev, &tx, amount, Some(pay));
+            assert_eq!(
+                send(&app, &ev).await,
+                (200, "processed".into()),
+                "{pay}: {kind}"
+            );
+        }
+    }
+    for (pay, _) in orders {
+        assert_eq!(
+            effects(&ctx, &format!("dp_{pay}")).await,
+            ["dispute"],
+            "{pay}"
+        );
+        assert_eq!(
+            effects(&ctx, &format!("re_{pay}")).await,
+            ["debit"],
+            "{pay}"
+        );
+        let out = format!("SELECT amount_out_minor FROM payments WHERE transaction_id = '{pay}'");
+        assert_eq!(ctx.count(&out).await, 1600, "{pay}");
+    }
+    assert_eq!(
+        ctx.count("SELECT sum(amount_minor)::int8 FROM ledger_entries")
+            .await,
+        -1200
+    );
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 2.0);
+    // The refunds alone still keep the cap: 400 more is all there is.
+    let more = event("refund.succeeded", "re_more_cb", 401, Some("pay_cb_first"));
+    let r = app.deliver(&more).await;
+    assert_eq!((r.status, r.result()), (422, "refund_rejected"), "{r:?}");
+    assert_eq!(r.body["reason"], "exceeds_payment");
+    let rest = event("refund.succeeded", "re_rest_cb", 400, Some("pay_cb_first"));
+    assert_eq!(send(&app, &rest).await, (200, "processed".into()));
+    ctx.assert_audit_clean().await;
+    let (code, out, _) = fencehook_binary(&["audit"], &[("DATABASE_URL", &ctx.database_url)]).await;
+    assert_eq!(code, 0, "a warning, not a violation: {out}");
+    assert!(
+        out.contains("warning: 2 payment(s) gave back more than came in"),
+        "{out}"
+    );
+}
+
+/// With a downstream (the money reserved at the claim): a refund after its
+/// payment's chargeback is booked too.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_downstream_a_refund_after_its_chargeback_is_booked() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    let app = ctx.spawn(cfg).await;
+    send(&app, &event("payment.succeeded", "pay_ds_cb", 1000, None)).await;
+    let cb = event(
+        "dispute.funds_withdrawn",
+        "dp_ds_cb",
+        1000,
+        Some("pay_ds_cb"),
+    );
+    assert_eq!(send(&app, &cb).await, (200, "processed".into()));
+    let refund = event("refund.succeeded", "re_ds_cb", 600, Some("pay_ds_cb"));
+    assert_eq!(send(&app, &refund).await, (200, "processed".into()));
+    assert_eq!(effects(&ctx, "re_ds_cb").await, ["debit"]);
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 1.0);
+    let more = event("refund.succeeded", "re_ds_cb_more", 401, Some("pay_ds_cb"));
+    assert_eq!(send(&app, &more).await, (422, "refund_rejected".into()));
+    ctx.assert_audit_clean().await;
+}
+
 /// The same with a downstream: the dispute is reserved at its claim past
 /// the payment's amount, executed, and booked.
 #[tokio::test(flavor = "multi_thread")]
@@ -542,7 +761,10 @@ async fn a_refund_frozen_before_its_commit_does_not_block_its_payment(backend: L
 }
 
 crate::helpers::both_backends!(
+    a_refund_after_its_chargeback_is_booked_as_one_before_it,
     a_payment_that_failed_at_one_amount_is_credited_at_the_amount_it_succeeds_with,
+    a_late_copy_of_a_decline_after_a_repriced_success_is_stale,
+    a_decline_at_another_amount_is_answered_as_a_copy,
     copies_of_a_refund_and_of_its_failure_answer_as_copies,
     disputes_are_booked_past_the_payment_and_refunds_keep_the_cap,
     refunds_from_before_the_lifecycle_keep_matching_the_events_that_name_their_payment,
@@ -646,7 +868,7 @@ async fn in_inbox_mode_a_repriced_success_and_a_pre_lifecycle_refund_failure_are
 
 /// Accepts stored together answer as they would alone: a failed payment's
 /// success at another amount is new, another amount for a failed payment's
-/// failure is still a mismatch.
+/// failure is a copy (a decline moves no money).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
     let ctx = TestContext::new().await;
@@ -699,7 +921,7 @@ async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
     let batch: Vec<&ToAccept> = batch.iter().collect();
     assert_eq!(
         store.accept_many(&batch).await.unwrap(),
-        [Accepted::New, Accepted::Mismatch]
+        [Accepted::New, Accepted::Duplicate]
     );
 }
 

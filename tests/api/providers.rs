@@ -995,3 +995,112 @@ async fn one_captured_adyen_item_resent_with_altered_unsigned_fields_is_one_quar
     assert_eq!(ctx.entries().await, 0);
     ctx.assert_audit_clean().await;
 }
+
+/// `ledger_entries` of one object: (effect, amount), in order.
+async fn entries_of_object(ctx: &TestContext, tx: &str) -> Vec<(String, i64)> {
+    ctx.db()
+        .await
+        .query(
+            "SELECT l.effect, l.amount_minor FROM ledger_entries l
+               JOIN payments p ON p.id = l.payment_id
+              WHERE p.transaction_id = $1 ORDER BY l.id",
+            &[&tx],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The Refund of what is left after a refund of the remainder: `re_` id,
+/// `amount`, of `payment_intent`, as `refund.updated` to `succeeded` in
+/// API version `version`.
+fn stripe_refund_of(version: &str, id: &str, pi: &str, amount: i64) -> String {
+    serde_json::json!({
+        "id": format!("evt_{id}"), "object": "event", "api_version": version,
+        "created": 1_744_000_000, "type": "refund.updated",
+        "data": {"object": {
+            "id": id, "object": "refund", "amount": amount, "currency": "eur",
+            "balance_transaction": format!("txn_{id}"), "charge": format!("ch_{}", &pi[3..]),
+            "payment_intent": pi, "reason": "requested_by_customer", "status": "succeeded"
+        }}
+    })
+    .to_string()
+}
+
+/// A manual capture of 60.00 out of an authorisation of 100.00, on both
+/// sides of API version 2025-03-31.basil: before it, Stripe books the whole
+/// authorisation and a Refund of the 40.00 left (fixtures
+/// `capture-partial.pre-basil.*`), after it only the capture
+/// (`capture-partial.basil.*`). Either way the payment nets to 60.00, and
+/// the customer can still be refunded those 60.00, not a cent more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stripe_partial_capture_nets_to_what_was_captured_before_and_after_basil() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    let pre = "pi_3RcAp1B7WZ01zgkW0pArT1aL";
+    for name in [
+        "stripe/capture-partial.pre-basil.payment_intent.succeeded.json",
+        "stripe/capture-partial.pre-basil.refund.created.json",
+        "stripe/capture-partial.basil.payment_intent.succeeded.json",
+    ] {
+        let r = deliver_stripe(&app, &fixture(name)).await;
+        assert_eq!((r.status, r.result()), (200, "processed"), "{name}: {r:?}");
+    }
+    assert_eq!(
+        entries_of_object(&ctx, pre).await,
+        [("credit".to_owned(), 10000)],
+        "before basil: the authorisation"
+    );
+    assert_eq!(
+        entries_of_object(&ctx, "re_3RcAp1B7WZ01zgkW0rEmNdR1").await,
+        [("debit".to_owned(), -4000)],
+        "and the Refund of what was not captured"
+    );
+    let basil = "pi_3RcAp2B7WZ01zgkW0pArT2bS";
+    assert_eq!(
+        entries_of_object(&ctx, basil).await,
+        [("credit".to_owned(), 6000)],
+        "from basil: what was captured"
+    );
+    assert_eq!(ledger_sum(&ctx).await, 12000, "60.00 + 60.00");
+    for (version, pi) in [("2024-06-20", pre), ("2025-03-31.basil", basil)] {
+        let too_much = stripe_refund_of(version, &format!("re_much_{}", &pi[3..]), pi, 6001);
+        let r = deliver_stripe(&app, &too_much).await;
+        assert_eq!(
+            (r.status, r.result()),
+            (422, "refund_rejected"),
+            "{version}: {r:?}"
+        );
+        let all = stripe_refund_of(version, &format!("re_all_{}", &pi[3..]), pi, 6000);
+        let r = deliver_stripe(&app, &all).await;
+        assert_eq!(
+            (r.status, r.result()),
+            (200, "processed"),
+            "{version}: {r:?}"
+        );
+    }
+    assert_eq!(ledger_sum(&ctx).await, 0);
+    ctx.assert_audit_clean().await;
+}
+
+/// A cancelled (expired) authorisation before basil: Stripe made a Refund of
+/// all of it, with no balance transaction (fixtures `cancel.pre-basil.*`),
+/// for a payment never credited. Nothing moved: the Refund is `ignored`,
+/// never `awaiting_payment` until the PSP gives up. From basil on there is no
+/// Refund, and `payment_intent.canceled` moves nothing either.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stripe_cancelled_authorisation_books_nothing_before_and_after_basil() {
+    let ctx = TestContext::new().await;
+    let app = ctx.spawn(config(&ctx)).await;
+    for name in [
+        "stripe/cancel.pre-basil.refund.updated.json",
+        "stripe/cancel.pre-basil.charge.refunded.json",
+        "stripe/cancel.basil.payment_intent.canceled.json",
+    ] {
+        let r = deliver_stripe(&app, &fixture(name)).await;
+        assert_eq!((r.status, r.result()), (200, "ignored"), "{name}: {r:?}");
+    }
+    ctx.assert_nothing_written().await;
+}

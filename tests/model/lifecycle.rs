@@ -31,7 +31,8 @@
 //! dispute is `failed` with its entry and the reversal); refunds, net of
 //! reversals, never take out more than the payment; the payment's money out
 //! is what its children hold; a dispute against a succeeded payment is never
-//! refused; a step the downstream executed is never refused afterwards; the
+//! refused; a refund the refunds leave room for is never refused, whatever
+//! the disputes took; a step the downstream executed is never refused afterwards; the
 //! downstream executes each step at most once and every booked step once; a
 //! success after a failure is booked at its own amount; and, from every
 //! state, one more quiet round of every event settles each.
@@ -43,6 +44,8 @@
 //! | the cap checked at the claim, taken at the finalize | a refund the downstream executed, then refused |
 //! | no cap | refunds taking out more than the payment |
 //! | disputes held to the cap | a chargeback refused |
+//! | refunds capped by refunds and disputes together | a refund after its chargeback refused (booked in the other order) |
+//! | a success at another amount taken only over a booked failure | a success refused while its failure's call failed |
 //! | the row's first amount kept | a success booked at the failure's amount |
 //!
 //! A known limit, shown by its own test: a call that timed out *after* the
@@ -52,7 +55,7 @@
 //!
 //! # Variants that were the code
 //!
-//! Four broken variants are what the code did before this release; each is
+//! Six broken variants are what the code did before; each is
 //! kept so a return to it is caught:
 //!
 //! - the key `<provider>:<transaction_id>` for every step of an object
@@ -64,6 +67,16 @@
 //!   claim (`payments.reserved`) and gives it back when the call is refused;
 //! - disputes held to the cap (`Variant::DisputesCapped`); the code books
 //!   them past the payment's amount and counts the over-returned payment;
+//! - refunds capped by the refunds and the disputes together
+//!   (`Variant::RefundsCappedWithDisputes`): a refund after its payment's
+//!   chargeback was refused, one before it booked; the code caps refunds by
+//!   the refunds alone;
+//! - a payment's success at another amount taken only out of a booked
+//!   failure (`Variant::MatchOnlyBookedFailure`): while the failure was
+//!   queued, in flight or left `processing` by a failed call the success was
+//!   `payload_mismatch` (and a failure at another amount always); the code
+//!   takes a success at any amount until a success settles the payment, and
+//!   a failure whatever its amount;
 //! - a payment's success after its failure at another amount booked at the
 //!   row's first amount (`Variant::FirstAmountKept`); the code re-fingerprints
 //!   the row from the success (before, the fingerprint held the amount and
@@ -73,8 +86,9 @@
 //!
 //! - Leases and fences under faults (`protocol.rs`, `leased.rs`): one
 //!   delivery of an object at a time, and a delivery runs to its answer.
-//! - Currencies, `not_a_payment` and payload mismatches: answered before
-//!   any money moves, by one comparison.
+//! - Currencies and `not_a_payment`: answered before any money moves, by one
+//!   comparison. Payload mismatches are modelled for a payment's events
+//!   only (its failure and success may carry different amounts).
 //! - Amounts are small integers; one event of each type per object.
 
 use std::collections::HashMap;
@@ -95,6 +109,13 @@ pub enum Variant {
     NoCap,
     /// Disputes are held to the cap like refunds.
     DisputesCapped,
+    /// Refunds are capped by the refunds and the disputes together.
+    RefundsCappedWithDisputes,
+    /// A payment's event at another amount matches its row only as a
+    /// success out of a *booked* failure: a success over a failure still
+    /// `processing` (its call failed) is `payload_mismatch`, as is a failure
+    /// at another amount.
+    MatchOnlyBookedFailure,
     /// A success after a failure is sent and booked at the failure's amount
     /// (the row's first amount).
     FirstAmountKept,
@@ -273,6 +294,8 @@ pub enum Answer {
     Rejected,
     /// 503: the downstream failed (or refused the key).
     Error,
+    /// 422 `payload_mismatch`: another payload for the row's object.
+    Mismatch,
 }
 
 impl Answer {
@@ -320,6 +343,12 @@ pub struct State {
     pub booked: Vec<bool>,
     /// An event the downstream executed was later answered `refund_rejected`.
     pub refused_after_execution: bool,
+    /// A refund the payment's refunds left room for was answered
+    /// `refund_rejected` (refused for a dispute's money).
+    pub refund_refused_within_the_refunds: bool,
+    /// A payment's success was answered `payload_mismatch` while no success
+    /// had settled the payment, or a failure was answered it at all.
+    pub payment_event_mismatched: bool,
     pub deliveries: Vec<Delivery>,
 }
 
@@ -405,6 +434,15 @@ impl LifecycleModel {
         if a == Answer::Rejected && s.executed[e] > 0 {
             s.refused_after_execution = true;
         }
+        let ev = self.cfg.events[e];
+        if a == Answer::Rejected
+            && self.kind(e) == Kind::Refund
+            && ev.ty == EventType::Forward
+            && s.rows[0].status == Some(Status::Succeeded)
+            && s.out_refunds + ev.amount <= s.rows[0].amount
+        {
+            s.refund_refused_within_the_refunds = true;
+        }
         Pc::Done(a)
     }
 
@@ -416,9 +454,18 @@ impl LifecycleModel {
         }
     }
 
-    /// Whether the payment can give `amount` more to a refund (or a capped dispute).
-    fn within_cap(&self, s: &State, amount: u8) -> bool {
-        s.out_refunds + s.out_disputes + amount <= s.rows[0].amount
+    /// Whether the payment can give `amount` more to a refund (or a capped
+    /// dispute): refunds are capped by the refunds alone
+    /// (`store::MOVE_PARENT_MONEY`'s condition); a capped dispute, or a
+    /// refund of the variant that counts them, by refunds and disputes.
+    fn within_cap(&self, s: &State, amount: u8, kind: Kind) -> bool {
+        let disputes =
+            if kind == Kind::Dispute || self.cfg.variant == Variant::RefundsCappedWithDisputes {
+                s.out_disputes
+            } else {
+                0
+            };
+        s.out_refunds + disputes + amount <= s.rows[0].amount
     }
 
     /// The claim's check of the payment; `Err` with the refusal.
@@ -434,7 +481,7 @@ impl LifecycleModel {
                 Kind::Dispute => self.cfg.variant == Variant::DisputesCapped,
                 Kind::Payment => false,
             };
-            if capped && !reserved && !self.within_cap(s, self.cfg.events[e].amount) {
+            if capped && !reserved && !self.within_cap(s, self.cfg.events[e].amount, self.kind(e)) {
                 Err(Answer::Rejected)
             } else {
                 Ok(())
@@ -442,10 +489,44 @@ impl LifecycleModel {
         })
     }
 
+    /// Whether event `e` is about its row's object (`processor::is_the_same_object`,
+    /// `fenced_upsert!`, the inbox accept): the same amount, or a payment's
+    /// event the amount cannot make another object
+    /// (`domain::payment_event_matches`): a success while no success has
+    /// settled the payment, a failure whatever the row's status. The model's
+    /// refunds and disputes come with one amount each.
+    fn same_object(&self, s: &State, e: usize) -> bool {
+        let ev = self.cfg.events[e];
+        let row = s.rows[ev.object];
+        if row.status.is_none() || row.amount == ev.amount || self.kind(e) != Kind::Payment {
+            return true;
+        }
+        match (ev.ty, self.cfg.variant) {
+            (EventType::Forward, Variant::MatchOnlyBookedFailure) => {
+                row.status == Some(Status::Failed)
+            }
+            (EventType::Forward, _) => row.status != Some(Status::Succeeded),
+            (EventType::Backward, Variant::MatchOnlyBookedFailure) => false,
+            (EventType::Backward, _) => true,
+        }
+    }
+
+    /// `payload_mismatch`, recorded when the rule says the payment should
+    /// have taken the event.
+    fn mismatch(&self, s: &mut State, e: usize) -> Pc {
+        let ev = self.cfg.events[e];
+        let unsettled = s.rows[ev.object].status != Some(Status::Succeeded);
+        if ev.ty == EventType::Backward || unsettled {
+            s.payment_event_mismatched = true;
+        }
+        self.answer(s, e, Answer::Mismatch)
+    }
+
     fn step(&self, s: &mut State, e: usize, op: Op) {
         let ev = self.cfg.events[e];
         let kind = self.kind(e);
         let next = match (s.deliveries[e].pc, op) {
+            (Pc::ReadRow, Op::ReadRow) if !self.same_object(s, e) => self.mismatch(s, e),
             (Pc::ReadRow, Op::ReadRow) => {
                 match decide(kind, ev.ty, s.rows[ev.object].status) {
                     Decision::Apply { .. } => Pc::Acquire,
@@ -501,6 +582,9 @@ impl LifecycleModel {
     fn claim(&self, s: &mut State, e: usize) -> Pc {
         let ev = self.cfg.events[e];
         let row = s.rows[ev.object];
+        if !self.same_object(s, e) {
+            return self.mismatch(s, e);
+        }
         let (to, from_settled) = match decide(self.kind(e), ev.ty, row.status) {
             Decision::Apply { to, from_settled } => (to, from_settled),
             d => return self.answer(s, e, self.answer_for(d)),
@@ -560,7 +644,7 @@ impl LifecycleModel {
                 if !row.out {
                     // Nothing reserved at the claim (a broken variant): take it now.
                     if self.cfg.variant == Variant::CapTakenAtFinalize
-                        && !self.within_cap(s, ev.amount)
+                        && !self.within_cap(s, ev.amount, Kind::Refund)
                     {
                         return self.answer(s, e, Answer::Rejected);
                     }
@@ -629,6 +713,8 @@ impl Model for LifecycleModel {
             executed: vec![0; n],
             booked: vec![false; n],
             refused_after_execution: false,
+            refund_refused_within_the_refunds: false,
+            payment_event_mismatched: false,
             deliveries: (0..n)
                 .map(|_| Delivery {
                     pc: Pc::ReadRow,
@@ -701,6 +787,12 @@ impl Model for LifecycleModel {
             Property::always(EXECUTED_NEVER_REFUSED, |_, s: &State| {
                 !s.refused_after_execution
             }),
+            Property::always(REFUNDS_CAPPED_BY_REFUNDS_ALONE, |_, s: &State| {
+                !s.refund_refused_within_the_refunds
+            }),
+            Property::always(A_PAYMENT_EVENT_MATCHES_UNTIL_A_SUCCESS, |_, s: &State| {
+                !s.payment_event_mismatched
+            }),
             Property::always(BOOKED_ONLY_WHAT_RAN, |_, s: &State| {
                 s.executed.iter().all(|&n| n <= 1)
                     && s.booked
@@ -759,6 +851,10 @@ pub const DISPUTES_ALWAYS_BOOKED: &str =
     "a dispute against a succeeded payment is never refused (the PSP took the money)";
 pub const EXECUTED_NEVER_REFUSED: &str =
     "a step the downstream executed is never answered refund_rejected";
+pub const REFUNDS_CAPPED_BY_REFUNDS_ALONE: &str =
+    "a refund the payment's refunds leave room for is never refused (whatever the disputes took)";
+pub const A_PAYMENT_EVENT_MATCHES_UNTIL_A_SUCCESS: &str =
+    "a payment no success settled takes a success at any amount, and a failure answers by status";
 pub const BOOKED_ONLY_WHAT_RAN: &str =
     "the downstream executes each step at most once, and every booked step once";
 pub const CREDIT_IS_THE_SUCCESS_AMOUNT: &str =
@@ -774,13 +870,15 @@ pub const SOMETIMES_A_REVERSAL_IS_BOOKED: &str =
 pub const SOMETIMES_EVERY_EVENT_BOOKED: &str = "every event is booked";
 pub const SOMETIMES_A_RESERVATION_IS_GIVEN_BACK: &str = "a failed call gives its reservation back";
 
-pub const INVARIANTS: [&str; 9] = [
+pub const INVARIANTS: [&str; 11] = [
     EACH_EFFECT_AT_MOST_ONCE,
     ENTRIES_MATCH_STATUS,
     REFUNDS_WITHIN_THE_PAYMENT,
     MONEY_OUT_ADDS_UP,
     DISPUTES_ALWAYS_BOOKED,
     EXECUTED_NEVER_REFUSED,
+    REFUNDS_CAPPED_BY_REFUNDS_ALONE,
+    A_PAYMENT_EVENT_MATCHES_UNTIL_A_SUCCESS,
     BOOKED_ONLY_WHAT_RAN,
     CREDIT_IS_THE_SUCCESS_AMOUNT,
     ONE_MORE_ROUND_SETTLES_EVERY_EVENT,
@@ -978,6 +1076,31 @@ mod tests {
             || LifecycleModel::new(cfg.clone()),
             DISPUTES_ALWAYS_BOOKED,
         );
+    }
+
+    #[test]
+    fn refunds_capped_with_the_disputes_refuse_a_refund_after_its_chargeback() {
+        let cfg = with(Config::dispute(), Variant::RefundsCappedWithDisputes);
+        let last = shortest_counterexample(
+            "lifecycle, refunds capped with the disputes",
+            || LifecycleModel::new(cfg.clone()),
+            REFUNDS_CAPPED_BY_REFUNDS_ALONE,
+        );
+        assert!(last.out_disputes > 0, "the dispute came first");
+    }
+
+    #[test]
+    fn a_success_refused_while_its_failure_is_not_booked_is_caught() {
+        let cfg = with(
+            Config::steps(Downstream::Refuses),
+            Variant::MatchOnlyBookedFailure,
+        );
+        let last = shortest_counterexample(
+            "lifecycle, only a booked failure matches",
+            || LifecycleModel::new(cfg.clone()),
+            A_PAYMENT_EVENT_MATCHES_UNTIL_A_SUCCESS,
+        );
+        assert_ne!(last.rows[0].status, Some(Status::Succeeded));
     }
 
     #[test]
