@@ -171,7 +171,7 @@ async fn overview(state: Shared<'_>, console: &Console, ask: &Ask, session: &Ses
     let text = state.metrics.render();
     let inbox = console
         .store
-        .inbox_counts()
+        .inbox_counts_capped()
         .await
         .map_err(|e| unavailable(ask, session, &e))?
         .into();
@@ -407,7 +407,7 @@ async fn events(console: &Console, ask: &Ask, session: &Session) -> Answer {
     let provider = q.get("provider").cloned();
     let store = &console.store;
     let counts = store
-        .inbox_counts()
+        .inbox_counts_capped()
         .await
         .map_err(|e| unavailable(ask, session, &e))?
         .into();
