@@ -18,6 +18,9 @@ use crate::store::{NodeState, Store};
 
 /// Bound on one readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long `/readyz` answers from its last probe ([`Health::probe_recent`]):
+/// however often it is asked, the backends are probed once a second at most.
+pub const READYZ_CACHE: Duration = Duration::from_secs(1);
 /// What `/readyz` says of a check it could not make.
 const UNKNOWN: &str = "unknown: PostgreSQL does not answer";
 /// How often the upkeep samples gauges and probes the backends.
@@ -33,6 +36,7 @@ const PRUNE_EVERY_TICKS: u64 = 12;
 const AUDIT_EVERY_TICKS: u64 = 12;
 
 /// The result of probing the backends: each `Err` holds the cause for `/readyz`.
+#[derive(Clone)]
 pub struct Probe {
     /// A pooled connection answers and its node takes writes.
     pub postgres: Result<(), String>,
@@ -108,6 +112,9 @@ pub struct Health {
     warned_async: AtomicBool,
     /// [`Health::nudge`]: probe before the next tick.
     nudged: tokio::sync::Notify,
+    /// `/readyz`'s last probe and when it ended ([`READYZ_CACHE`]); the lock
+    /// is held while a probe runs, so probes arriving meanwhile share it.
+    ready: tokio::sync::Mutex<Option<(std::time::Instant, Probe)>>,
 }
 
 impl Health {
@@ -131,6 +138,7 @@ impl Health {
             sync_replication: AtomicBool::new(false),
             warned_async: AtomicBool::new(false),
             nudged: tokio::sync::Notify::new(),
+            ready: tokio::sync::Mutex::new(None),
         };
         health.set_backend_up(false, false);
         health
@@ -215,6 +223,22 @@ impl Health {
             sync_replication,
             sync_required: self.require_sync,
         }
+    }
+
+    /// `/readyz`'s probe: the last one when it ended less than
+    /// [`READYZ_CACHE`] ago, a new one otherwise (one at a time). A probe per
+    /// request would take a connection of the delivery pool each time: a
+    /// busy prober, or many, would compete with deliveries for it.
+    pub async fn probe_recent(&self) -> Probe {
+        let mut ready = self.ready.lock().await;
+        if let Some((at, probe)) = ready.as_ref() {
+            if at.elapsed() < READYZ_CACHE {
+                return probe.clone();
+            }
+        }
+        let probe = self.probe().await;
+        *ready = Some((std::time::Instant::now(), probe.clone()));
+        probe
     }
 
     /// Keeps the last answer (unknown while PostgreSQL does not answer: the

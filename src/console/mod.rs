@@ -55,6 +55,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use metrics::Counter;
+use tokio::sync::Semaphore;
 
 use self::auth::{Role, Session, Throttle, Tokens, COOKIE, SESSION_LIFETIME};
 use self::recent::Recent;
@@ -84,8 +85,18 @@ pub const SECURITY_HEADERS: [(&str, &str); 5] = [
 /// Largest form body read (a sign-in, a replay filter).
 const MAX_FORM_BYTES: usize = 16 * 1024;
 
-/// Longest a form body may take to arrive.
-const FORM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a form body may take to arrive (a form is a few hundred bytes:
+/// a browser sends it with the head).
+const FORM_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Sign-in bodies read at once: the one body read before anyone is known.
+/// Beyond it a sign-in is answered 503 at once, unread.
+pub const SIGNIN_READS: usize = 8;
+
+/// Form bodies of signed-in users read at once; beyond it 503 at once.
+/// With [`SIGNIN_READS`], the console can keep at most 24 of the admin
+/// listener's connections busy, so probes and scrapes always find a slot.
+pub const FORM_READS: usize = 16;
 
 /// [`CONSOLE_SIGNINS_TOTAL`]`{result}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -140,6 +151,10 @@ pub struct Console {
     inbox_mode: bool,
     signins: Family<SignIn, Counter>,
     replays: Family<ReplayScope, Counter>,
+    /// [`SIGNIN_READS`].
+    signin_reads: Semaphore,
+    /// [`FORM_READS`].
+    form_reads: Semaphore,
 }
 
 impl Console {
@@ -167,6 +182,8 @@ impl Console {
             inbox_mode,
             signins,
             replays,
+            signin_reads: Semaphore::new(SIGNIN_READS),
+            form_reads: Semaphore::new(FORM_READS),
         })
     }
 
@@ -217,10 +234,8 @@ pub async fn handle(state: Shared<'_>, req: Request<Incoming>) -> Response<Body>
     let Some(console) = state.console else {
         return off(&req);
     };
-    let mut resp = match Ask::read(req, console.secure_cookie).await {
-        Ok(ask) => pages::route(state, console, ask).await,
-        Err(resp) => resp,
-    };
+    let (ask, body) = Ask::head(req, console.secure_cookie);
+    let mut resp = pages::route(state, console, ask, body).await;
     let headers = resp.headers_mut();
     for (name, value) in SECURITY_HEADERS {
         headers.insert(
@@ -287,7 +302,9 @@ fn fields(text: &str) -> HashMap<String, String> {
 }
 
 impl Ask {
-    async fn read(req: Request<Incoming>, secure: bool) -> Result<Ask, Response<Body>> {
+    /// The request's head; its body is read later ([`Ask::read_form`]), and
+    /// only once who asks is known (or for a sign-in).
+    fn head(req: Request<Incoming>, secure: bool) -> (Ask, Incoming) {
         let (parts, body) = req.into_parts();
         let header = |name: hyper::header::HeaderName| {
             parts
@@ -309,26 +326,10 @@ impl Ask {
             .filter_map(|c| c.trim().split_once('='))
             .find(|(name, _)| *name == COOKIE)
             .map(|(_, value)| value.to_owned());
-        let mut form = HashMap::new();
-        if parts.method == Method::POST {
-            let read =
-                tokio::time::timeout(FORM_TIMEOUT, Limited::new(body, MAX_FORM_BYTES).collect())
-                    .await;
-            let bytes = match read {
-                Ok(Ok(c)) => c.to_bytes(),
-                _ => {
-                    return Err(plain(
-                        StatusCode::BAD_REQUEST,
-                        "the form could not be read (too large, or too slow)",
-                    ))
-                }
-            };
-            form = fields(&String::from_utf8_lossy(&bytes));
-        }
-        Ok(Ask {
+        let ask = Ask {
             path: parts.uri.path().to_owned(),
             query: fields(parts.uri.query().unwrap_or("")),
-            form,
+            form: HashMap::new(),
             json,
             peer: parts.extensions.get::<PeerAddr>().map(|p| p.0),
             bearer,
@@ -337,7 +338,39 @@ impl Ask {
             host: header(hyper::header::HOST),
             secure,
             method: parts.method,
-        })
+        };
+        (ask, body)
+    }
+
+    /// Reads the form of a POST into [`Ask::form`], holding one of `reads`
+    /// while it arrives (none free: 503 at once, the body unread), for
+    /// [`FORM_TIMEOUT`] at most.
+    async fn read_form(&mut self, body: Incoming, reads: &Semaphore) -> Result<(), Response<Body>> {
+        if self.method != Method::POST {
+            return Ok(());
+        }
+        let Ok(_reading) = reads.try_acquire() else {
+            let mut resp = plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many console forms arriving at once; try again",
+            );
+            resp.headers_mut()
+                .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(resp);
+        };
+        let read =
+            tokio::time::timeout(FORM_TIMEOUT, Limited::new(body, MAX_FORM_BYTES).collect()).await;
+        let bytes = match read {
+            Ok(Ok(c)) => c.to_bytes(),
+            _ => {
+                return Err(plain(
+                    StatusCode::BAD_REQUEST,
+                    "the form could not be read (too large, or too slow)",
+                ))
+            }
+        };
+        self.form = fields(&String::from_utf8_lossy(&bytes));
+        Ok(())
     }
 
     /// Whether the request's `Origin`, when it has one, is the console's

@@ -12,22 +12,44 @@ use crate::store::audit::{AuditRun, LastAudit};
 use crate::store::console::{DeadGroup, Page, PaymentLine, QuarantineSummary};
 use crate::store::inbox::{Counts, EventRow, Inspection};
 
-/// Inbox events by status (every instance's: from the database).
+/// Inbox events by status (every instance's: from the database), each
+/// counted up to [`InboxCounts::cap`]: a count equal to it means at least
+/// that many ("10,000+").
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct InboxCounts {
     pub queued: i64,
     pub processing: i64,
     pub dead: i64,
+    /// [`crate::store::console::COUNT_CAP`].
+    pub cap: i64,
 }
 
 impl From<Counts> for InboxCounts {
+    /// Counts made by [`crate::store::Store::inbox_counts_capped`].
     fn from(c: Counts) -> InboxCounts {
         InboxCounts {
             queued: c.queued,
             processing: c.processing,
             dead: c.dead,
+            cap: crate::store::console::COUNT_CAP,
         }
     }
+}
+
+/// A count as shown: "1,234", or "10,000+" once it reached its cap.
+pub fn counted(n: i64, cap: i64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n >= cap {
+        out.push('+');
+    }
+    out
 }
 
 /// What the overview shows.
@@ -207,8 +229,19 @@ pub struct ReplayFilter {
 pub struct ReplayView {
     pub dry_run: bool,
     pub filter: ReplayFilter,
-    /// Dead events matching now (dry run) or re-queued.
+    /// Dead events matching now, counted up to [`super::replay::REPLAY_MAX`]
+    /// (dry run; the confirmation replays at most these), or re-queued.
     pub matching: i64,
+    /// More than `matching` match (dry run): the confirmation replays the
+    /// oldest `matching`, and a second replay the rest.
+    pub more: bool,
+    /// The database's time of the dry run's count: the confirmation
+    /// replays only events dead by then (RFC 3339).
+    pub as_of: Option<String>,
+    /// Statements the replay took ([`crate::store::inbox::REPLAY_BATCH`]
+    /// events each).
+    pub batches: u32,
+    /// The first re-queued events (at most [`super::replay::EVENTS_SHOWN`]).
     pub events: Vec<EventRow>,
 }
 
@@ -225,6 +258,15 @@ pub fn row_status<'a>(kind: &str, status: &'a str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_read_with_thousands_separators_and_a_plus_at_their_cap() {
+        assert_eq!(counted(0, 10_000), "0");
+        assert_eq!(counted(999, 10_000), "999");
+        assert_eq!(counted(1_234, 10_000), "1,234");
+        assert_eq!(counted(10_000, 10_000), "10,000+");
+        assert_eq!(counted(123_456, 1_000_000), "123,456");
+    }
 
     #[test]
     fn only_a_dispute_reads_reinstated_where_its_row_says_failed() {

@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Response, StatusCode};
 use time::OffsetDateTime;
@@ -32,19 +33,30 @@ const PAGE: i64 = 50;
 const BODIES_SHOWN: usize = 50;
 const BODY_BYTES: i32 = 64 * 1024;
 
-/// Where a request goes.
-pub async fn route(state: Shared<'_>, console: &Console, ask: Ask) -> Response<Body> {
+/// Where a request goes. Who asks is known before any body is read: a POST's form is read only
+/// for a signed-in user (or a sign-in, under its own bound), so a client
+/// nobody signed in cannot hold a connection with a slow body.
+pub async fn route(
+    state: Shared<'_>,
+    console: &Console,
+    mut ask: Ask,
+    body: Incoming,
+) -> Response<Body> {
     let path = ask.path.trim_end_matches('/').to_owned();
     let segments: Vec<&str> = path.split('/').skip(2).collect();
-    match (&ask.method, segments.as_slice()) {
+    let method = ask.method.clone();
+    match (&method, segments.as_slice()) {
         (&Method::GET, ["style.css"]) => stylesheet(),
         (&Method::GET, ["login"]) => html(StatusCode::OK, views::login(None)),
-        (&Method::POST, ["login"]) => sign_in(console, &ask),
+        (&Method::POST, ["login"]) => sign_in(console, ask, body).await,
         (method, rest) => {
             let session = match authenticate(console, &ask) {
                 Ok(s) => s,
                 Err(resp) => return resp,
             };
+            if let Err(resp) = ask.read_form(body, &console.form_reads).await {
+                return resp;
+            }
             let out = match (method, rest) {
                 (&Method::GET, []) => overview(state, console, &ask, &session).await,
                 (&Method::GET, ["payments"]) => search(console, &ask, &session).await,
@@ -81,14 +93,20 @@ fn stylesheet() -> Response<Body> {
     resp
 }
 
-fn sign_in(console: &Console, ask: &Ask) -> Response<Body> {
+/// A sign-in: the throttle and the Origin are checked on the head, then the
+/// form is read under [`super::SIGNIN_READS`].
+async fn sign_in(console: &Console, mut ask: Ask, body: Incoming) -> Response<Body> {
     if let Some(wait) = ask.peer.and_then(|p| console.throttle.blocked(p.ip())) {
         console.count_signin(SignIn::Throttled);
-        return throttled(ask, wait);
+        return throttled(&ask, wait);
     }
     if !ask.same_origin() {
-        return forbidden(ask, "the request comes from another origin");
+        return forbidden(&ask, "the request comes from another origin");
     }
+    if let Err(resp) = ask.read_form(body, &console.signin_reads).await {
+        return resp;
+    }
+    let ask = &ask;
     let presented = ask.form.get("token").map(String::as_str).unwrap_or("");
     let Some(role) = console.tokens.role_of(presented.as_bytes()) else {
         console.count_signin(SignIn::WrongToken);
@@ -153,7 +171,7 @@ async fn overview(state: Shared<'_>, console: &Console, ask: &Ask, session: &Ses
     let text = state.metrics.render();
     let inbox = console
         .store
-        .inbox_counts()
+        .inbox_counts_capped()
         .await
         .map_err(|e| unavailable(ask, session, &e))?
         .into();
@@ -389,7 +407,7 @@ async fn events(console: &Console, ask: &Ask, session: &Session) -> Answer {
     let provider = q.get("provider").cloned();
     let store = &console.store;
     let counts = store
-        .inbox_counts()
+        .inbox_counts_capped()
         .await
         .map_err(|e| unavailable(ask, session, &e))?
         .into();

@@ -10,8 +10,8 @@ use time::OffsetDateTime;
 
 use super::auth::{Role, Session};
 use super::model::{
-    encode_segment, row_status, AuditView, EventsView, Moment, Overview, PaymentView, RefusalsView,
-    ReplayView, SearchView,
+    counted, encode_segment, row_status, AuditView, EventsView, Moment, Overview, PaymentView,
+    RefusalsView, ReplayView, SearchView,
 };
 use crate::domain::amount::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
@@ -178,9 +178,9 @@ pub fn overview(session: &Session, v: &Overview) -> Markup {
         html! {
             h1 { "Overview" span.muted { " · " (v.mode) " mode" } }
             div.cards {
-                (card("Inbox queued", v.inbox.queued))
-                (card("Inbox processing", v.inbox.processing))
-                (card("Inbox dead", v.inbox.dead))
+                (card("Inbox queued", counted(v.inbox.queued, v.inbox.cap)))
+                (card("Inbox processing", counted(v.inbox.processing, v.inbox.cap)))
+                (card("Inbox dead", counted(v.inbox.dead, v.inbox.cap)))
                 (card("Mean inbox lag (s)", v.inbox_lag_mean_seconds.map(|s| format!("{s:.3}")).unwrap_or_else(|| "–".to_owned())))
                 (card("Leases held now", v.leases_held))
                 (card("Leases lost", v.leases_lost))
@@ -191,7 +191,7 @@ pub fn overview(session: &Session, v: &Overview) -> Markup {
                 (card("Over-returned payments", v.over_returned))
             }
             @if v.inbox.dead > 0 {
-                p.warn { (v.inbox.dead) " dead event(s) wait for a replay: " a href="/console/events?status=dead" { "see them grouped by error" } }
+                p.warn { (counted(v.inbox.dead, v.inbox.cap)) " dead event(s) wait for a replay: " a href="/console/events?status=dead" { "see them grouped by error" } }
             }
             @if v.audit.last_run.as_ref().is_some_and(|r| !r.clean) {
                 p.error { "The last audit found violations: " a href="#audit" { "see which checks" } }
@@ -441,9 +441,9 @@ pub fn events(session: &Session, v: &EventsView) -> Markup {
             h1 { "Inbox events" @if let Some(s) = &v.status { " · " (s) } }
             @if let Some(n) = v.replayed { p.notice { "Replay done: " (n) " dead event(s) re-queued." } }
             div.cards {
-                (card("Queued", v.counts.queued))
-                (card("Processing", v.counts.processing))
-                (card("Dead", v.counts.dead))
+                (card("Queued", counted(v.counts.queued, v.counts.cap)))
+                (card("Processing", counted(v.counts.processing, v.counts.cap)))
+                (card("Dead", counted(v.counts.dead, v.counts.cap)))
             }
             form.filters method="get" action="/console/events" {
                 label { "Status"
@@ -503,7 +503,10 @@ pub fn replay_confirm(session: &Session, v: &ReplayView) -> Markup {
                 dt { "Provider" } dd { (f.provider.clone().unwrap_or_else(|| "any".to_owned())) }
                 dt { "Last error" } dd { (f.last_error.clone().unwrap_or_else(|| "any".to_owned())) }
                 dt { "Received since" } dd { (f.since.clone().unwrap_or_else(|| "any time".to_owned())) }
-                dt { "Dead events matching now" } dd.amount { (v.matching) }
+                dt { "Dead events matching now" } dd.amount { (v.matching) @if v.more { "+" } }
+            }
+            @if v.more {
+                p.warn { "More than " (v.matching) " match: this replays the oldest " (v.matching) "; ask again for the rest." }
             }
             @if v.matching > 0 {
                 @if let Some(csrf) = &session.csrf {
@@ -512,11 +515,13 @@ pub fn replay_confirm(session: &Session, v: &ReplayView) -> Markup {
                         @if let Some(p) = &f.provider { input type="hidden" name="provider" value=(p); }
                         @if let Some(e) = &f.last_error { input type="hidden" name="last_error" value=(e); }
                         @if let Some(s) = &f.since { input type="hidden" name="since" value=(s); }
+                        input type="hidden" name="count" value=(v.matching);
+                        @if let Some(t) = &v.as_of { input type="hidden" name="as_of" value=(t); }
                         input type="hidden" name="dry_run" value="false";
                         p { button.replay type="submit" { "Replay " (v.matching) " event(s)" } }
                     }
                 }
-                p.muted { "Each is re-queued once: one already re-queued or booked is not touched again." }
+                p.muted { "Each is re-queued once: one already re-queued or booked is not touched again. Events that die after this count are not replayed by it." }
             } @else {
                 p { "Nothing to replay." }
             }

@@ -38,9 +38,10 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
 /// 200 only when every check passes, the public listener is bound and the
 /// process is not draining; the body names each check and its state.
 /// Synchronous replication is always reported, and decides only with
-/// `FENCEHOOK_REQUIRE_SYNC_REPLICATION=true`.
+/// `FENCEHOOK_REQUIRE_SYNC_REPLICATION=true`. The backends' checks are
+/// at most [`crate::health::READYZ_CACHE`] old; listening and draining are now.
 async fn readyz(state: &State) -> Response<Body> {
-    let probe = state.health.probe().await;
+    let probe = state.health.probe_recent().await;
     let listening = state.is_listening();
     let draining = state.is_draining();
     let show = |r: &Result<(), String>| match r {

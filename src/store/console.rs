@@ -37,6 +37,10 @@ pub const PREFIX_CAP: i64 = 1000;
 /// looks through at most, newest first.
 pub const EVENT_SCAN_CAP: i64 = 10_000;
 
+/// Each count the console shows stops here: a count that reaches it reads
+/// "10,000+" (counting further would read every such row on each load).
+pub const COUNT_CAP: i64 = 10_000;
+
 /// The payment statuses, in the order the console lists them.
 pub const PAYMENT_STATUSES: [&str; 5] = ["queued", "processing", "succeeded", "failed", "dead"];
 
@@ -225,6 +229,25 @@ fn event_order(status: Option<&str>) -> (&'static str, bool) {
 }
 
 impl Store {
+    /// The inbox's events by status, each counted up to [`COUNT_CAP`]: one
+    /// range of that status's partial index, stopping there.
+    pub async fn inbox_counts_capped(&self) -> Result<super::inbox::Counts, StoreError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT (SELECT count(*) FROM (SELECT 1 FROM events WHERE status = 'queued' LIMIT $1) q),
+                        (SELECT count(*) FROM (SELECT 1 FROM events WHERE status = 'processing' LIMIT $1) p),
+                        (SELECT count(*) FROM (SELECT 1 FROM events WHERE status = 'dead' LIMIT $1) d)",
+            )
+            .await?;
+        let row = client.query_one(&stmt, &[&COUNT_CAP]).await?;
+        Ok(super::inbox::Counts {
+            queued: row.get(0),
+            processing: row.get(1),
+            dead: row.get(2),
+        })
+    }
+
     /// A page of the payment search (see the module's rules).
     pub async fn search_payments(
         &self,

@@ -952,19 +952,44 @@ impl Store {
         Ok(rows.iter().map(event_row).collect())
     }
 
+    /// Puts every matching dead event back in the queue (`fencehook
+    /// replay`), [`REPLAY_BATCH`] per statement: [`Store::replay_in_batches`].
+    /// Returns what was re-queued.
+    pub async fn replay(&self, which: &Replay) -> Result<Vec<EventRow>, StoreError> {
+        Ok(self
+            .replay_in_batches(which, None, usize::MAX)
+            .await?
+            .events)
+    }
+
     /// Puts dead events back in the queue (attempts from zero, their age
     /// from now: the replay is an entry of their history, `{at, replay}`);
-    /// their rows too. Returns what was re-queued.
-    pub async fn replay(&self, which: &Replay) -> Result<Vec<EventRow>, StoreError> {
+    /// their rows too. Oldest first, [`REPLAY_BATCH`] per statement (each
+    /// its own transaction: a large replay holds no lock for long and never
+    /// reads every match at once), `at_most` of them when given. Returns
+    /// how many were re-queued, in how many statements, and the first `keep`
+    /// of them.
+    pub async fn replay_in_batches(
+        &self,
+        which: &Replay,
+        at_most: Option<i64>,
+        keep: usize,
+    ) -> Result<Replayed, StoreError> {
         let client = self.writer().await?;
         let sql = format!(
-            "WITH again AS (
+            "WITH pick AS (
+                SELECT id FROM events
+                 WHERE {REPLAY_MATCH}
+                   AND ($7::timestamptz IS NULL OR (received_at, id) > ($7, $8::int8))
+                 ORDER BY received_at, id LIMIT $9
+                 FOR UPDATE SKIP LOCKED),
+             again AS (
                 UPDATE events SET status = 'queued', attempts = 0, next_attempt_at = now(),
                        locked_until = NULL, finished_at = NULL,
                        errors = errors || jsonb_build_array(jsonb_build_object(
                            'at', now(), 'replay', 1 + (SELECT count(*) FROM jsonb_array_elements(errors) e
                                                         WHERE e ? 'replay')))
-                 WHERE {REPLAY_MATCH}
+                 WHERE id IN (SELECT id FROM pick) AND status = 'dead'
                 RETURNING *),
              rows AS (
                 UPDATE payments p SET status = 'queued', updated_at = now()
@@ -976,27 +1001,57 @@ impl Store {
               WHERE (SELECT count(*) FROM rows) >= 0 AND (SELECT count(*) FROM wake) >= 0
               ORDER BY received_at, id"
         );
-        let rows = client
-            .watch()
-            .statement(client.query(
-                &sql,
-                &[
-                    &which.provider,
-                    &which.transaction_id,
-                    &which.since,
-                    &which.event_id,
-                    &which.last_error,
-                ],
-            ))
-            .await?;
-        Ok(rows.iter().map(event_row).collect())
+        let mut done = Replayed::default();
+        let mut after: (Option<OffsetDateTime>, i64) = (None, 0);
+        loop {
+            let room = at_most.map_or(REPLAY_BATCH, |n| (n - done.count).min(REPLAY_BATCH));
+            if room <= 0 {
+                break;
+            }
+            let rows = client
+                .watch()
+                .statement(client.query(
+                    &sql,
+                    &[
+                        &which.provider,
+                        &which.transaction_id,
+                        &which.since,
+                        &which.event_id,
+                        &which.last_error,
+                        &which.died_by,
+                        &after.0,
+                        &after.1,
+                        &room,
+                    ],
+                ))
+                .await?;
+            done.batches += 1;
+            done.count += rows.len() as i64;
+            let Some(last) = rows.last() else { break };
+            after = (Some(last.get("received_at")), last.get("id"));
+            let room_left = keep.saturating_sub(done.events.len());
+            done.events
+                .extend(rows.iter().take(room_left).map(event_row));
+            if (rows.len() as i64) < room {
+                break;
+            }
+        }
+        Ok(done)
     }
 
-    /// How many dead events [`Store::replay`] would re-queue now, re-queuing
-    /// nothing (the console's dry run): the same conditions.
-    pub async fn replay_count(&self, which: &Replay) -> Result<i64, StoreError> {
+    /// How many dead events [`Store::replay`] would re-queue now (counted up
+    /// to `cap`, plus one to tell there are more), re-queuing nothing (the
+    /// console's dry run): the same conditions. Also the database's time of
+    /// the count, the bound of a confirmation ([`Replay::died_by`]).
+    pub async fn replay_count(
+        &self,
+        which: &Replay,
+        cap: i64,
+    ) -> Result<(i64, OffsetDateTime), StoreError> {
         let client = self.pool.get().await?;
-        let sql = format!("SELECT count(*) FROM events WHERE {REPLAY_MATCH}");
+        let sql = format!(
+            "SELECT count(*), now() FROM (SELECT 1 FROM events WHERE {REPLAY_MATCH} LIMIT $7) m"
+        );
         let row = client
             .query_one(
                 &sql,
@@ -1006,10 +1061,12 @@ impl Store {
                     &which.since,
                     &which.event_id,
                     &which.last_error,
+                    &which.died_by,
+                    &(cap.saturating_add(1)),
                 ],
             )
             .await?;
-        Ok(row.get(0))
+        Ok((row.get(0), row.get(1)))
     }
 
     /// Deletes finished events received before `before` (and quarantined
@@ -1083,9 +1140,26 @@ pub struct Replay {
     /// The dead events that failed with this error (a group of the
     /// console's dead events).
     pub last_error: Option<String>,
+    /// The dead events that died by then (a confirmation replays what its
+    /// dry run counted, not what died since).
+    pub died_by: Option<OffsetDateTime>,
 }
 
-/// The dead events a [`Replay`] matches (parameters $1 to $5, in its
+/// Dead events re-queued per statement by [`Store::replay_in_batches`].
+pub const REPLAY_BATCH: i64 = 500;
+
+/// What [`Store::replay_in_batches`] did.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// Events re-queued.
+    pub count: i64,
+    /// Statements it took (the last one may re-queue none).
+    pub batches: u32,
+    /// The first of them, oldest first, as many as asked to keep.
+    pub events: Vec<EventRow>,
+}
+
+/// The dead events a [`Replay`] matches (parameters $1 to $6, in its
 /// fields' order). Only `dead` ones: replaying what is queued or done
 /// changes nothing, so a replay asked twice re-queues once.
 const REPLAY_MATCH: &str = "status = 'dead'
@@ -1093,7 +1167,8 @@ const REPLAY_MATCH: &str = "status = 'dead'
                    AND ($2::text IS NULL OR transaction_id = $2)
                    AND ($3::timestamptz IS NULL OR received_at >= $3)
                    AND ($4::int8 IS NULL OR id = $4)
-                   AND ($5::text IS NULL OR last_error = $5)";
+                   AND ($5::text IS NULL OR last_error = $5)
+                   AND ($6::timestamptz IS NULL OR finished_at <= $6)";
 
 /// One row of [`TAKE`] as a [`Taken`]; an error when this binary cannot read it.
 fn taken_row(row: &tokio_postgres::Row) -> Result<Taken, StoreError> {

@@ -8,6 +8,7 @@ mod chaos;
 mod cluster;
 mod console;
 mod console_browser;
+mod console_edges;
 mod container;
 mod deploy;
 mod docs;
