@@ -6,6 +6,7 @@ pub mod browser;
 pub mod cluster;
 pub mod console;
 pub mod downstream;
+pub mod log;
 pub mod metrics;
 pub mod otlp;
 pub mod patroni;
@@ -102,6 +103,7 @@ impl TestContext {
     }
 
     fn unmigrated() -> TestContext {
+        log::init();
         let id = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("fh_test_{}", &id[..16]);
         let admin = database_admin_url();
@@ -198,6 +200,7 @@ impl TestContext {
     }
 
     pub async fn spawn_with_hooks(&self, cfg: Config, hooks: Hooks) -> TestApp {
+        log::init();
         let app = App::build_with_hooks(cfg, hooks).await.expect("app builds");
         let base = format!("http://127.0.0.1:{}", app.port());
         let admin = format!("http://127.0.0.1:{}", app.admin_port());
