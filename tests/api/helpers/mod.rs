@@ -8,6 +8,7 @@ pub mod console;
 pub mod downstream;
 pub mod log;
 pub mod metrics;
+pub mod money;
 pub mod otlp;
 pub mod patroni;
 pub mod postgres;
