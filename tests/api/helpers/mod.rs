@@ -6,6 +6,7 @@ pub mod browser;
 pub mod cluster;
 pub mod console;
 pub mod downstream;
+pub mod inbox;
 pub mod log;
 pub mod metrics;
 pub mod money;
