@@ -64,24 +64,14 @@ async fn a_night_on_call(ctx: &TestContext, files: &TokenFiles) -> (TestApp, Moc
 
 async fn sign_in(chrome: &Chrome, admin: &str, token: &str) {
     let c = &chrome.client;
-    c.goto(&format!("{admin}/console")).await.unwrap();
+    chrome.goto(&format!("{admin}/console")).await;
     assert_eq!(
         chrome.path().await,
         "/console/login",
         "no session: the sign-in page"
     );
-    c.find(Locator::Css("input#token"))
-        .await
-        .unwrap()
-        .send_keys(token)
-        .await
-        .unwrap();
-    c.find(Locator::Css("button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    chrome.fill("input#token", token).await;
+    chrome.click(Locator::Css("button[type=submit]")).await;
     if c.wait()
         .for_element(Locator::Css("header nav"))
         .await
@@ -112,28 +102,10 @@ async fn an_operator_finds_a_payment_with_refunds_and_replays_a_dead_event_which
     chrome.screenshot("overview").await;
 
     // Search by a prefix of the id, then open the payment.
-    c.find(Locator::LinkText("Payments"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.find(Locator::Css("input[name=transaction_id]"))
-        .await
-        .unwrap()
-        .send_keys("pay_104")
-        .await
-        .unwrap();
-    c.find(Locator::Css("form.filters button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::LinkText("pay_1042"))
-        .await
-        .unwrap();
+    chrome.click(Locator::LinkText("Payments")).await;
+    chrome.fill("input[name=transaction_id]", "pay_104").await;
+    chrome.click(Locator::Css("form.filters button")).await;
+    chrome.wait_for(Locator::LinkText("pay_1042")).await;
     let results = chrome.text().await;
     assert!(
         results.contains("pay_1041") && results.contains("pay_1043"),
@@ -144,16 +116,8 @@ async fn an_operator_finds_a_payment_with_refunds_and_replays_a_dead_event_which
         "refund ids do not start with the prefix"
     );
     chrome.screenshot("search").await;
-    c.find(Locator::LinkText("pay_1042"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::Css("ol.timeline"))
-        .await
-        .unwrap();
+    chrome.click(Locator::LinkText("pay_1042")).await;
+    chrome.wait_for(Locator::Css("ol.timeline")).await;
     let page = chrome.text().await;
     for shown in [
         "100.00 EUR",
@@ -174,29 +138,13 @@ async fn an_operator_finds_a_payment_with_refunds_and_replays_a_dead_event_which
     chrome.screenshot("payment").await;
     c.set_window_size(1280, 1000).await.unwrap();
     // A refund links back to its payment.
-    c.find(Locator::LinkText("re_1042_a"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::LinkText("pay_1042"))
-        .await
-        .unwrap();
+    chrome.click(Locator::LinkText("re_1042_a")).await;
+    chrome.wait_for(Locator::LinkText("pay_1042")).await;
 
     // The dead events, grouped by their error; a second window keeps the
     // page (and its Replay button) as it is now.
-    c.find(Locator::LinkText("Dead events"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::Css("button.replay"))
-        .await
-        .unwrap();
+    chrome.click(Locator::LinkText("Dead events")).await;
+    chrome.wait_for(Locator::Css("button.replay")).await;
     let dead = chrome.text().await;
     assert!(
         dead.contains("pay_1043") && dead.contains("DEAD EVENTS BY LAST ERROR"),
@@ -206,26 +154,15 @@ async fn an_operator_finds_a_payment_with_refunds_and_replays_a_dead_event_which
     let first = c.window().await.unwrap();
     let stale = c.new_window(false).await.unwrap().handle;
     c.switch_to_window(stale.clone()).await.unwrap();
-    c.goto(&format!("{}/console/events?status=dead", app.admin))
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::Css("table button.replay"))
-        .await
-        .unwrap();
+    chrome
+        .goto(&format!("{}/console/events?status=dead", app.admin))
+        .await;
+    chrome.wait_for(Locator::Css("table button.replay")).await;
     c.switch_to_window(first).await.unwrap();
 
     downstream.set_status(200);
-    c.find(Locator::Css("table button.replay"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::Css("p.notice"))
-        .await
-        .unwrap();
+    chrome.click(Locator::Css("table button.replay")).await;
+    chrome.wait_for(Locator::Css("p.notice")).await;
     assert_eq!(
         chrome.path().await,
         "/console/events?status=dead&replayed=1",
@@ -236,13 +173,12 @@ async fn an_operator_finds_a_payment_with_refunds_and_replays_a_dead_event_which
         matches!(ctx.payment("pay_1043").await, Some((s, _)) if s == "succeeded")
     })
     .await;
-    c.goto(&format!("{}/console/payments/generic/pay_1043", app.admin))
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::Css("span.badge.s-succeeded"))
-        .await
-        .unwrap();
+    chrome
+        .goto(&format!("{}/console/payments/generic/pay_1043", app.admin))
+        .await;
+    chrome
+        .wait_for(Locator::Css("span.badge.s-succeeded"))
+        .await;
     let booked = chrome.text().await;
     assert!(
         booked.contains("credit") && booked.contains("42.00 EUR"),
@@ -252,16 +188,8 @@ async fn an_operator_finds_a_payment_with_refunds_and_replays_a_dead_event_which
 
     // The stale page's button, clicked after the booking: nothing again.
     c.switch_to_window(stale).await.unwrap();
-    c.find(Locator::Css("table button.replay"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .for_element(Locator::Css("p.notice"))
-        .await
-        .unwrap();
+    chrome.click(Locator::Css("table button.replay")).await;
+    chrome.wait_for(Locator::Css("p.notice")).await;
     assert!(chrome.text().await.contains("0 dead event(s) re-queued"));
     let entries = ctx
         .count("SELECT count(*) FROM ledger_entries l JOIN payments p ON p.id = l.payment_id WHERE p.transaction_id = 'pay_1043'")
@@ -316,9 +244,9 @@ async fn a_viewer_sees_no_replay_button_and_a_forged_cross_origin_post_is_refuse
     let chrome = Chrome::start().await;
     let c = &chrome.client;
     sign_in(&chrome, &app.admin, &files.viewer).await;
-    c.goto(&format!("{}/console/events?status=dead", app.admin))
-        .await
-        .unwrap();
+    chrome
+        .goto(&format!("{}/console/events?status=dead", app.admin))
+        .await;
     let dead = chrome.text().await;
     assert!(
         dead.contains("pay_1043"),
@@ -336,9 +264,9 @@ async fn a_viewer_sees_no_replay_button_and_a_forged_cross_origin_post_is_refuse
         .await
         .unwrap()
         .is_empty());
-    c.goto(&format!("{}/console/payments/generic/pay_1043", app.admin))
-        .await
-        .unwrap();
+    chrome
+        .goto(&format!("{}/console/payments/generic/pay_1043", app.admin))
+        .await;
     assert!(
         !chrome.text().await.contains("Stored bodies"),
         "and no raw body"
@@ -347,17 +275,11 @@ async fn a_viewer_sees_no_replay_button_and_a_forged_cross_origin_post_is_refuse
 
     // An operator, signed in, lured to another origin's page.
     let chrome = Chrome::start().await;
-    let c = &chrome.client;
     sign_in(&chrome, &app.admin, &files.operator).await;
     let evil = forger(format!("{}/console/events/{id}/replay", app.admin)).await;
-    c.goto(&evil).await.unwrap();
-    c.find(Locator::Id("win"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait().for_element(Locator::Css("p.error")).await.unwrap();
+    chrome.goto(&evil).await;
+    chrome.click(Locator::Id("win")).await;
+    chrome.wait_for(Locator::Css("p.error")).await;
     let refused = chrome.text().await;
     assert!(
         refused.contains("403") && refused.contains("another origin"),

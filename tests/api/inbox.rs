@@ -4,50 +4,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencehook::domain::{CanonicalEvent, EventKind};
 use fencehook::metrics::{INBOX_ATTEMPTS_TOTAL, INBOX_LAG_SECONDS, INBOX_ROWS};
 use fencehook::store::inbox::{Accepted, Replay, Settle, ToAccept};
 use fencehook::store::{DbErrorKind, Store, StoreError};
 use serde_json::json;
 
 use crate::helpers::downstream::MockDownstream;
+use crate::helpers::inbox::{booked, event_status, to_accept, wait_until_put_back, worker_env};
 use crate::helpers::process::{PrivateRedis, WorkProcess};
 use crate::helpers::{payment, wait_for, TestContext};
-
-async fn booked(ctx: &TestContext, tx: &str) -> bool {
-    matches!(ctx.payment(tx).await, Some((s, _)) if s == "succeeded")
-}
-
-async fn event_status(ctx: &TestContext, tx: &str) -> Vec<(String, i32)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT status, attempts FROM events WHERE transaction_id = $1 ORDER BY id",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
-}
 
 /// Waits until a worker has looked at `tx` and put it back to wait for its
 /// payment; then checks no attempt was spent on it.
 async fn wait_until_put_back_to_wait(ctx: &TestContext, tx: &str, reason: &str) {
-    wait_for(
-        "put back to wait for its payment",
-        Duration::from_secs(10),
-        || async {
-            ctx.count(&format!(
-                "SELECT count(*) FROM events WHERE transaction_id = '{tx}'
-                AND status = 'queued' AND last_error LIKE '{reason}'"
-            ))
-            .await
-                == 1
-        },
-    )
-    .await;
+    wait_until_put_back(ctx, tx, reason).await;
     assert_eq!(
         event_status(ctx, tx).await,
         [("queued".to_owned(), 0)],
@@ -307,20 +277,6 @@ async fn a_refund_accepted_before_its_payment_waits_without_spending_attempts() 
     ctx.assert_audit_clean().await;
 }
 
-fn worker_env(ctx: &TestContext, downstream: &MockDownstream) -> Vec<(&'static str, String)> {
-    vec![
-        ("DATABASE_URL", ctx.database_url.clone()),
-        ("REDIS_URL", ctx.redis_url.clone()),
-        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
-        ("FENCEHOOK_LEASE_TTL_MS", "1000".to_owned()),
-        ("FENCEHOOK_LEASE_MAX_MS", "3000".to_owned()),
-        ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
-        ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "1500".to_owned()),
-        ("FENCEHOOK_WORKERS", "2".to_owned()),
-        ("FENCEHOOK_RETRY_BASE_MS", "100".to_owned()),
-    ]
-}
-
 /// A worker SIGKILLed in the middle of its downstream call: its event is
 /// taken again once its lock runs out, booked by another worker under a
 /// newer token, once.
@@ -331,7 +287,7 @@ async fn an_event_whose_worker_was_killed_is_booked_by_another_once() {
     // Accept only, in process: the workers are the processes below.
     let app = ctx.spawn(ctx.inbox_config(0)).await;
     downstream.gate_token(1);
-    let env = worker_env(&ctx, &downstream);
+    let env = worker_env(&ctx, &downstream, &[]);
     let a = WorkProcess::start(&env).await;
     assert_eq!(
         app.deliver(&payment("tx_orphaned", 610)).await.result(),
@@ -369,7 +325,7 @@ async fn a_worker_stopped_with_work_in_flight_loses_nothing() {
         let r = app.deliver(&payment(&format!("tx_term_{i}"), 10 + i)).await;
         assert_eq!(r.result(), "accepted");
     }
-    let env = worker_env(&ctx, &downstream);
+    let env = worker_env(&ctx, &downstream, &[]);
     let mut a = WorkProcess::start(&env).await;
     wait_for("A at work", Duration::from_secs(10), || async {
         !downstream.calls().is_empty()
@@ -920,26 +876,6 @@ async fn accepting_and_booking_read_no_more_rows_as_the_events_table_grows() {
         30
     );
     ctx.assert_audit_clean().await;
-}
-
-fn to_accept(tx: &str, amount: i64) -> ToAccept {
-    let event = CanonicalEvent {
-        provider: "generic".to_owned(),
-        transaction_id: tx.to_owned(),
-        event_type: EventKind::PaymentSucceeded,
-        amount_minor: amount,
-        currency: "EUR".to_owned(),
-        parent_transaction_id: None,
-        occurred_at: None,
-    };
-    ToAccept {
-        fingerprint: event.fingerprint(),
-        psp_event_id: None,
-        body: format!("{{\"amount\":{amount}}}"),
-        trace_context: None,
-        cancel_if_payment_failed: false,
-        event,
-    }
 }
 
 /// Accepts that arrive together are stored by one statement; each must get

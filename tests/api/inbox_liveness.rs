@@ -7,31 +7,16 @@ use std::time::Duration;
 
 use fencehook::domain::{CanonicalEvent, EventKind};
 use fencehook::metrics::INBOX_ATTEMPTS_TOTAL;
-use fencehook::store::inbox::{Accepted, Replay, Settle, ToAccept};
+use fencehook::store::inbox::{Accepted, Replay, Settle};
 use fencehook::store::Store;
 use serde_json::json;
 
 use crate::helpers::downstream::MockDownstream;
+use crate::helpers::inbox::{
+    booked, event_status, generic, to_accept, wait_until_put_back, worker_env,
+};
 use crate::helpers::process::WorkProcess;
 use crate::helpers::{payment, wait_for, TestContext};
-
-async fn event_status(ctx: &TestContext, tx: &str) -> Vec<(String, i32)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT status, attempts FROM events WHERE transaction_id = $1 ORDER BY id",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
-}
-
-async fn booked(ctx: &TestContext, tx: &str) -> bool {
-    matches!(ctx.payment(tx).await, Some((s, _)) if s == "succeeded")
-}
 
 fn refund_of(payment_tx: &str, tx: &str, amount: i64) -> serde_json::Value {
     let mut refund = payment(tx, amount);
@@ -59,23 +44,6 @@ async fn push_its_next_look_an_hour_away(ctx: &TestContext, tx: &str) {
     .await;
 }
 
-/// Waits until a worker has looked at `tx` and put it back to wait.
-async fn wait_until_waiting(ctx: &TestContext, tx: &str) {
-    wait_for(
-        "put back to wait for its payment",
-        Duration::from_secs(10),
-        || async {
-            ctx.count(&format!(
-                "SELECT count(*) FROM events WHERE transaction_id = '{tx}'
-                AND status = 'queued' AND last_error LIKE 'waiting for payment %'"
-            ))
-            .await
-                == 1
-        },
-    )
-    .await;
-}
-
 /// A worker frozen (SIGSTOP) in the middle of its downstream call, with a
 /// maximum hold far longer than its TTL: another worker books its event
 /// within about one TTL, because the event's lock is only renewed while
@@ -88,19 +56,13 @@ async fn a_frozen_workers_event_is_booked_by_another_within_about_one_ttl_and_on
     // Accept only, in process: the workers are the processes below.
     let app = ctx.spawn(ctx.inbox_config(0)).await;
     downstream.gate_token(1);
-    let env = vec![
-        ("DATABASE_URL", ctx.database_url.clone()),
-        ("REDIS_URL", ctx.redis_url.clone()),
-        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
-        ("FENCEHOOK_LEASE_TTL_MS", "1000".to_owned()),
+    let env = worker_env(
+        &ctx,
+        &downstream,
         // Before the lock was renewed, a taken event was locked for the
         // maximum hold plus a TTL: 31 s here.
-        ("FENCEHOOK_LEASE_MAX_MS", "30000".to_owned()),
-        ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
-        ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "1500".to_owned()),
-        ("FENCEHOOK_WORKERS", "2".to_owned()),
-        ("FENCEHOOK_RETRY_BASE_MS", "100".to_owned()),
-    ];
+        &[("FENCEHOOK_LEASE_MAX_MS", "30000")],
+    );
     let a = WorkProcess::start(&env).await;
     assert_eq!(
         app.deliver(&payment("tx_frozen", 610)).await.result(),
@@ -162,17 +124,15 @@ async fn a_killed_workers_event_is_rescued_within_about_one_ttl_while_the_rescue
     // Both first attempts (each transaction's first token) wait at the gate.
     downstream.gate_token(1);
     let app = ctx.spawn(ctx.inbox_config(0)).await;
-    let env = vec![
-        ("DATABASE_URL", ctx.database_url.clone()),
-        ("REDIS_URL", ctx.redis_url.clone()),
-        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
-        ("FENCEHOOK_LEASE_TTL_MS", "1000".to_owned()),
-        ("FENCEHOOK_LEASE_MAX_MS", "60000".to_owned()),
-        ("FENCEHOOK_DOWNSTREAM_URL", downstream.url().to_string()),
-        ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "45000".to_owned()),
-        ("FENCEHOOK_WORKERS", "1".to_owned()),
-        ("FENCEHOOK_RETRY_BASE_MS", "100".to_owned()),
-    ];
+    let env = worker_env(
+        &ctx,
+        &downstream,
+        &[
+            ("FENCEHOOK_LEASE_MAX_MS", "60000"),
+            ("FENCEHOOK_DOWNSTREAM_TIMEOUT_MS", "45000"),
+            ("FENCEHOOK_WORKERS", "1"),
+        ],
+    );
     let rescuer = WorkProcess::start(&env).await;
     assert_eq!(
         app.deliver(&payment("tx_slow_call", 630)).await.result(),
@@ -396,20 +356,6 @@ async fn a_replayed_event_ages_from_its_replay_and_its_next_failure_is_retried()
     );
 }
 
-/// The canonical event of a generic payment-family delivery, as the edge
-/// maps it, for a hand-written winner of a race.
-fn generic(tx: &str, kind: EventKind, amount: i64) -> CanonicalEvent {
-    CanonicalEvent {
-        provider: "generic".to_owned(),
-        transaction_id: tx.to_owned(),
-        event_type: kind,
-        amount_minor: amount,
-        currency: "EUR".to_owned(),
-        parent_transaction_id: None,
-        occurred_at: None,
-    }
-}
-
 /// Opens a transaction that stores `ev` (its event and its payments row) as
 /// an accept would, and keeps it open: the winner of a race, not committed
 /// yet.
@@ -512,18 +458,7 @@ async fn a_batched_accept_racing_another_payload_answers_that_event_payload_mism
         &generic("tx_race_b", EventKind::PaymentSucceeded, 999),
     )
     .await;
-    let item = |tx: &str, amount: i64| {
-        let event = generic(tx, EventKind::PaymentSucceeded, amount);
-        ToAccept {
-            fingerprint: event.fingerprint(),
-            psp_event_id: None,
-            body: format!("{{\"amount\":{amount}}}"),
-            trace_context: None,
-            cancel_if_payment_failed: false,
-            event,
-        }
-    };
-    let batch = vec![item("tx_race_b", 500), item("tx_alone_b", 10)];
+    let batch = vec![to_accept("tx_race_b", 500), to_accept("tx_alone_b", 10)];
     let loser = tokio::spawn({
         let store = store.clone();
         async move { store.accept_together(&batch).await }
@@ -594,7 +529,7 @@ async fn a_waiting_refund_is_woken_when_a_sync_instance_books_its_payment() {
             .result(),
         "accepted"
     );
-    wait_until_waiting(&ctx, "re_sync").await;
+    wait_until_put_back(&ctx, "re_sync", "waiting for payment %").await;
     // Deep into its wait: the fallback would take an hour.
     push_its_next_look_an_hour_away(&ctx, "re_sync").await;
     let sync = ctx.spawn(ctx.config()).await;
@@ -689,7 +624,7 @@ async fn a_reinstatement_waiting_for_its_withdrawal_is_woken_when_the_withdrawal
             .result(),
         "accepted"
     );
-    wait_until_waiting(&ctx, "dp_1").await;
+    wait_until_put_back(&ctx, "dp_1", "waiting for payment %").await;
     push_its_next_look_an_hour_away(&ctx, "dp_1").await;
     assert_eq!(
         app.deliver(&dispute("dispute.funds_withdrawn"))

@@ -15,56 +15,9 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::helpers::downstream::MockDownstream;
+use crate::helpers::money::{effects, event, net, send};
 use crate::helpers::process::fencehook_binary;
-use crate::helpers::{expected_net, TestApp, TestContext};
-
-fn event(event_type: &str, tx: &str, amount: i64, parent: Option<&str>) -> Value {
-    let mut v = json!({
-        "transaction_id": tx,
-        "amount": amount,
-        "currency": "EUR",
-        "event_type": event_type,
-    });
-    if let Some(parent) = parent {
-        v["payment_transaction_id"] = json!(parent);
-    }
-    v
-}
-
-/// (status code, result) of one delivery.
-async fn send(app: &TestApp, ev: &Value) -> (u16, String) {
-    let r = app.deliver(ev).await;
-    (r.status, r.result().to_owned())
-}
-
-/// Sum of the ledger entries of one row.
-async fn net(ctx: &TestContext, tx: &str) -> i64 {
-    ctx.db()
-        .await
-        .query_one(
-            "SELECT coalesce(sum(l.amount_minor), 0)::bigint FROM ledger_entries l
-               JOIN payments p ON p.id = l.payment_id WHERE p.transaction_id = $1",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
-async fn effects(ctx: &TestContext, tx: &str) -> Vec<String> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT l.effect FROM ledger_entries l JOIN payments p ON p.id = l.payment_id
-              WHERE p.transaction_id = $1 ORDER BY l.id",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
+use crate::helpers::{expected_net, TestContext};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_payment_that_later_succeeds_is_credited_and_a_late_failure_is_stale() {

@@ -8,48 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::config::LeaseBackendKind;
-use fencehook::domain::{CanonicalEvent, EventKind};
+use fencehook::domain::EventKind;
 use fencehook::metrics::{PAYMENTS_OVER_RETURNED_TOTAL, REFUND_REJECTED_TOTAL};
 use fencehook::store::inbox::{Accepted, ToAccept};
 use fencehook::store::Store;
 use serde_json::{json, Value};
 
 use crate::helpers::downstream::MockDownstream;
+use crate::helpers::inbox::{accept_of, generic};
+use crate::helpers::money::{effects, event, net, send};
 use crate::helpers::process::{deliver_to, fencehook_binary, is_stopped, ServeProcess};
 use crate::helpers::{wait_for, TestApp, TestContext};
-
-fn event(event_type: &str, tx: &str, amount: i64, parent: Option<&str>) -> Value {
-    let mut v = json!({
-        "transaction_id": tx,
-        "amount": amount,
-        "currency": "EUR",
-        "event_type": event_type,
-    });
-    if let Some(parent) = parent {
-        v["payment_transaction_id"] = json!(parent);
-    }
-    v
-}
-
-/// (status code, result) of one delivery.
-async fn send(app: &TestApp, ev: &Value) -> (u16, String) {
-    let r = app.deliver(ev).await;
-    (r.status, r.result().to_owned())
-}
-
-/// Sum of the ledger entries of one row.
-async fn net(ctx: &TestContext, tx: &str) -> i64 {
-    ctx.db()
-        .await
-        .query_one(
-            "SELECT coalesce(sum(l.amount_minor), 0)::bigint FROM ledger_entries l
-               JOIN payments p ON p.id = l.payment_id WHERE p.transaction_id = $1",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
 
 /// (status, amount) of one row.
 async fn row_of(ctx: &TestContext, tx: &str) -> (String, i64) {
@@ -63,21 +32,6 @@ async fn row_of(ctx: &TestContext, tx: &str) -> (String, i64) {
         .await
         .unwrap();
     (row.get(0), row.get(1))
-}
-
-async fn effects(ctx: &TestContext, tx: &str) -> Vec<String> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT l.effect FROM ledger_entries l JOIN payments p ON p.id = l.payment_id
-              WHERE p.transaction_id = $1 ORDER BY l.id",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
 }
 
 /// A downstream that deduplicates by `Idempotency-Key` (refusing a reused
@@ -873,25 +827,7 @@ async fn in_inbox_mode_a_repriced_success_and_a_pre_lifecycle_refund_failure_are
 async fn a_batched_accept_takes_a_failed_payments_success_at_another_amount() {
     let ctx = TestContext::new().await;
     let store = Store::new(&ctx.config().db).unwrap();
-    let item = |tx: &str, kind: EventKind, amount: i64| {
-        let event = CanonicalEvent {
-            provider: "generic".to_owned(),
-            transaction_id: tx.to_owned(),
-            event_type: kind,
-            amount_minor: amount,
-            currency: "EUR".to_owned(),
-            parent_transaction_id: None,
-            occurred_at: None,
-        };
-        ToAccept {
-            fingerprint: event.fingerprint(),
-            psp_event_id: None,
-            body: format!("{{\"amount\":{amount}}}"),
-            trace_context: None,
-            cancel_if_payment_failed: false,
-            event,
-        }
-    };
+    let item = |tx: &str, kind: EventKind, amount: i64| accept_of(generic(tx, kind, amount));
     for tx in ["tx_b_declined", "tx_b_declined_2"] {
         let first = item(tx, EventKind::PaymentFailed, 1000);
         store

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fantoccini::{Client, ClientBuilder};
+use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 
 /// Where the screenshots of a run go (and, with
@@ -116,7 +116,7 @@ impl Chrome {
     /// The page's visible text.
     pub async fn text(&self) -> String {
         self.client
-            .find(fantoccini::Locator::Css("body"))
+            .find(Locator::Css("body"))
             .await
             .expect("a body")
             .text()
@@ -131,6 +131,45 @@ impl Chrome {
             Some(q) => format!("{}?{q}", url.path()),
             None => url.path().to_owned(),
         }
+    }
+
+    /// Opens `url`.
+    pub async fn goto(&self, url: &str) {
+        self.client
+            .goto(url)
+            .await
+            .unwrap_or_else(|e| panic!("open {url}: {e}"));
+    }
+
+    /// Clicks the element `at`.
+    pub async fn click(&self, at: Locator<'_>) {
+        self.client
+            .find(at)
+            .await
+            .unwrap_or_else(|e| panic!("find {at:?}: {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {at:?}: {e}"));
+    }
+
+    /// Types `text` into the field `css`.
+    pub async fn fill(&self, css: &str, text: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("find {css}: {e}"))
+            .send_keys(text)
+            .await
+            .unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    }
+
+    /// Waits (fantoccini's default deadline) until the element `at` shows.
+    pub async fn wait_for(&self, at: Locator<'_>) {
+        self.client
+            .wait()
+            .for_element(at)
+            .await
+            .unwrap_or_else(|e| panic!("wait for {at:?}: {e}"));
     }
 
     pub async fn close(self) {

@@ -6,7 +6,10 @@ pub mod browser;
 pub mod cluster;
 pub mod console;
 pub mod downstream;
+pub mod inbox;
+pub mod log;
 pub mod metrics;
+pub mod money;
 pub mod otlp;
 pub mod patroni;
 pub mod postgres;
@@ -14,6 +17,7 @@ pub mod process;
 pub mod proxy;
 pub mod psp_sdk;
 pub mod redis_ha;
+pub mod sweep;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -66,7 +70,7 @@ pub struct TestContext {
 
 impl TestContext {
     pub async fn new() -> TestContext {
-        let ctx = TestContext::unmigrated();
+        let ctx = TestContext::unmigrated().await;
         fencehook::store::migrate::run(
             &ctx.database_url,
             fencehook::store::migrate::MissingDatabase::Create,
@@ -78,7 +82,7 @@ impl TestContext {
 
     /// A test's database, created but not migrated: no table at all.
     pub async fn empty() -> TestContext {
-        let ctx = TestContext::unmigrated();
+        let ctx = TestContext::unmigrated().await;
         let (admin, conn) = tokio_postgres::connect(&database_admin_url(), tokio_postgres::NoTls)
             .await
             .expect("admin connection");
@@ -94,16 +98,20 @@ impl TestContext {
 
     /// A test's database as the release with migrations up to `version` left it.
     pub async fn at_version(version: i32) -> TestContext {
-        let ctx = TestContext::unmigrated();
+        let ctx = TestContext::unmigrated().await;
         fencehook::store::migrate::run_to(&ctx.database_url, version)
             .await
             .expect("test database created and migrated");
         ctx
     }
 
-    fn unmigrated() -> TestContext {
+    /// A context whose database does not exist yet (its name is free);
+    /// the first one of a test process sweeps a crashed run's databases.
+    async fn unmigrated() -> TestContext {
+        log::init();
+        sweep::once().await;
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let db_name = format!("fh_test_{}", &id[..16]);
+        let db_name = sweep::database_name(now());
         let admin = database_admin_url();
         let database_url = with_dbname(&admin, &db_name);
         TestContext {
@@ -198,6 +206,7 @@ impl TestContext {
     }
 
     pub async fn spawn_with_hooks(&self, cfg: Config, hooks: Hooks) -> TestApp {
+        log::init();
         let app = App::build_with_hooks(cfg, hooks).await.expect("app builds");
         let base = format!("http://127.0.0.1:{}", app.port());
         let admin = format!("http://127.0.0.1:{}", app.admin_port());

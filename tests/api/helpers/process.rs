@@ -179,8 +179,9 @@ fn clean_env(mut cmd: Command) -> Command {
     cmd
 }
 
-/// Spawns `cmd` with `env`, keeps its stderr lines, and waits (20 s at most)
-/// for the first line `ready` recognises.
+/// Spawns `cmd` with `env`, keeps its stderr lines (echoed to the test's
+/// output with `TEST_LOG=1`), and waits (20 s at most) for the first line
+/// `ready` recognises.
 async fn spawn_logged<T: Send + 'static>(
     mut cmd: Command,
     env: &[(&str, String)],
@@ -195,15 +196,18 @@ async fn spawn_logged<T: Send + 'static>(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let mut child = cmd.spawn().expect("fencehook binary starts");
+    let pid = child.id();
     let stderr = child.stderr.take().unwrap();
     let logs = Arc::new(Mutex::new(Vec::new()));
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     tokio::spawn({
         let logs = logs.clone();
+        let what = what.to_owned();
         async move {
             let mut lines = BufReader::new(stderr).lines();
             let mut ready_tx = Some(ready_tx);
             while let Ok(Some(line)) = lines.next_line().await {
+                super::log::echo(&what, pid, &line);
                 if let Some(value) = ready(&line) {
                     if let Some(tx) = ready_tx.take() {
                         let _ = tx.send(value);
@@ -478,6 +482,9 @@ pub async fn fencehook_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, Stri
         cmd.env(k, v);
     }
     let out = cmd.output().await.expect("the fencehook binary runs");
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        super::log::echo(args.first().unwrap_or(&""), None, line);
+    }
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
