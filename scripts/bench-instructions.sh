@@ -2,8 +2,9 @@
 # bench-instructions.sh - `make bench-instructions` (and part of `make bench`): what one delivery
 # costs the service in instructions, for this tree's build and a baseline commit's, counted by
 # valgrind's callgrind. Unlike a rate, the count does not move with the machine's load: the same
-# binary given the same deliveries executes (almost exactly) the same instructions, so two builds
-# can be compared on a busy machine, and a regression shows as a count that grew.
+# binary given the same deliveries executes the same instructions within about 1 % (the deliveries
+# in flight interleave differently, the timers run as long as the run takes), so two builds can be
+# compared on a busy machine, and a regression shows as a count that grew.
 #
 # For each build: `fencehook serve` (Redis leases, tracing and the console off: the defaults; the
 # log settings of make bench) under `valgrind --tool=callgrind` on a fresh
