@@ -168,8 +168,15 @@ load:
 
 # make bench: the pgbench ceilings of fencehook's per-delivery SQL (the 4-round-trip reference,
 # the service's SQL, the claim alone), then one instance per row — Redis leases, PostgreSQL leases,
-# UNIQUE constraint only — at k = 1, 4, 16, inbox accept and drain, memory per idle connection;
-# writes docs/benchmarks.md + .svg.
-.PHONY: bench
+# UNIQUE constraint only — at k = 1, 4, 16, inbox accept and drain, memory per idle connection,
+# tracing off and on, the baseline commit against this build interleaved (BENCH_BASELINE=<git ref>,
+# default the last measured release named in docs/benchmarks.md) and both builds' instructions per
+# delivery; writes docs/benchmarks.md + .svg.
+.PHONY: bench bench-instructions
 bench:
 	@PG_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' CARGO='$(CARGO)' scripts/bench.sh
+
+# make bench-instructions: instructions (and system calls) per delivery of this build and of
+# BENCH_BASELINE's, counted by valgrind's callgrind: a figure the machine's load does not move.
+bench-instructions:
+	@PG_URL='$(PG_URL)' REDIS_URL='$(REDIS_URL)' CARGO='$(CARGO)' scripts/bench-instructions.sh

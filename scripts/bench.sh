@@ -15,19 +15,28 @@
 #       with serve's own 4 workers, how long from accept to booked (the lag percentiles);
 #   (d) memory per idle keep-alive connection: 1,000 of them opened on one instance;
 #   (e) what tracing costs: Redis leases at k = 1 with OpenTelemetry tracing off, then on
-#       (every trace sampled, exported over OTLP/HTTP to a local sink that discards it).
+#       (every trace sampled, exported over OTLP/HTTP to a local sink that discards it);
+#   (f) against a baseline commit (BENCH_BASELINE): its release build, from a git worktree of its
+#       own (cached by commit, scripts/bench-ref.sh), and this one, Redis leases at k = 1,
+#       interleaved A B A B in the same minutes: both rates, their ratio and both CPU per delivery;
+#       a regression is a ratio below 1 whatever the machine's disk does;
+#   (g) instructions per delivery of both builds, counted by callgrind
+#       (scripts/bench-instructions.sh): a figure that does not move with the machine at all.
 #
 # Each run gets its own database (no run slows another with its rows) and Redis key prefix.
 # Writes docs/benchmarks.md (machine, commands, tables, targets) and docs/benchmarks.svg; raw
 # outputs stay in target/bench/.
 #
 # Environment (optional): BENCH_DURATION (s per fencehook run, default 15), BENCH_PGBENCH_SECS
-# (s per pgbench run, default 8), BENCH_CONCURRENCY (load concurrency, default 32), PG_URL,
-# REDIS_URL, CARGO, CARGO_TARGET_DIR.
+# (s per pgbench run, default 8), BENCH_CONCURRENCY (load concurrency, default 32), BENCH_BASELINE
+# (a git ref; default: the commit docs/benchmarks.md names as the last measured release; "none"
+# leaves out (f) and (g)), BENCH_AB_PAIRS (A B pairs in (f), default 2), BENCH_INSTR_* (see
+# scripts/bench-instructions.sh), PG_URL, REDIS_URL, CARGO, CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${BENCH_DURATION:-15}
+AB_PAIRS=${BENCH_AB_PAIRS:-2}
 PGBENCH_SECS=${BENCH_PGBENCH_SECS:-8}
 CONCURRENCY=${BENCH_CONCURRENCY:-32}
 DRAIN_WORKERS=8    # fencehook work draining the accepted backlog (each up to 16 events in flight)
@@ -40,6 +49,7 @@ RELEASE=${CARGO_TARGET_DIR:-target}/release/fencehook
 OUT=target/bench
 BIN=$OUT/fencehook
 BASELINE_BIN=$OUT/fencehook-baseline
+REF_OUT_BIN=$OUT/fencehook-ref
 STAMP=$(date +%Y%m%d_%H%M%S)_$$
 DB_PREFIX=fencehook_bench_$STAMP
 
@@ -51,8 +61,17 @@ done
 
 mkdir -p "$OUT" docs
 rm -f "$OUT"/*.json "$OUT"/*.txt
-# The baseline build first: the service build is the one left in target/release.
-say "== make bench: building release (baseline build, then the service) =="
+# shellcheck source=scripts/bench-ref.sh
+. scripts/bench-ref.sh
+BASELINE=${BENCH_BASELINE:-$(baseline_default)}
+[[ -n $BASELINE ]] || die "no baseline commit: set BENCH_BASELINE (a git ref, or none)"
+[[ $AB_PAIRS =~ ^[1-9][0-9]*$ ]] || die "BENCH_AB_PAIRS must be a positive integer (got '$AB_PAIRS')"
+# The other builds first: the service build is the one left in target/release.
+if [[ $BASELINE != none ]]; then
+  ref_build "$BASELINE"
+  cp -f "$REF_BIN" "$REF_OUT_BIN"
+fi
+say "== make bench: building release (the bench-baseline feature's build, then the service) =="
 "$CARGO" build --locked --release --features bench-baseline >&2
 cp -f "$RELEASE" "$BASELINE_BIN"
 "$CARGO" build --locked --release >&2
@@ -83,8 +102,9 @@ trap 'exit 143' TERM
 # the dirty pages of the run before it (measured: inbox accepts at 900/s instead of 5,600/s).
 # (CHECKPOINT needs a superuser or pg_checkpoint; without it the runs just go unprotected.)
 checkpoint() { psql "$ADMIN_DB_URL" -qc CHECKPOINT >/dev/null 2>&1 || true; }
+# new_db NAME [BINARY]: a database migrated by BINARY (default: this build), for one run.
 new_db() {
-  "$BIN" migrate --create-database --database-url "$(db_url "$1")" >"$OUT/migrate-$1.log" 2>&1 ||
+  "${2:-$BIN}" migrate --create-database --database-url "$(db_url "$1")" >"$OUT/migrate-$1.log" 2>&1 ||
     die "migrate $1: $(tail -n 3 "$OUT/migrate-$1.log")"
   checkpoint
 }
@@ -126,7 +146,7 @@ rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 start_serve() {
   local name=$1 bin=$2 backend=$3 log="$OUT/serve-$1.log"
   shift 3
-  new_db "$name"
+  new_db "$name" "$bin"
   # Emptied here, not by the redirection below: that one runs in the child, and wait_instance
   # could read the previous run's start line (its ports) before the child truncates the file.
   : >"$log"
@@ -170,6 +190,22 @@ for backend in redis postgres unique-only; do
     drop_db "$backend-k$k"
   done
 done
+
+if [[ $BASELINE != none ]]; then
+  say "== (f) against $BASELINE ($REF_SHA): Redis leases, k=1, ${DURATION}s each, $AB_PAIRS interleaved pairs =="
+  for ((pair = 1; pair <= AB_PAIRS; pair++)); do
+    for build in ref head; do
+      bin=$BIN
+      [[ $build == ref ]] && bin=$REF_OUT_BIN
+      start_serve "ab-$build-$pair" "$bin" redis
+      drive "ab-$build-$pair" 1
+      stop_serve
+      drop_db "ab-$build-$pair"
+    done
+  done
+  python3 scripts/bench_report.py --ab "$OUT" "$AB_PAIRS" "$REF_SHA" >"$OUT/ab.txt"
+  while read -r line; do say "   $line"; done <"$OUT/ab.txt"
+fi
 
 say "== (e) tracing: Redis leases, k=1, off then on (100 % sampled, to a local sink that discards) =="
 # The sink: an OTLP/HTTP endpoint that reads each export and answers 200 (keep-alive), as a
@@ -272,9 +308,21 @@ EOF
 stop_serve
 say "   $(cat "$OUT/idle-connections.json")"
 
+# ---------------------------------------------------------------- (g) instructions
+if [[ $BASELINE != none ]]; then
+  say "== (g) instructions per delivery under callgrind: $BASELINE and this build =="
+  if BENCH_BASELINE=$BASELINE PG_URL=$PG_URL REDIS_URL=$REDIS_URL CARGO=$CARGO scripts/bench-instructions.sh >"$OUT/instructions.txt"; then
+    cp -f target/bench-instructions/instructions.json "$OUT/instructions.json"
+    say "   $(cat "$OUT/instructions.txt")"
+  else
+    say "   (not measured: scripts/bench-instructions.sh failed)"
+  fi
+fi
+
 # ---------------------------------------------------------------- report
 MACHINE="$(nproc) cores ($(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)), $(free -g | awk '/^Mem:/ {print $2}') GiB"
 VERSIONS="PostgreSQL $(psql "$ADMIN_DB_URL" -Atc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-cli -u "$REDIS_URL" info server | sed -nE 's/^redis_version:(.*)\r?$/\1/p' | tr -d '\r')"
-python3 scripts/bench_report.py "$OUT" "$MACHINE" "$VERSIONS" "$DURATION" "$PGBENCH_SECS" "$CONCURRENCY" \
+BENCH_REF=${REF_SHA:-} BENCH_AB_PAIRS=$AB_PAIRS \
+  python3 scripts/bench_report.py "$OUT" "$MACHINE" "$VERSIONS" "$DURATION" "$PGBENCH_SECS" "$CONCURRENCY" \
   "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- . ':!docs/benchmarks.md' ':!docs/benchmarks.svg' 2>/dev/null || echo '+changes')"
 say "== wrote docs/benchmarks.md and docs/benchmarks.svg =="

@@ -4,11 +4,57 @@
 Standard library only, so `make bench` needs nothing beyond python3.
 """
 import json
+import os
 import sys
 from pathlib import Path
 
+
+def ab_runs(out, pairs):
+    """(f): the interleaved runs of the baseline commit ("ref") and this build ("head"), pair by pair."""
+    runs = []
+    for pair in range(1, pairs + 1):
+        got = {}
+        for build in ("ref", "head"):
+            load_path, proc_path = out / f"load-ab-{build}-{pair}.json", out / f"proc-ab-{build}-{pair}.json"
+            if not load_path.exists() or not load_path.read_text().strip() or not proc_path.exists():
+                break
+            load, proc = json.loads(load_path.read_text()), json.loads(proc_path.read_text())
+            got[build] = {"pps": load["payments_per_sec"], "p99": load["latency"]["p99_us"] / 1000,
+                          "cpu_us": proc["cpu_ticks"] / proc["clk_tck"] / max(load["deliveries"], 1) * 1e6,
+                          "rss_mb": proc["peak_rss_kb"] / 1024}
+        if len(got) == 2:
+            runs.append(got)
+    return runs
+
+
+def ab_summary(runs):
+    """Both builds' total payments/s and CPU per delivery over every pair, and the ratio."""
+    ref = sum(r["ref"]["pps"] for r in runs) / len(runs)
+    head = sum(r["head"]["pps"] for r in runs) / len(runs)
+    ref_cpu = sum(r["ref"]["cpu_us"] for r in runs) / len(runs)
+    head_cpu = sum(r["head"]["cpu_us"] for r in runs) / len(runs)
+    return ref, head, head / ref if ref else 0.0, ref_cpu, head_cpu
+
+
+if sys.argv[1] == "--ab":
+    # bench.sh's line per pair of (f), and the summary, as soon as they are measured.
+    out, pairs, ref_sha = Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    runs = ab_runs(out, pairs)
+    for i, r in enumerate(runs, 1):
+        a, b = r["ref"], r["head"]
+        print(f"pair {i}: {ref_sha} {a['pps']:,.0f} payments/s ({a['cpu_us']:.0f} µs CPU/delivery), "
+              f"this build {b['pps']:,.0f} ({b['cpu_us']:.0f} µs): ratio {b['pps'] / a['pps'] if a['pps'] else 0:.2f}")
+    if runs:
+        ref, head, ratio, ref_cpu, head_cpu = ab_summary(runs)
+        print(f"mean: {ref_sha} {ref:,.0f} payments/s, this build {head:,.0f}: ratio {ratio:.2f}; "
+              f"CPU per delivery {ref_cpu:.0f} µs vs {head_cpu:.0f} µs")
+    sys.exit(0)
+
 out, machine, versions, duration, pgbench_secs, concurrency, commit = sys.argv[1:8]
 out = Path(out)
+ref_sha = os.environ.get("BENCH_REF", "")
+ab = ab_runs(out, int(os.environ.get("BENCH_AB_PAIRS", "0") or 0)) if ref_sha else []
+instructions = json.loads((out / "instructions.json").read_text()) if (out / "instructions.json").exists() else None
 
 pg = {}
 for line in (out / "pgbench.txt").read_text().splitlines():
@@ -89,7 +135,14 @@ md = ["# Benchmarks\n",
       "- (d) 1,000 idle keep-alive connections (each after one request) opened on one instance; "
       "the growth of its VmRSS divided by 1,000",
       "- (e) Redis leases at k = 1 as in (b), tracing off then on: `OTEL_EXPORTER_OTLP_ENDPOINT` "
-      "to a local OTLP/HTTP sink that reads and discards every export, `OTEL_TRACES_SAMPLER=always_on`\n",
+      "to a local OTLP/HTTP sink that reads and discards every export, `OTEL_TRACES_SAMPLER=always_on`",
+      "- (f) the baseline commit's release build (`BENCH_BASELINE`, built in a git worktree of its own) and "
+      "this one, Redis leases at k = 1 as in (b), interleaved A B A B; both driven by this build's "
+      "`fencehook load`",
+      "- (g) instructions per delivery: `scripts/bench-instructions.sh` (`make bench-instructions`), "
+      "`serve` under `valgrind --tool=callgrind`, counters zeroed after a warm-up "
+      "and dumped after a fixed number of new payments (k = 1, Redis leases); the service process's "
+      "instructions (user space) divided by the deliveries\n",
       "## (a) Ceilings\n",
       "| transaction | round trips | 8 clients | 16 clients |",
       "| --- | ---: | ---: | ---: |"]
@@ -159,6 +212,33 @@ if traced["off"] and traced["on"]:
 else:
     md.append("(not measured in this run)\n")
 
+md.append("## (f) Against the baseline\n")
+if ab:
+    md.append(f"| pair | `{ref_sha}` payments/s | this build payments/s | ratio | `{ref_sha}` CPU µs/delivery | "
+              "this build CPU µs/delivery | p99 ms (baseline / this) |")
+    md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for i, r in enumerate(ab, 1):
+        a, b = r["ref"], r["head"]
+        md.append(f"| {i} | {a['pps']:,.0f} | {b['pps']:,.0f} | {b['pps'] / a['pps'] if a['pps'] else 0:.2f} | "
+                  f"{a['cpu_us']:.0f} | {b['cpu_us']:.0f} | {a['p99']:.1f} / {b['p99']:.1f} |")
+    ref_mean, head_mean, ab_ratio, ref_cpu, head_cpu = ab_summary(ab)
+    md.append(f"\nOver the {len(ab)} pairs this build books **{ab_ratio:.2f} ×** the payments/s of `{ref_sha}` "
+              f"({head_mean:,.0f} vs {ref_mean:,.0f}), at {head_cpu:.0f} vs {ref_cpu:.0f} µs of CPU per delivery.\n")
+else:
+    md.append("(not measured in this run)\n")
+
+md.append("## (g) Instructions per delivery\n")
+if instructions:
+    md.append("| build | commit | deliveries counted | instructions per delivery |")
+    md.append("| --- | --- | ---: | ---: |")
+    for r in instructions["builds"]:
+        what = "the baseline" if r["build"] == "baseline" else "this build"
+        md.append(f"| {what} | `{r['commit']}` | {r['deliveries']:,} | {r['instructions_per_delivery']:,} |")
+    md.append(f"\n(after {instructions['warmup']} deliveries of warm-up, at concurrency "
+              f"{instructions['concurrency']}; the service process alone, user space)\n")
+else:
+    md.append("(not measured in this run)\n")
+
 md.append("## Targets\n")
 checks = []
 redis1, pg1, storm = find("redis", 1), find("postgres", 1), find("redis", 4)
@@ -177,6 +257,13 @@ if redis1 and drain and drain.get("span_secs"):
     drained = drain["done"] / drain["span_secs"] / redis1["pps"]
     checks.append(("inbox drain (`fencehook work`): ≥ 0.8 × the sync rate", drained >= 0.8,
                    f"{drained:.2f} ({drain['done'] / drain['span_secs']:,.0f} vs {redis1['pps']:,.0f}/s)"))
+if ab:
+    checks.append((f"Redis leases, k=1: ≥ 1.0 × `{ref_sha}` in the same run (interleaved)", ab_ratio >= 1.0,
+                   f"{ab_ratio:.2f}"))
+if instructions and len(instructions["builds"]) == 2:
+    by = {r["build"]: r["instructions_per_delivery"] for r in instructions["builds"]}
+    checks.append((f"instructions per delivery ≤ `{ref_sha}`'s", by["head"] <= by["baseline"],
+                   f"{by['head']:,} vs {by['baseline']:,}"))
 md.append("| target | met | measured |")
 md.append("| --- | --- | ---: |")
 for what, ok, got in checks:

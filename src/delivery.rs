@@ -146,10 +146,16 @@ impl Deliveries {
     pub async fn book(
         &self,
         provider: &Provider,
-        items: Vec<Item>,
+        mut items: Vec<Item>,
         received: Received<'_>,
     ) -> Vec<Handled> {
         let received = &received;
+        if items.len() == 1 {
+            // Nearly every delivery is one event: booked on this task, with
+            // no stream of futures to allocate, box and order around it.
+            let item = items.pop().expect("one item");
+            return vec![self.one(provider, item, received).await];
+        }
         stream::iter(
             items
                 .into_iter()

@@ -460,15 +460,28 @@ impl AsyncRead for HeadLimited {
             return Pin::new(&mut self.inner).poll_read(cx, buf);
         }
         let used = self.conn.head_bytes.load(Ordering::Relaxed);
-        let room = MAX_HEAD_BYTES.saturating_sub(used).min(buf.remaining());
+        let allowance = MAX_HEAD_BYTES.saturating_sub(used);
+        let room = allowance.min(buf.remaining());
         if room == 0 {
             // hyper has the whole allowance and asks for more: it is past
             // its own bound by now and answers 431; reading nothing more
             // (end of stream) is the safe fallback.
             return Poll::Ready(Ok(()));
         }
-        // A bounded copy (heads only): narrowing the caller's buffer in
-        // place would take unsafe code.
+        if buf.remaining() <= allowance {
+            // The caller's whole buffer is within the allowance (hyper's
+            // reads are 8 KiB at first, the allowance 32 KiB): read into it
+            // directly and count what came, with no copy and nothing zeroed.
+            let before = buf.filled().len();
+            let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+            if let Poll::Ready(Ok(())) = read {
+                let got = buf.filled().len() - before;
+                self.conn.head_bytes.fetch_add(got, Ordering::Relaxed);
+            }
+            return read;
+        }
+        // A bounded copy (the end of a long head): narrowing the caller's
+        // buffer in place would take unsafe code.
         let mut chunk = [0u8; 8192];
         let take = room.min(chunk.len());
         let mut limited = ReadBuf::new(&mut chunk[..take]);

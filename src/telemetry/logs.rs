@@ -14,8 +14,11 @@ use tracing_subscriber::{Layer, Registry};
 
 use crate::config::LogFormat;
 
+/// The log layer, whichever format.
+pub(super) type LogLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
 /// The log layer; `traced`: JSON lines gain the trace ids.
-pub(super) fn layer(kind: LogFormat, traced: bool) -> Box<dyn Layer<Registry> + Send + Sync> {
+pub(super) fn layer(kind: LogFormat, traced: bool) -> LogLayer {
     // Colour codes only for a person at a terminal: in a pipe, a file or a
     // log shipper they are noise that breaks searching.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());

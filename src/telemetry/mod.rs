@@ -4,7 +4,8 @@
 //! The service's `tracing` spans (their names and attributes in [`spans`])
 //! become OpenTelemetry spans through `tracing-opentelemetry`'s layer, which
 //! is installed only when tracing is configured: otherwise no layer asks for
-//! a span, every span callsite is disabled once, and a span costs a branch.
+//! a span, every span callsite is disabled once (its interest is `never`,
+//! cached at the callsite: see `EventsOnly`), and a span costs a branch.
 //! Log lines never carry spans (their layer filters them out), so a log line
 //! reads the same with tracing on or off, save the `trace_id`/`span_id` a
 //! JSON line gains inside a traced delivery (`telemetry/logs.rs`).
@@ -26,11 +27,15 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _};
 use opentelemetry_sdk::Resource;
-use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing::subscriber::Interest;
+use tracing::{Metadata, Subscriber};
+use tracing_subscriber::filter::Filtered;
+use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::Layer;
+use tracing_subscriber::{Layer, Registry};
 
+use self::logs::LogLayer;
 use crate::config::{setting, LogFormat, OtlpProtocol, Sampler, SamplerRoot, TraceConfig};
 use crate::metrics::SpanDrop;
 
@@ -105,24 +110,21 @@ pub fn install(
         ));
         EnvFilter::new("info")
     });
-    let logs = logs::layer(format, traced.is_some())
-        .with_filter(filter.and(filter_fn(|meta| meta.is_event())));
-    let otel = traced.as_ref().map(|(provider, _)| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("fencehook"))
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_level(false)
-            .with_tracked_inactivity(false)
-            // The service's own spans only: not a library's, and no log
-            // event becomes a span event (a log line may hold what no
-            // attribute may).
-            .with_filter(filter_fn(|meta| {
-                meta.is_span() && meta.target().starts_with("fencehook")
-            }))
-    });
-    tracing_subscriber::registry().with(logs).with(otel).init();
+    let logs = logs::layer(format, traced.is_some()).with_filter(EventsOnly(filter));
+    match &traced {
+        Some((provider, _)) => {
+            let otel = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("fencehook"))
+                .with_location(false)
+                .with_threads(false)
+                .with_target(false)
+                .with_level(false)
+                .with_tracked_inactivity(false)
+                .with_filter(OwnSpans);
+            tracing_subscriber::registry().with(logs).with(otel).init();
+        }
+        None => untraced(logs).init(),
+    }
     if let Some(warning) = bad_filter {
         tracing::warn!("{warning}");
     }
@@ -130,6 +132,76 @@ pub fn install(
         ENABLED.store(true, Ordering::Relaxed);
     }
     Ok(Telemetry { traces: traced })
+}
+
+/// The subscriber with tracing off: the log layer alone. No tracing layer
+/// at all rather than an absent one: an absent layer (`Option::None`)
+/// answers every callsite `always`, which left each span callsite
+/// `sometimes`, asked of the filters at every span of every delivery.
+fn untraced(logs: Filtered<LogLayer, EventsOnly, Registry>) -> impl Subscriber + Send + Sync {
+    tracing_subscriber::registry().with(logs)
+}
+
+/// The log layer's filter: the events `FENCEHOOK_LOG` lets through, and
+/// never a span (log lines do not carry spans). Decided per callsite, once:
+/// a span callsite's interest is `never`, so with tracing off the span
+/// macros on a delivery's path return a disabled span without asking any
+/// filter, where a per-call filter made every span evaluate the log filter.
+struct EventsOnly(EnvFilter);
+
+impl<S: Subscriber> Filter<S> for EventsOnly {
+    fn enabled(&self, meta: &Metadata<'_>, cx: &Context<'_, S>) -> bool {
+        meta.is_event() && Filter::<S>::enabled(&self.0, meta, cx)
+    }
+
+    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
+        if meta.is_event() {
+            Filter::<S>::callsite_enabled(&self.0, meta)
+        } else {
+            Interest::never()
+        }
+    }
+
+    /// `FENCEHOOK_LOG`'s most verbose level: the process's maximum level
+    /// (with tracing off), so a `debug` record of a library stops at the
+    /// level check. (A filter combined with a closure had no hint, which
+    /// made the maximum `trace`.)
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Filter::<S>::max_level_hint(&self.0)
+    }
+}
+
+/// The tracing layer's filter: the service's own spans only (not a
+/// library's), and no event (a log line may hold what no attribute may).
+/// Decided per callsite, once.
+struct OwnSpans;
+
+impl OwnSpans {
+    fn wants(meta: &Metadata<'_>) -> bool {
+        meta.is_span() && meta.target().starts_with("fencehook")
+    }
+}
+
+impl<S: Subscriber> Filter<S> for OwnSpans {
+    fn enabled(&self, meta: &Metadata<'_>, _: &Context<'_, S>) -> bool {
+        OwnSpans::wants(meta)
+    }
+
+    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
+        if OwnSpans::wants(meta) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    /// Every span of [`spans`] is at `info`: without a hint the process's
+    /// maximum level would be `trace`, and every `log` record of a library
+    /// (tokio-postgres writes one per statement at `debug`) would be built
+    /// and handed to the filters instead of stopped by the level check.
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::INFO)
+    }
 }
 
 /// The tracer provider: sampler, resource, and the OTLP/HTTP exporter
@@ -194,5 +266,44 @@ pub(crate) fn sampler(s: Sampler) -> opentelemetry_sdk::trace::Sampler {
         Sdk::ParentBased(Box::new(root))
     } else {
         root
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A span callsite of the service's, as the spans module opens them.
+    fn span_callsite() -> &'static Metadata<'static> {
+        tracing::subscriber::with_default(tracing_subscriber::registry(), || {
+            tracing::info_span!(target: "fencehook::http::webhook", "fencehook.delivery")
+                .metadata()
+                .expect("a bare registry enables every span")
+        })
+    }
+
+    #[test]
+    fn with_tracing_off_span_callsites_are_never_enabled_and_the_level_is_the_log_filters() {
+        let logs = logs::layer(LogFormat::Json, false).with_filter(EventsOnly(EnvFilter::new(
+            "warn,fencehook=info,fencehook::http::webhook=warn",
+        )));
+        let subscriber = untraced(logs);
+        // `never` is cached at the callsite: the span macro returns a
+        // disabled span without asking any filter again.
+        assert!(subscriber.register_callsite(span_callsite()).is_never());
+        // And the log crate's records of the libraries stop at the level.
+        assert_eq!(subscriber.max_level_hint(), Some(LevelFilter::INFO));
+    }
+
+    #[test]
+    fn the_tracing_layer_wants_the_services_spans_only_decided_per_callsite() {
+        let own = span_callsite();
+        assert!(Filter::<Registry>::callsite_enabled(&OwnSpans, own).is_always());
+        let library = tracing::subscriber::with_default(tracing_subscriber::registry(), || {
+            tracing::info_span!(target: "hyper::proto", "parse")
+                .metadata()
+                .expect("enabled")
+        });
+        assert!(Filter::<Registry>::callsite_enabled(&OwnSpans, library).is_never());
     }
 }
