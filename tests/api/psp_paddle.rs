@@ -365,6 +365,9 @@ fn notice(event_type: &str) -> Notice {
 
 #[test]
 fn what_fencehook_send_signs_for_paddle_verifies_with_paddles_own_sdk() {
+    // The SDK installed first (the first use installs it, which takes seconds): the
+    // signatures below are made just before the SDK reads them.
+    psp_sdk::python();
     let keys = Keys(vec![(psp::SECRET, SECRET.to_owned())]);
     for kind in [
         "payment.succeeded",
@@ -373,7 +376,7 @@ fn what_fencehook_send_signs_for_paddle_verifies_with_paddles_own_sdk() {
         "refund.failed",
     ] {
         // The delivery `fencehook send --provider paddle` builds: the
-        // scheme's PSP side, signed now (the SDK allows 5 s of drift).
+        // scheme's PSP side, signed now (paddle.py lets the SDK allow 60 s of drift).
         let delivery = SchemeKind::Paddle
             .spec()
             .deliver(&keys, &notice(kind), None, "evt_sdk_interop", now())
