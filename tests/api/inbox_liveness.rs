@@ -181,15 +181,21 @@ async fn a_killed_workers_event_is_rescued_within_about_one_ttl_while_the_rescue
         2,
         "nobody took the rescued event yet"
     );
-    assert!(
-        rescuer
-            .logs
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains("events taken again: their worker's lock ran out")),
-        "the rescuer put it back"
-    );
+    // The rescue logs after its statement commits, and its log reaches the test through a pipe:
+    // waited for, not read at once.
+    wait_for(
+        "the rescuer's log says it put it back",
+        Duration::from_secs(10),
+        || async {
+            rescuer
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains("events taken again: their worker's lock ran out"))
+        },
+    )
+    .await;
 
     downstream.open_gate();
     wait_for("both booked", Duration::from_secs(30), || async {
