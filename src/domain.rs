@@ -140,6 +140,20 @@ pub struct CanonicalEvent {
     pub parent_transaction_id: Option<String>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub occurred_at: Option<OffsetDateTime>,
+    /// The merchant's own reference for the object, from the PSP's
+    /// merchant-side field where it has one (Adyen `merchantReference`,
+    /// PayPal `custom_id` else `invoice_id`, `out_trade_no`, …); `null` in
+    /// the downstream body when it has none. Not part of the
+    /// [`fingerprint`](CanonicalEvent::fingerprint): the same object re-sent
+    /// with another reference is a duplicate.
+    #[serde(default)]
+    pub merchant_reference: Option<String>,
+    /// Stripe: the PaymentIntent's (or Charge's, Refund's, Dispute's)
+    /// `metadata` object as the merchant set it. Absent for every other
+    /// scheme, and left out of the body and of `events.canonical` then. Not
+    /// part of the fingerprint either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
 }
 
 /// The version tag of [`CanonicalEvent::fingerprint`].
@@ -424,6 +438,8 @@ mod tests {
             currency: "EUR".into(),
             parent_transaction_id: None,
             occurred_at: None,
+            merchant_reference: None,
+            metadata: None,
         }
     }
 
@@ -480,6 +496,38 @@ mod tests {
                 RefundFailed
             ));
         }
+    }
+
+    #[test]
+    fn the_merchant_reference_and_metadata_are_not_part_of_the_fingerprint() {
+        let e = payment();
+        let mut resent = e.clone();
+        resent.merchant_reference = Some("order-42".into());
+        resent.metadata = Some(serde_json::json!({"order_id": "42", "email": "a@example.com"}));
+        assert_eq!(e.fingerprint(), resent.fingerprint());
+        let mut other = resent.clone();
+        other.merchant_reference = Some("order-43".into());
+        other.metadata = Some(serde_json::json!({}));
+        assert_eq!(resent.fingerprint(), other.fingerprint());
+    }
+
+    #[test]
+    fn the_merchant_side_round_trips_and_an_event_stored_without_it_still_reads() {
+        let mut e = payment();
+        let plain = serde_json::to_value(&e).unwrap();
+        assert_eq!(plain["merchant_reference"], serde_json::Value::Null);
+        assert!(plain.get("metadata").is_none(), "{plain}");
+        e.merchant_reference = Some("order-42".into());
+        e.metadata = Some(serde_json::json!({"order_id": "42"}));
+        let text = serde_json::to_string(&e).unwrap();
+        assert_eq!(serde_json::from_str::<CanonicalEvent>(&text).unwrap(), e);
+        let mut before = plain;
+        let obj = before.as_object_mut().unwrap();
+        obj.remove("merchant_reference");
+        assert_eq!(
+            serde_json::from_value::<CanonicalEvent>(before).unwrap(),
+            payment()
+        );
     }
 
     #[test]

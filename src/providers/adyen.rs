@@ -468,6 +468,8 @@ fn map_fields(provider: &str, item: &Object) -> Result<Item, Reject> {
         currency: currency.to_owned(),
         parent_transaction_id,
         occurred_at,
+        merchant_reference: fields::merchant_reference(item, "merchantReference"),
+        metadata: None,
     };
     Ok(if event_code == "CANCEL_OR_REFUND" && success {
         Item::CancelOrRefund(event)
@@ -689,6 +691,22 @@ mod tests {
 
     fn fixture_event(name: &str) -> CanonicalEvent {
         event_of(fixture_item(name))
+    }
+
+    #[test]
+    fn the_merchant_reference_is_the_items_merchant_reference() {
+        for name in ["AUTHORISATION.openapi.json", "REFUND.openapi.json"] {
+            let e = fixture_event(name);
+            assert_eq!(
+                e.merchant_reference.as_deref(),
+                Some("YOUR_MERCHANT_REFERENCE"),
+                "{name}"
+            );
+            assert_eq!(e.metadata, None, "{name}");
+        }
+        let mut item = fixture_item("AUTHORISATION.openapi.json");
+        item.as_object_mut().unwrap().remove("merchantReference");
+        assert_eq!(event_of(item).merchant_reference, None);
     }
 
     /// (transaction_id, kind, parent, amount, currency) of an event.

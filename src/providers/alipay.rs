@@ -401,6 +401,10 @@ fn map(provider: &str, params: &[(String, String)]) -> Result<Item, Reject> {
         currency: CURRENCY.to_owned(),
         parent_transaction_id: parent,
         occurred_at,
+        merchant_reference: get(params, "out_trade_no")
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned),
+        metadata: None,
     }))
 }
 
@@ -597,6 +601,29 @@ mod tests {
             Ok([Item::Event(e)]) => e.clone(),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_merchant_reference_is_out_trade_no() {
+        let mapped = |params: &[(String, String)]| match map("alipay", params) {
+            Ok(Item::Event(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        let payment = mapped(&kv("payment_trade_success.sandbox.kv.json"));
+        assert_eq!(
+            payment.merchant_reference.as_deref(),
+            Some("157650159962208381158722")
+        );
+        let refund = mapped(&kv("refund_full_trade_closed.kv.json"));
+        assert_eq!(
+            refund.merchant_reference.as_deref(),
+            Some("1415126234332921856")
+        );
+        let none = mapped(&without(
+            kv("payment_trade_success.sandbox.kv.json"),
+            "out_trade_no",
+        ));
+        assert_eq!(none.merchant_reference, None);
     }
 
     #[test]

@@ -223,6 +223,8 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         currency: currency.to_owned(),
         parent_transaction_id: parent,
         occurred_at,
+        merchant_reference: fields::merchant_reference(data, "reference"),
+        metadata: None,
     }))
 }
 
@@ -328,6 +330,28 @@ mod tests {
             Ok(Item::Event(e)) => e,
             other => panic!("{name}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_merchant_reference_is_the_payments_reference() {
+        assert_eq!(
+            mapped("payment_captured.json")
+                .merchant_reference
+                .as_deref(),
+            Some("ORD-5023-4E89")
+        );
+        assert_eq!(
+            mapped("payment_refunded.json")
+                .merchant_reference
+                .as_deref(),
+            Some("ORD-5023-4E89")
+        );
+        assert_eq!(
+            mapped("payment_declined.json")
+                .merchant_reference
+                .as_deref(),
+            Some("ORD-5024-0F11")
+        );
     }
 
     /// (transaction_id, kind, parent, amount, currency) of an event.

@@ -145,6 +145,17 @@ pub(crate) fn opt_str<'a>(
     }
 }
 
+/// The merchant's reference at `key` (`merchant_reference` of the
+/// canonical event): a non-empty string, else `None`. Never a reason to
+/// refuse a delivery — it moves no money — so another type is passed over
+/// as absent. Allocates only when there is one.
+pub(crate) fn merchant_reference(obj: &Object, key: &str) -> Option<String> {
+    match obj.get(key) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    }
+}
+
 pub(crate) fn req_str<'a>(obj: &'a Object, key: &str, path: &str) -> Result<&'a str, Reject> {
     opt_str(obj, key, path)?.ok_or_else(|| invalid(format!("{path} is required")))
 }

@@ -337,6 +337,10 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         currency: currency.to_owned(),
         parent_transaction_id: parent.map(str::to_owned),
         occurred_at,
+        // Paddle has no merchant reference string (`custom_data` is an
+        // object of the merchant's own keys): none is sent.
+        merchant_reference: None,
+        metadata: None,
     }))
 }
 
@@ -479,6 +483,15 @@ mod tests {
             Ok(Item::Event(e)) => e,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn paddle_sends_no_merchant_reference_even_with_custom_data() {
+        let body = fixture("transaction.completed.json");
+        let mut value: Value = serde_json::from_slice(&body).unwrap();
+        value["data"]["custom_data"] = serde_json::json!({"order_id": "1042"});
+        let e = event(&serde_json::to_vec(&value).unwrap());
+        assert_eq!((e.merchant_reference, e.metadata), (None, None));
     }
 
     fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {

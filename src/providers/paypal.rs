@@ -753,6 +753,7 @@ fn booked(item: &Item) -> Item {
     match item {
         Item::Event(e) => Item::Event(CanonicalEvent {
             occurred_at: None,
+            merchant_reference: None,
             ..e.clone()
         }),
         other => other.clone(),
@@ -852,6 +853,9 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         currency: currency.to_owned(),
         parent_transaction_id: parent,
         occurred_at,
+        merchant_reference: fields::merchant_reference(resource, "custom_id")
+            .or_else(|| fields::merchant_reference(resource, "invoice_id")),
+        metadata: None,
     }))
 }
 
@@ -980,6 +984,24 @@ mod tests {
 
     fn read(name: &str) -> Vec<u8> {
         std::fs::read(format!("{FIXTURES}/{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    #[test]
+    fn the_merchant_reference_is_custom_id_else_invoice_id() {
+        let reference = |name: &str| match parse_event("paypal", &read(name)) {
+            Ok(Item::Event(e)) => e.merchant_reference,
+            other => panic!("{name}: {other:?}"),
+        };
+        // Both set: custom_id, the merchant's own.
+        assert_eq!(
+            reference("capture_declined.body.json").as_deref(),
+            Some("CUSTOMID-1001")
+        );
+        assert_eq!(
+            reference("capture_completed.body.json").as_deref(),
+            Some("5840243-146")
+        );
+        assert_eq!(reference("capture_refunded.body.json"), None);
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {

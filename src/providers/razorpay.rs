@@ -230,6 +230,8 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         currency: currency.to_owned(),
         parent_transaction_id: parent,
         occurred_at,
+        merchant_reference: fields::merchant_reference(object, "order_id"),
+        metadata: None,
     }))
 }
 
@@ -338,6 +340,19 @@ mod tests {
             Ok(Item::Event(e)) => e,
             other => panic!("{name}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_merchant_reference_is_the_payments_order_id() {
+        for name in ["payment.captured.json", "payment.failed.json"] {
+            assert_eq!(
+                mapped(name).merchant_reference.as_deref(),
+                Some("order_FPoIeimWki9j8A"),
+                "{name}"
+            );
+        }
+        // A refund entity names no order.
+        assert_eq!(mapped("refund.processed.json").merchant_reference, None);
     }
 
     /// (transaction_id, kind, parent, amount, currency) of an event.

@@ -320,6 +320,8 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         currency: currency.to_owned(),
         parent_transaction_id: parent.map(str::to_owned),
         occurred_at,
+        merchant_reference: fields::merchant_reference(obj, "reference_id"),
+        metadata: None,
     }))
 }
 
@@ -419,6 +421,18 @@ mod tests {
             Ok(Item::Event(e)) => e,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_merchant_reference_is_the_payments_reference_id() {
+        let body = fixture("payment.updated.completed.json");
+        // The documentation's example sets none.
+        assert_eq!(event(&body).merchant_reference, None);
+        let mut value: Value = serde_json::from_slice(&body).unwrap();
+        value["data"]["object"]["payment"]["reference_id"] = "order-1042".into();
+        let e = event(&serde_json::to_vec(&value).unwrap());
+        assert_eq!(e.merchant_reference.as_deref(), Some("order-1042"));
+        assert_eq!(e.metadata, None);
     }
 
     fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {

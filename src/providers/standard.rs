@@ -247,6 +247,10 @@ pub fn parse_generic(provider: &str, body: &[u8]) -> Result<Item, Reject> {
         currency,
         parent_transaction_id,
         occurred_at,
+        merchant_reference: fields::opt_str(obj, "merchant_reference", "merchant_reference")?
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned),
+        metadata: None,
     }))
 }
 
@@ -313,6 +317,24 @@ mod tests {
         assert!(s.verify(&headers("id", 1000, &sig), b"{}", 700).is_ok());
         assert!(s.verify(&headers("id", 1000, &sig), b"{}", 1301).is_err());
         assert!(s.verify(&headers("id", 1000, &sig), b"{}", 699).is_err());
+    }
+
+    #[test]
+    fn the_generic_payloads_merchant_reference_is_carried() {
+        let with = br#"{"transaction_id":"tx_1","amount":1000,"currency":"EUR","event_type":"payment.succeeded","merchant_reference":"order-7"}"#;
+        match parse_generic("generic", with) {
+            Ok(Item::Event(e)) => {
+                assert_eq!(e.merchant_reference.as_deref(), Some("order-7"));
+                assert_eq!(e.metadata, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let without = br#"{"transaction_id":"tx_1","amount":1000,"currency":"EUR","event_type":"payment.succeeded"}"#;
+        assert!(
+            matches!(parse_generic("generic", without), Ok(Item::Event(e)) if e.merchant_reference.is_none())
+        );
+        let number = br#"{"transaction_id":"tx_1","amount":1000,"currency":"EUR","event_type":"payment.succeeded","merchant_reference":7}"#;
+        assert!(parse_generic("generic", number).is_err());
     }
 
     #[test]

@@ -397,9 +397,12 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
     if mapped.is_empty() {
         return ignored();
     }
+    // The merchant's own keys on the object (a PaymentIntent's `metadata`),
+    // passed on as they are; not part of what is booked.
+    let metadata = opt(object, "metadata").filter(|m| m.is_object());
     mapped
         .into_iter()
-        .map(|m| m.into_item(provider, occurred_at))
+        .map(|m| m.into_item(provider, occurred_at, metadata))
         .collect()
 }
 
@@ -480,6 +483,7 @@ impl Mapped<'_> {
         self,
         provider: &str,
         occurred_at: Option<OffsetDateTime>,
+        metadata: Option<&Value>,
     ) -> Result<Item, Reject> {
         check_transaction_id(self.transaction_id)?;
         if let Some(parent) = self.parent {
@@ -498,6 +502,8 @@ impl Mapped<'_> {
             currency: normalise_currency(self.currency, self.path)?,
             parent_transaction_id: self.parent.map(str::to_owned),
             occurred_at,
+            merchant_reference: None,
+            metadata: metadata.cloned(),
         }))
     }
 }
@@ -917,6 +923,25 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn stripe_carries_the_objects_metadata_and_no_merchant_reference() {
+        let one = |name: &str| match parse_event("stripe", &fixture(name)).as_deref() {
+            Ok([Item::Event(e)]) => e.clone(),
+            other => panic!("{name}: {other:?}"),
+        };
+        let e = one("payment_intent.succeeded.json");
+        assert_eq!(e.metadata, Some(serde_json::json!({"order_id": "1042"})));
+        assert_eq!(e.merchant_reference, None);
+        assert_eq!(
+            one("charge.succeeded.json").metadata,
+            Some(serde_json::json!({"order_id": "1042"}))
+        );
+        assert_eq!(
+            one("payment_intent.payment_failed.json").metadata,
+            Some(serde_json::json!({}))
+        );
     }
 
     fn fixture_events(name: &str) -> Vec<CanonicalEvent> {

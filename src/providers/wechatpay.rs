@@ -525,6 +525,8 @@ pub fn parse_event(
         currency: currency.to_owned(),
         parent_transaction_id: parent.map(str::to_owned),
         occurred_at: success_time.or(created),
+        merchant_reference: fields::merchant_reference(object, "out_trade_no"),
+        metadata: None,
     }))
 }
 
@@ -721,6 +723,17 @@ mod tests {
                 event_type: "PAYSCORE.USER_OPEN_SERVICE".into()
             }])
         );
+    }
+
+    #[test]
+    fn the_merchant_reference_is_the_resources_out_trade_no() {
+        let w = wechat(&[OTHER_KEY, FIXTURE_KEY]);
+        let payment = read("transaction_success.envelope.json");
+        let e = event(accept(&w, &signed(0, SERIAL, &payment), &payment));
+        assert_eq!(e.merchant_reference.as_deref(), Some("FH20231023103400001"));
+        let refund = read("refund_success.envelope.json");
+        let r = event(accept(&w, &signed(1, PUB_KEY_ID, &refund), &refund));
+        assert_eq!(r.merchant_reference.as_deref(), Some("FH20231023103400001"));
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! money kept. The owner of `erasures` (migration V15).
 //!
 //! What fencehook stores of a delivery that can name a person: the body of
-//! each inbox event as received (`events.body`) and each quarantined batch
-//! item (`quarantined_items.item`). No header of a delivery is stored. An
-//! erasure empties those of the object named and of the refunds and disputes
-//! that name it as their payment (a PSP repeats the payer's details in
-//! them), and keeps what the money needs: the rows, their fingerprints, the
-//! canonical events (ids, amounts, currencies, times; no personal data) and
-//! the ledger. It then records itself in `erasures`, in the same transaction:
+//! each inbox event as received (`events.body`), the merchant's side of its
+//! canonical event (`merchant_reference` and Stripe's `metadata` in
+//! `events.canonical`: a merchant may put an e-mail there) and each
+//! quarantined batch item (`quarantined_items.item`). No header of a
+//! delivery is stored. An erasure empties those of the object named and of
+//! the refunds and disputes that name it as their payment (a PSP repeats the
+//! payer's details in them), and keeps what the money needs: the rows, their
+//! fingerprints, the rest of the canonical events (ids, amounts, currencies,
+//! times; no personal data) and the ledger. It then records itself in `erasures`, in the same transaction:
 //! either the bodies are gone and the record says so, or nothing changed.
 //!
 //! What must stay true: an erasure changes no payments row, no ledger entry
@@ -67,6 +69,11 @@ SELECT $2::text
  UNION SELECT transaction_id FROM payments WHERE provider = $1 AND parent_transaction_id = $2
  UNION SELECT transaction_id FROM events WHERE provider = $1 AND parent_transaction_id = $2";
 
+/// An event whose canonical form holds the merchant's side: a
+/// `merchant_reference` (not `null`) or a `metadata` object.
+const MERCHANT_SIDE: &str =
+    "(canonical->>'merchant_reference' IS NOT NULL OR canonical ? 'metadata')";
+
 /// Erases `req`'s object (see the module) in one transaction.
 pub async fn erase(url: &str, req: &Request) -> Result<Erasure, StoreError> {
     let mut client = connect(url).await?;
@@ -99,8 +106,12 @@ pub async fn erase(url: &str, req: &Request) -> Result<Erasure, StoreError> {
     let events: Vec<ErasedEvent> = tx
         .query(
             &format!(
-                "UPDATE events SET body = ''
-                  WHERE provider = $1 AND transaction_id IN ({OBJECT_IDS}) AND body <> ''
+                "UPDATE events SET body = '',
+                        canonical = CASE WHEN {MERCHANT_SIDE}
+                                         THEN canonical - 'merchant_reference' - 'metadata'
+                                         ELSE canonical END
+                  WHERE provider = $1 AND transaction_id IN ({OBJECT_IDS})
+                    AND (body <> '' OR {MERCHANT_SIDE})
               RETURNING id, transaction_id, event_type::text"
             ),
             &[&req.provider, &req.transaction_id],

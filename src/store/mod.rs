@@ -768,6 +768,8 @@ impl Connection {
                 currency: row.get(2),
                 parent_transaction_id: ev.parent_transaction_id.clone(),
                 occurred_at: row.get(3),
+                merchant_reference: ev.merchant_reference.clone(),
+                metadata: ev.metadata.clone(),
             },
             over_returned,
         };

@@ -420,6 +420,8 @@ mod tests {
             currency: "EUR".to_owned(),
             parent_transaction_id: None,
             occurred_at: None,
+            merchant_reference: None,
+            metadata: None,
         };
         let spans = traced(|| {
             let h = headers(&[("traceparent", TRACEPARENT)]);

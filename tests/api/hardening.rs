@@ -107,6 +107,8 @@ fn fingerprint_of(p: &serde_json::Value) -> String {
         currency: p["currency"].as_str().unwrap().into(),
         parent_transaction_id: None,
         occurred_at: None,
+        merchant_reference: None,
+        metadata: None,
     };
     ev.fingerprint()
 }

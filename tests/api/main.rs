@@ -26,6 +26,7 @@ mod kubernetes;
 mod lease;
 mod lifecycle;
 mod load;
+mod merchant_reference;
 mod money;
 mod operations;
 mod patroni;

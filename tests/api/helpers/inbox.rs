@@ -87,6 +87,8 @@ pub fn generic(tx: &str, kind: EventKind, amount: i64) -> CanonicalEvent {
         currency: "EUR".to_owned(),
         parent_transaction_id: None,
         occurred_at: None,
+        merchant_reference: None,
+        metadata: None,
     }
 }
 
