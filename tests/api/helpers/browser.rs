@@ -113,15 +113,24 @@ impl Chrome {
         }
     }
 
-    /// The page's visible text.
+    /// The page's visible text. A click that submits a form navigates while
+    /// the text is read (the body found is then stale): read again, within a
+    /// deadline.
     pub async fn text(&self) -> String {
-        self.client
-            .find(Locator::Css("body"))
-            .await
-            .expect("a body")
-            .text()
-            .await
-            .expect("its text")
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let read = match self.client.find(Locator::Css("body")).await {
+                Ok(body) => body.text().await,
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(text) => return text,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    panic!("the page's text could not be read: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
     }
 
     /// The current URL's path (and query).
