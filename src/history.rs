@@ -4,8 +4,9 @@
 //!
 //! Off the delivery path: the handler hands each row to a bounded channel
 //! ([`History::record`], never waiting) and one background task
-//! ([`History::spawn`]) drains it, writing whatever has gathered in one
-//! multi-row insert. A delivery therefore pays for a channel send, not for
+//! ([`History::spawn`]) drains it: after the first row of a batch it lets
+//! the rows of the deliveries in flight gather for a few milliseconds, then
+//! writes them all in one multi-row insert. A delivery therefore pays for a channel send, not for
 //! a round trip to PostgreSQL; under load the batches grow and the inserts
 //! per delivery fall. A row the channel has no room for, or whose batch the
 //! database refuses, is lost, never waited for: counted in
@@ -26,6 +27,8 @@ use crate::store::Store;
 pub const CAPACITY: usize = 8192;
 /// Rows in one insert, at most.
 const BATCH: usize = 1000;
+/// How long the writer lets rows gather after the first of a batch.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Where the handler records answered items; `off` records nothing.
 #[derive(Clone)]
@@ -107,6 +110,17 @@ async fn write(
             got = rows.recv_many(&mut batch, BATCH) => got == 0,
             _ = stopped.changed() => true,
         };
+        if !stopping && batch.len() < BATCH {
+            // A moment for the rows of the deliveries in flight to join
+            // this one: one statement for many rows, not one each.
+            tokio::time::sleep(GATHER).await;
+            while batch.len() < BATCH {
+                match rows.try_recv() {
+                    Ok(row) => batch.push(row),
+                    Err(_) => break,
+                }
+            }
+        }
         if stopping {
             rows.close();
             while rows.recv_many(&mut batch, BATCH).await > 0 {

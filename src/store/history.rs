@@ -36,6 +36,12 @@ pub struct DeliveryRow {
 /// for days stays readable.
 const SHOWN: i64 = 1000;
 
+/// One batch, one statement: a row per element of the arrays.
+const INSERT: &str = "INSERT INTO delivery_history (answered_at, provider, transaction_id,
+        parent_transaction_id, event_type, psp_event_id, result, status, reason)
+ SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[],
+        $5::text[], $6::text[], $7::text[], $8::int2[], $9::text[])";
+
 impl Store {
     /// Writes a batch of history rows in one statement.
     pub async fn record_deliveries(&self, rows: &[DeliveryRow]) -> Result<u64, StoreError> {
@@ -60,12 +66,11 @@ impl Store {
         );
         let client = self.writer().await?;
         let watch = client.watch();
+        // Prepared once per pooled connection: a batch is one round trip.
+        let insert = client.prepare_cached(INSERT).await?;
         watch
             .statement(client.execute(
-                "INSERT INTO delivery_history (answered_at, provider, transaction_id,
-                        parent_transaction_id, event_type, psp_event_id, result, status, reason)
-                 SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[],
-                        $5::text[], $6::text[], $7::text[], $8::int2[], $9::text[])",
+                &insert,
                 &[
                     &at,
                     &provider,
