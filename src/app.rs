@@ -81,6 +81,8 @@ pub struct App {
     allow_published_secrets: bool,
     /// The scheduled prune, unless `FENCEHOOK_PRUNE_INTERVAL_SECS` is 0.
     prune: Option<Prune>,
+    /// The delivery history's writer, unless `FENCEHOOK_DELIVERY_HISTORY` is false.
+    history: Option<crate::history::Writer>,
 }
 
 /// What the scheduled prune needs ([`crate::inbox::prune_on_schedule`]).
@@ -259,11 +261,22 @@ impl App {
             metrics.clone(),
             health.clone(),
         );
+        let (history, history_writer) = if cfg.delivery_history {
+            let (history, writer) = crate::history::History::spawn(
+                store.clone(),
+                metrics.clone(),
+                crate::history::CAPACITY,
+            );
+            (history, Some(writer))
+        } else {
+            (crate::history::History::off(metrics.clone()), None)
+        };
         let state = Arc::new(State::new(
             cfg.providers,
             deliveries,
             metrics,
             health,
+            history,
             RequestLimits {
                 max_body_bytes: cfg.max_body_bytes,
                 body_timeout: cfg.body_timeout,
@@ -295,6 +308,7 @@ impl App {
             limits,
             allow_published_secrets,
             prune,
+            history: history_writer,
             inbox,
             workers,
         })
@@ -330,6 +344,7 @@ impl App {
             limits,
             allow_published_secrets,
             prune,
+            history,
             inbox,
             workers,
             providers_file,
@@ -365,6 +380,10 @@ impl App {
             if tokio::time::timeout(drain, task).await.is_err() {
                 tracing::warn!("inbox workers still busy past the drain timeout; their events will be taken again");
             }
+        }
+        // Every delivery is answered: what the history still holds is written.
+        if let Some(writer) = history {
+            writer.stop(drain).await;
         }
         let _ = admin.stop.send(true);
         let _ = admin.task.await;

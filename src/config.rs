@@ -179,6 +179,11 @@ pub struct ServeArgs {
     /// otherwise be lost in a failover.
     #[arg(long, env = setting::FENCEHOOK_REQUIRE_SYNC_REPLICATION, default_value_t = false, action = clap::ArgAction::Set)]
     pub require_sync_replication: bool,
+    /// Record every delivery that reached the fenced path, with its answer,
+    /// in the delivery history (kept for FENCEHOOK_EVENT_RETENTION_DAYS;
+    /// written in batches off the delivery path).
+    #[arg(long, env = setting::FENCEHOOK_DELIVERY_HISTORY, default_value_t = true, action = clap::ArgAction::Set)]
+    pub delivery_history: bool,
     /// Log format.
     #[arg(long, env = setting::FENCEHOOK_LOG_FORMAT, value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -473,6 +478,8 @@ pub struct Config {
     pub migrate_on_start: bool,
     /// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`.
     pub require_sync_replication: bool,
+    /// `FENCEHOOK_DELIVERY_HISTORY`.
+    pub delivery_history: bool,
     pub inbox: InboxConfig,
     /// The operator console (`/console` on the admin listener); off by default.
     pub console: console::ConsoleConfig,
@@ -566,6 +573,7 @@ impl ServeArgs {
                     shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
                     migrate_on_start: self.migrate_on_start,
                     require_sync_replication: self.require_sync_replication,
+                    delivery_history: self.delivery_history,
                     inbox,
                     console,
                     traces,

@@ -710,8 +710,8 @@ fn age_of(since: OffsetDateTime) -> Duration {
 
 /// The scheduled prune of `serve` and `work` (`FENCEHOOK_PRUNE_INTERVAL_SECS`):
 /// what `fencehook prune` does, every `every`, the first time at start.
-/// Finished events past `retention` and quarantined items last seen before
-/// it are deleted; dead events are kept for a replay. Every instance runs
+/// Finished events past `retention`, quarantined items last seen before
+/// it and delivery history rows answered before it are deleted; dead events are kept for a replay. Every instance runs
 /// it: the deletes are idempotent, and a second one finds nothing. Runs
 /// until the task is aborted.
 pub async fn prune_on_schedule(
@@ -737,6 +737,14 @@ pub async fn prune_on_schedule(
             }
             Err(e) => {
                 tracing::warn!(error = %crate::report::chain(&e), "scheduled prune failed; tried again at the next interval");
+            }
+        }
+        // The delivery history is kept as long as the events.
+        match store.prune_deliveries(before).await {
+            Ok(0) => {}
+            Ok(rows) => tracing::info!(rows, "delivery history pruned past retention"),
+            Err(e) => {
+                tracing::warn!(error = %crate::report::chain(&e), "scheduled prune of the delivery history failed; tried again at the next interval");
             }
         }
     }

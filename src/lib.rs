@@ -35,6 +35,10 @@
 //!   stored in one statement at accept, then booked by workers (`serve`'s
 //!   and `fencehook work`'s) through the processor, retried with backoff,
 //!   pruned once done.
+//! - [`history`]: the delivery history's writer: each answered delivery
+//!   that reached the booking path handed to a bounded queue without
+//!   waiting, written in batches by one task ([`store::history`] owns the
+//!   table); a full queue drops and counts, never delays an answer.
 //! - [`processor`]: the state machine of one event (fast path → lease →
 //!   fenced claim → business step → fenced finalize → release), returning an
 //!   [`processor::Outcome`].
@@ -46,8 +50,9 @@
 //!   checks of `fencehook audit` ([`store::audit`]), the drain figures
 //!   of an inbox-mode `fencehook load` ([`store::drain`]), the PayPal
 //!   transmission ids bound to their bodies ([`store::transmissions`]),
-//!   the ledger as finance reads it ([`store::ledger`]) and the erasure of
-//!   stored bodies ([`store::erase`]). The write that takes its lease inside
+//!   the ledger as finance reads it ([`store::ledger`]), the erasure of
+//!   stored bodies ([`store::erase`]) and the delivery history
+//!   ([`store::history`]). The write that takes its lease inside
 //!   itself starts with the PostgreSQL lease backend's SQL fragment.
 //! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
 //!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
@@ -105,6 +110,7 @@ pub mod domain;
 pub mod downstream;
 pub mod error;
 pub mod health;
+pub mod history;
 pub mod http;
 pub mod inbox;
 pub mod lease;

@@ -39,14 +39,16 @@ enum Command {
     /// Check the database invariants; exits 1 on any violation.
     Audit(AuditArgs),
     /// Show one transaction: its row, its refunds and disputes, their ledger
-    /// entries and their events (attempts, last error). Exits 1 when unknown.
+    /// entries, their events (attempts, last error) and the answers their
+    /// deliveries were given. Exits 1 when unknown.
     Inspect(tools::ops::InspectArgs),
     /// Re-queue dead inbox events (one transaction's, or every dead one
     /// since a time); prints what it re-queued.
     Replay(tools::ops::ReplayArgs),
     /// List or search the stored inbox events.
     Events(tools::ops::EventsArgs),
-    /// Delete finished inbox events (and quarantined items) past retention.
+    /// Delete finished inbox events (and quarantined items, and the delivery
+    /// history) past retention.
     Prune(tools::ops::PruneArgs),
     /// Write data out for finance: `export ledger` (every ledger entry in a
     /// window, and the net per currency), CSV or JSON to stdout.

@@ -463,6 +463,8 @@ handles! {
     inbox_stored_bytes() -> Gauge = INBOX_STORED_BYTES;
     /// Events deleted by the scheduled prune.
     pruned() -> Counter = PRUNED_TOTAL;
+    /// Delivery history rows not written (see [`crate::history`]).
+    delivery_history_lost() -> Counter = DELIVERY_HISTORY_LOST_TOTAL;
     spans_dropped(reason: SpanDrop) -> Counter = TRACE_SPANS_DROPPED_TOTAL;
 }
 

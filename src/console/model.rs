@@ -161,7 +161,7 @@ pub struct Moment {
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
     /// `created`, `updated`, `received`, `attempt_failed`, `replayed`,
-    /// `done`, `dead`, `ledger`.
+    /// `done`, `dead`, `ledger`, `delivery` (an answer a delivery was given).
     pub what: &'static str,
     pub transaction_id: String,
     pub text: String,

@@ -348,7 +348,7 @@ async fn payment(
         .inspect(&provider, &tx)
         .await
         .map_err(|e| unavailable(ask, session, &e))?;
-    if found.row.is_none() && found.events.is_empty() {
+    if !found.is_known() {
         return Err(failure(
             ask,
             Some(session),

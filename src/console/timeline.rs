@@ -1,5 +1,5 @@
 //! A payment's timeline: its rows created and changed, its events received
-//! and their attempts, and its ledger entries with the fence that wrote each
+//! and their attempts, the answers its deliveries were given, and its ledger entries with the fence that wrote each
 //! and the money out so far, in the order they happened.
 
 use time::format_description::well_known::Rfc3339;
@@ -108,6 +108,30 @@ pub fn timeline(found: &Inspection) -> Vec<Moment> {
             out.push((at, 4, m));
         }
     }
+    // The answers its deliveries were given (both modes): an answer
+    // follows its commit, so a tie sorts it after what it booked.
+    for d in &found.deliveries {
+        let text = format!(
+            "delivery {} {} answered {} {}{}{}",
+            d.transaction_id,
+            d.event_type,
+            d.status,
+            d.result,
+            d.reason
+                .as_deref()
+                .map(|r| format!(" {r}"))
+                .unwrap_or_default(),
+            d.psp_event_id
+                .as_deref()
+                .map(|p| format!(" (PSP id {p})"))
+                .unwrap_or_default()
+        );
+        out.push((
+            d.answered_at,
+            6,
+            moment(d.answered_at, "delivery", &d.transaction_id, text),
+        ));
+    }
     let mut ledger: Vec<_> = found.entries.iter().collect();
     ledger.sort_by_key(|e| e.created_at);
     let mut money_out: i64 = 0;
@@ -177,6 +201,7 @@ mod tests {
             row: Some(row),
             children: vec![],
             // Listed out of time order: the timeline sorts them.
+            deliveries: vec![],
             entries: vec![
                 entry("dp", "dispute", -5000, "04", 2),
                 entry("pay", "credit", 10000, "01", 1),

@@ -13,6 +13,7 @@ use super::model::{
     counted, encode_segment, row_status, AuditView, EventsView, Moment, Overview, PaymentView,
     RefusalsView, ReplayView, SearchView,
 };
+use crate::config::setting;
 use crate::domain::amount::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
 use crate::store::inbox::{EventRow, RowView};
@@ -403,6 +404,20 @@ pub fn payment(session: &Session, v: &PaymentView) -> Markup {
                         @if let Some(t) = m.token { span.tok { "lease token " (t) } }
                         @if let Some(o) = &m.out_so_far { span.tok { "· out so far " (o) } }
                     }
+                }
+            }
+            h2 { "Deliveries and their answers" }
+            table {
+                thead { tr { th { "Answered" } th { "Transaction" } th { "Event type" } th { "PSP event id" } th.num { "Status" } th { "Result" } } }
+                tbody {
+                    @for d in &found.deliveries {
+                        tr {
+                            td { (when(&d.answered_at)) } td.mono { (d.transaction_id) } td { (d.event_type) }
+                            td.mono { (d.psp_event_id.as_deref().unwrap_or("—")) } td.num { (d.status) }
+                            td { (d.result) @if let Some(r) = &d.reason { " " (r) } }
+                        }
+                    }
+                    @if found.deliveries.is_empty() { tr { td colspan="6" .muted { "No delivery recorded (kept for " (setting::FENCEHOOK_EVENT_RETENTION_DAYS) "; off with " (setting::FENCEHOOK_DELIVERY_HISTORY) "=false)." } } }
                 }
             }
             h2 { "Events and attempts" }

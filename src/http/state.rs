@@ -35,6 +35,8 @@ pub struct State {
     console: std::sync::OnceLock<crate::console::Console>,
     /// The answers and refusals of late, for the console.
     pub recent: crate::console::recent::Recent,
+    /// Where answered items are recorded (`FENCEHOOK_DELIVERY_HISTORY`).
+    pub history: crate::history::History,
     listening: AtomicBool,
     draining: AtomicBool,
 }
@@ -52,6 +54,7 @@ impl State {
         deliveries: Deliveries,
         metrics: Metrics,
         health: Arc<Health>,
+        history: crate::history::History,
         limits: RequestLimits,
     ) -> State {
         let RequestLimits {
@@ -70,6 +73,7 @@ impl State {
             inflight: Semaphore::new(max_inflight),
             console: Default::default(),
             recent: Default::default(),
+            history,
             listening: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }

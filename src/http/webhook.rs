@@ -26,7 +26,8 @@ use super::Body;
 use crate::config::setting;
 use crate::delivery::{Received, Refusal};
 use crate::metrics::{RejectReason, WebhookResult};
-use crate::providers::{Provider, Reject};
+use crate::providers::{Item, Provider, Reject};
+use crate::store::history::DeliveryRow;
 use crate::telemetry::spans;
 use tracing::Instrument;
 
@@ -218,11 +219,11 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         Ok(items) => items,
         Err(reject) => return not_verified(provider, &reject),
     };
-    // Inbox mode keeps each event as received, with the PSP's id of the delivery.
+    // Inbox mode keeps each event as received, with the PSP's id of the
+    // delivery; the delivery history keeps that id too.
     let body_text = String::from_utf8_lossy(&body);
-    let psp_event_id = state
-        .deliveries
-        .stores_events()
+    let keeps_history = state.history.is_on();
+    let psp_event_id = (state.deliveries.stores_events() || keeps_history)
         .then(|| provider.psp_event_id(&headers, &body))
         .flatten();
     let received = Received {
@@ -234,11 +235,61 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
     let Ok(_permit) = state.inflight.try_acquire() else {
         return refused(Kind::Overloaded, Answer::unavailable(None));
     };
+    let named = keeps_history.then(|| items.iter().map(Named::of).collect::<Vec<_>>());
     let handled = state.deliveries.book(provider, items, received).await;
-    let answers = handled.into_iter().map(Answer::of_item).collect();
+    let answers: Vec<Answer> = handled.into_iter().map(Answer::of_item).collect();
+    if let Some(named) = named {
+        record(state, provider, psp_event_id.as_deref(), named, &answers);
+    }
     Delivery::Processed(
         Answer::of_batch(answers).unwrap_or_else(|| Answer::invalid("no event in the delivery")),
     )
+}
+
+/// What the delivery history keeps of an item that is an event: the
+/// transaction, the payment it names, its type. `None` for an item that is
+/// no event (ignored or unmappable: nothing reaches the fenced path).
+struct Named(Option<(String, Option<String>, &'static str)>);
+
+impl Named {
+    fn of(item: &Item) -> Named {
+        Named(match item {
+            Item::Event(ev) | Item::CancelOrRefund(ev) => Some((
+                ev.transaction_id.clone(),
+                ev.parent_transaction_id.clone(),
+                ev.event_type.as_str(),
+            )),
+            Item::Ignored { .. } | Item::Unmappable { .. } => None,
+        })
+    }
+}
+
+/// Hands each answered event of the delivery to the history (never waiting:
+/// see [`crate::history`]). `book` answers in the items' order.
+fn record(
+    state: &State,
+    provider: &Provider,
+    psp_event_id: Option<&str>,
+    named: Vec<Named>,
+    answers: &[Answer],
+) {
+    let answered_at = time::OffsetDateTime::now_utc();
+    for (Named(named), answer) in named.into_iter().zip(answers) {
+        let Some((transaction_id, parent_transaction_id, event_type)) = named else {
+            continue;
+        };
+        state.history.record(DeliveryRow {
+            answered_at,
+            provider: provider.name.clone(),
+            transaction_id,
+            parent_transaction_id,
+            event_type: event_type.to_owned(),
+            psp_event_id: psp_event_id.map(str::to_owned),
+            result: answer.result.as_str().to_owned(),
+            status: answer::status(answer.result).as_u16() as i16,
+            reason: answer.reason.clone(),
+        });
+    }
 }
 
 /// The delivery's headers and whole body, read within its limits: the

@@ -153,6 +153,8 @@ metric_table! {
         "Replays asked for from the operator console, by scope: event (one dead event), filter (every dead event matching a filter).";
     PRUNED_TOTAL = "fencehook_pruned_total", counter, [],
         "Finished inbox events deleted past FENCEHOOK_EVENT_RETENTION_DAYS by the scheduled prune.";
+    DELIVERY_HISTORY_LOST_TOTAL = "fencehook_delivery_history_lost_total", counter, [],
+        "Delivery history rows not written: the writer's queue was full, or the database refused their batch. The deliveries themselves were answered as always.";
     AUDIT_LAST_RUN_TIMESTAMP_SECONDS = "fencehook_audit_last_run_timestamp_seconds", gauge, [],
         "When the newest run of `fencehook audit` recorded in the database finished (Unix time); 0 while none is recorded. Read at start and every minute.";
     AUDIT_VIOLATIONS = "fencehook_audit_violations", gauge, [],

@@ -1251,13 +1251,25 @@ pub struct EntryView {
 }
 
 /// Everything known about one transaction: its row, its children (refunds
-/// and disputes of a payment), their ledger entries and their events.
+/// and disputes of a payment), their ledger entries, their events and the
+/// answers their deliveries were given.
 #[derive(Debug, Clone, Serialize)]
 pub struct Inspection {
     pub row: Option<RowView>,
     pub children: Vec<RowView>,
     pub entries: Vec<EntryView>,
     pub events: Vec<EventRow>,
+    /// Its delivery history and its refunds' and disputes', oldest first
+    /// (both modes: see [`crate::store::history`]).
+    pub deliveries: Vec<super::history::DeliveryRow>,
+}
+
+impl Inspection {
+    /// Whether anything of the transaction is stored: its row, an event, or
+    /// an answered delivery (a refused refund has no row, only its answer).
+    pub fn is_known(&self) -> bool {
+        self.row.is_some() || !self.events.is_empty() || !self.deliveries.is_empty()
+    }
 }
 
 const ROW_COLUMNS: &str = "id, provider, transaction_id, kind, parent_transaction_id, status, \
@@ -1320,11 +1332,13 @@ impl Store {
                 ..EventFilter::default()
             })
             .await?;
+        let deliveries = self.deliveries(provider, transaction_id).await?;
         Ok(Inspection {
             row,
             children,
             entries,
             events,
+            deliveries,
         })
     }
 }

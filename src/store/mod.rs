@@ -57,6 +57,7 @@ mod commit;
 pub mod console;
 pub mod drain;
 pub mod erase;
+pub mod history;
 pub mod inbox;
 pub mod ledger;
 pub mod migrate;

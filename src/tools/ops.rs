@@ -5,6 +5,7 @@ use clap::Args;
 use fencehook::config::{setting, DbArgs};
 use fencehook::domain::amount::major_units;
 use fencehook::store::console::EVENT_STATUSES;
+use fencehook::store::history::DeliveryRow;
 use fencehook::store::inbox::{EventFilter, EventRow, Inspection, Replay};
 use fencehook::store::Store;
 use time::format_description::well_known::Rfc3339;
@@ -124,13 +125,13 @@ pub async fn inspect(args: &InspectArgs) -> Result<bool, String> {
             "{}",
             serde_json::to_string_pretty(&found).map_err(|e| e.to_string())?
         );
-        return Ok(found.row.is_some() || !found.events.is_empty());
+        return Ok(found.is_known());
     }
     print!(
         "{}",
         inspection_text(&found, &args.provider, &args.transaction_id)
     );
-    Ok(found.row.is_some() || !found.events.is_empty())
+    Ok(found.is_known())
 }
 
 /// `inspect`'s text: amounts in major units with their currency (the JSON
@@ -186,7 +187,33 @@ fn inspection_text(found: &Inspection, provider: &str, transaction_id: &str) -> 
         out.push_str("  events:\n");
         out.push_str(&events_text(&found.events, "    "));
     }
+    if !found.deliveries.is_empty() {
+        out.push_str("  deliveries:\n");
+        for d in &found.deliveries {
+            out.push_str(&format!("    {}\n", delivery_line(d)));
+        }
+    }
     out
+}
+
+/// One line of the delivery history: when, what, and the answer.
+fn delivery_line(d: &DeliveryRow) -> String {
+    format!(
+        "{} {:<24} {:<25} answered {} {}{}{}",
+        d.answered_at.format(&Rfc3339).unwrap_or_default(),
+        d.transaction_id,
+        d.event_type,
+        d.status,
+        d.result,
+        d.reason
+            .as_deref()
+            .map(|r| format!(" {r}"))
+            .unwrap_or_default(),
+        d.psp_event_id
+            .as_deref()
+            .map(|p| format!("  (PSP id {p})"))
+            .unwrap_or_default(),
+    )
 }
 
 pub async fn replay(args: &ReplayArgs) -> Result<bool, String> {
@@ -250,14 +277,19 @@ pub async fn prune(args: &PruneArgs) -> Result<bool, String> {
             .prune_count(before, args.dead)
             .await
             .map_err(db_error)?;
+        let history = store
+            .prune_deliveries_count(before)
+            .await
+            .map_err(db_error)?;
         println!(
-            "prune: would delete {events} event(s) and {items} quarantined item(s) from before {before_text} (dry run: nothing deleted)"
+            "prune: would delete {events} event(s), {items} quarantined item(s) and {history} delivery history row(s) from before {before_text} (dry run: nothing deleted)"
         );
         return Ok(true);
     }
     let (events, items) = store.prune(before, args.dead).await.map_err(db_error)?;
+    let history = store.prune_deliveries(before).await.map_err(db_error)?;
     println!(
-        "prune: deleted {events} event(s) and {items} quarantined item(s) from before {before_text}"
+        "prune: deleted {events} event(s), {items} quarantined item(s) and {history} delivery history row(s) from before {before_text}"
     );
     Ok(true)
 }
@@ -377,6 +409,7 @@ mod tests {
             children: vec![row("refund", "re", 2050, "EUR")],
             entries: vec![],
             events: vec![],
+            deliveries: vec![],
         };
         let text = inspection_text(&found, "generic", "pay");
         assert!(
@@ -397,6 +430,7 @@ mod tests {
                 children: vec![],
                 entries: vec![],
                 events: vec![],
+                deliveries: vec![],
             };
             let text = inspection_text(&found, "generic", "pay");
             assert!(text.contains(&format!("succeeded  {shown}  (by")), "{text}");

@@ -18,6 +18,7 @@ mod exactly_once;
 mod faults;
 mod finance;
 mod hardening;
+mod history;
 mod inbox;
 mod inbox_liveness;
 mod inline_lease;

@@ -170,6 +170,7 @@ impl TestContext {
             shutdown_timeout: Duration::from_secs(5),
             migrate_on_start: false,
             require_sync_replication: false,
+            delivery_history: true,
             inbox: InboxConfig {
                 mode: Mode::Sync,
                 workers: 2,
