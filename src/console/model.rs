@@ -10,7 +10,8 @@ use super::auth::Role;
 use super::recent::{AnswerCount, Refusal};
 use crate::store::audit::{AuditRun, LastAudit};
 use crate::store::console::{DeadGroup, Page, PaymentLine, QuarantineSummary};
-use crate::store::inbox::{Counts, EventRow, Inspection};
+use crate::store::events::Inspection;
+use crate::store::inbox::{Counts, EventRow};
 
 /// Inbox events by status (every instance's: from the database), each
 /// counted up to [`InboxCounts::cap`]: a count equal to it means at least
@@ -238,7 +239,7 @@ pub struct ReplayView {
     /// The database's time of the dry run's count: the confirmation
     /// replays only events dead by then (RFC 3339).
     pub as_of: Option<String>,
-    /// Statements the replay took ([`crate::store::inbox::REPLAY_BATCH`]
+    /// Statements the replay took ([`crate::store::events::REPLAY_BATCH`]
     /// events each).
     pub batches: u32,
     /// The first re-queued events (at most [`super::replay::EVENTS_SHOWN`]).

@@ -6,7 +6,7 @@
 //! [`REPLAY_MAX`] and its confirmation form carries that count and the
 //! database's time of it, so the confirmation re-queues at most what was
 //! counted, of the events dead by then (not those that died since). The
-//! store re-queues them [`crate::store::inbox::REPLAY_BATCH`] per statement;
+//! store re-queues them [`crate::store::events::REPLAY_BATCH`] per statement;
 //! the answer lists the first [`EVENTS_SHOWN`].
 
 use serde_json::json;
@@ -18,7 +18,7 @@ use super::auth::{Role, Session};
 use super::model::{encode_segment, ReplayFilter, ReplayView};
 use super::when::parse_when;
 use super::{may_write, views, Ask, Console, ReplayScope};
-use crate::store::inbox::Replay;
+use crate::store::events::Replay;
 use hyper::StatusCode;
 
 /// Most dead events one replay of many re-queues (and its dry run counts):

@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 
 use super::model::{row_status, Moment};
 use crate::domain::amount::major_units;
-use crate::store::inbox::Inspection;
+use crate::store::events::Inspection;
 
 /// The timeline of an inspection: rows created and changed, events received
 /// and their attempts, ledger entries with the token that wrote them and the
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn the_timeline_runs_the_money_out_through_refunds_reversals_and_disputes_in_time_order() {
-        use crate::store::inbox::{EntryView, RowView};
+        use crate::store::events::{EntryView, RowView};
         let t =
             |s: &str| OffsetDateTime::parse(&format!("2026-01-31T12:00:{s}Z"), &Rfc3339).unwrap();
         let row = RowView {

@@ -16,7 +16,8 @@ use super::model::{
 use crate::config::setting;
 use crate::domain::amount::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
-use crate::store::inbox::{EventRow, RowView};
+use crate::store::events::RowView;
+use crate::store::inbox::EventRow;
 
 /// The console's stylesheet (served at `/console/style.css`: the CSP allows
 /// no inline style).

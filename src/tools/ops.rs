@@ -5,8 +5,9 @@ use clap::Args;
 use fencehook::config::{setting, DbArgs};
 use fencehook::domain::amount::major_units;
 use fencehook::store::console::EVENT_STATUSES;
+use fencehook::store::events::{EventFilter, Inspection, Replay};
 use fencehook::store::history::DeliveryRow;
-use fencehook::store::inbox::{EventFilter, EventRow, Inspection, Replay};
+use fencehook::store::inbox::EventRow;
 use fencehook::store::Store;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -351,7 +352,7 @@ fn error_predates_replay(r: &EventRow) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fencehook::store::inbox::RowView;
+    use fencehook::store::events::RowView;
     use serde_json::json;
 
     fn at(text: &str) -> OffsetDateTime {

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencehook::metrics::{INBOX_ATTEMPTS_TOTAL, INBOX_LAG_SECONDS, INBOX_ROWS};
-use fencehook::store::inbox::{Accepted, Replay, Settle, ToAccept};
+use fencehook::store::events::Replay;
+use fencehook::store::inbox::{Accepted, Settle, ToAccept};
 use fencehook::store::{DbErrorKind, Store, StoreError};
 use serde_json::json;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use fencehook::domain::{CanonicalEvent, EventKind};
 use fencehook::metrics::INBOX_ATTEMPTS_TOTAL;
-use fencehook::store::inbox::{Accepted, Replay, Settle};
+use fencehook::store::events::Replay;
+use fencehook::store::inbox::{Accepted, Settle};
 use fencehook::store::Store;
 use serde_json::json;
 

@@ -49,12 +49,12 @@
 //! | `Settled` (in-flight wait) | `processor::Processor::settled` in the in-flight wait of `process`, then `acquire` again |
 //! | `GiveUp` | the in-flight deadline in `process`: answer `in_progress` (409) |
 //! | `IsHeld` | `lease::LeaseGuard::loss_reason` in `processor::Processor::write_around` and `call_and_finalize`: once the attempt has its pooled connection (`store::Store::connection`), right before the claim or the inline statement, and before the finalize |
-//! | `ClaimAndFinalize` (inline route) | `store::Connection::apply` → `store::APPLY`: the fenced upsert writes `succeeded` and feeds the ledger insert, one statement |
-//! | `Claim` (downstream route) | `store::Connection::claim` → `store::CLAIM`: the fenced upsert writes `processing` |
+//! | `ClaimAndFinalize` (inline route) | `store::Connection::apply` → `store::sql::APPLY`: the fenced upsert writes `succeeded` and feeds the ledger insert, one statement |
+//! | `Claim` (downstream route) | `store::Connection::claim` → `store::sql::CLAIM`: the fenced upsert writes `processing` |
 //! | `Reread` | the conflict re-read (`store::reread`: `Claimed::NotWritten` / `Applied::NotWritten`), then `domain::decide` again in `processor::Processor::attempts`: `duplicate`, or a row that still wants the transition at `fence >= token` (resync, once) |
 //! | `Resync` | `lease::LeaseGuard::resync` → `lease::redis::RESYNC_LUA` (only if the lock is ours: counter = max(counter, db fence), INCR, relabel) |
 //! | `CallDownstream` / `DownstreamFails` | `downstream::Downstream::call` (a failure answers 503 and leaves the row `processing`) |
-//! | `Finalize` | `store::Connection::finalize` → `store::FINALIZE`: `succeeded` + ledger entry `WHERE fence = token AND status = ANY(from)`, one statement |
+//! | `Finalize` | `store::Connection::finalize` → `store::sql::FINALIZE`: `succeeded` + ledger entry `WHERE fence = token AND status = ANY(from)`, one statement |
 //! | `Release` | `lease::LeaseGuard::release` → `lease::redis::RELEASE_LUA` (compare-and-delete), then the answer |
 //! | `LockExpires` | the lock's TTL running out because the heartbeat (`lease/heartbeat.rs`, `Heartbeat::run`, renewing with `lease::redis::RENEW_LUA`) got no renewal through or reached the maximum hold; the holder's local view, which always ends first, has ended too |
 //! | `RedisLosesData` | Redis restarting without persistence: lock and counter gone; holders' local views go on until their heartbeat notices |
