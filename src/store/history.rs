@@ -36,11 +36,17 @@ pub struct DeliveryRow {
 /// for days stays readable.
 const SHOWN: i64 = 1000;
 
-/// One batch, one statement: a row per element of the arrays.
+/// One batch, one statement: a row per element of the arrays. Its commit
+/// waits for the primary's own flush but not for a synchronous standby
+/// (`synchronous_commit = local` for this transaction only): the history is
+/// the operators' record, not money, and a batch waiting on a missing
+/// standby would hold a connection and join the waits the commit bound
+/// counts. A failover can lose the newest batches, as a full queue can.
 const INSERT: &str = "INSERT INTO delivery_history (answered_at, provider, transaction_id,
         parent_transaction_id, event_type, psp_event_id, result, status, reason)
- SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[],
-        $5::text[], $6::text[], $7::text[], $8::int2[], $9::text[])";
+ SELECT u.* FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::text[],
+        $5::text[], $6::text[], $7::text[], $8::int2[], $9::text[]) u,
+        (SELECT set_config('synchronous_commit', 'local', true)) AS local_commit";
 
 impl Store {
     /// Writes a batch of history rows in one statement.

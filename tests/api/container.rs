@@ -5,7 +5,7 @@
 //! filesystem, no new privileges, no capability), books a delivery once and
 //! drains on SIGTERM. The two Containerfiles are held to one shape.
 //!
-//! The image is `FENCEHOOK_TEST_IMAGE` when set (`.ci/run` sets it to the
+//! The image is `TEST_IMAGE` when set (`.ci/run` sets it to the
 //! image `make image` built from the release binary), else one built here
 //! from this test binary's `fencehook`, tagged by its hash so a second run
 //! reuses it. Skipped, saying so, only where podman is not installed (`make
@@ -199,13 +199,13 @@ fn podman_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// The image under test: `FENCEHOOK_TEST_IMAGE`, or one built from this
+/// The image under test: `TEST_IMAGE`, or one built from this
 /// test binary's `fencehook` unless an earlier run built it already.
 fn image_under_test() -> String {
-    if let Ok(image) = std::env::var("FENCEHOOK_TEST_IMAGE") {
+    if let Ok(image) = std::env::var("TEST_IMAGE") {
         assert!(
             podman(&["image", "exists", &image]).status.success(),
-            "FENCEHOOK_TEST_IMAGE={image} does not exist: make image"
+            "TEST_IMAGE={image} does not exist: make image"
         );
         return image;
     }
