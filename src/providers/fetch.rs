@@ -90,3 +90,62 @@ pub fn check_base(url: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A PSP API's base URL (`api_url`): `https://host[:port][/path]`, or plain
+/// `http://` only to a loopback host (a test's mock of the PSP): an API key
+/// sent in clear over a network is a key given away. The error is a
+/// sentence for the caller to prefix with the setting.
+pub fn check_api_url(url: &str) -> Result<(), String> {
+    let with_slash = if url.ends_with('/') {
+        url.to_owned()
+    } else {
+        format!("{url}/")
+    };
+    check_base(&with_slash)?;
+    if let Some(rest) = url.strip_prefix("http://") {
+        let authority = rest.split('/').next().unwrap_or_default();
+        let host = match authority.rsplit_once(':') {
+            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+            _ => authority,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            return Err(
+                "must start with https:// (http:// only to a loopback host, for a test server)"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_url_is_https_or_plain_http_to_loopback_only() {
+        for ok in [
+            "https://api.stripe.com",
+            "https://api.stripe.com/",
+            "http://127.0.0.1:4010",
+            "http://localhost:1/",
+            "http://[::1]:80",
+        ] {
+            assert_eq!(check_api_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://api.stripe.com",
+            "http://10.0.0.1:80",
+            "ftp://api.stripe.com",
+            "https://user@api.stripe.com",
+            "api.stripe.com",
+        ] {
+            assert!(check_api_url(bad).is_err(), "{bad}");
+        }
+    }
+}

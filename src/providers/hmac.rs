@@ -46,8 +46,8 @@ fn mac(key: &[u8], message: &[&[u8]]) -> HmacSha256 {
 /// timestamp window.
 #[derive(Deserialize)]
 pub struct TimedTable {
-    secrets: Option<Secrets>,
-    tolerance_secs: Option<Tolerance>,
+    pub(super) secrets: Option<Secrets>,
+    pub(super) tolerance_secs: Option<Tolerance>,
 }
 
 impl TimedTable {

@@ -80,6 +80,7 @@ pub mod setup;
 pub mod square;
 pub mod standard;
 pub mod stripe;
+pub mod stripe_api;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkeys;
 pub mod wechatpay;
@@ -91,7 +92,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use self::fields::{check_currency, check_transaction_id};
 pub use self::file::load_file;
 use self::psp::Key;
-pub use self::scheme::{AckBody, Item, Reject, Scheme, Spec, TransmissionKey};
+pub use self::scheme::{AckBody, EventsApi, Item, Reject, Scheme, Spec, TransmissionKey};
 pub use self::settings::SettingErrors;
 use self::setup::Setup;
 
@@ -169,6 +170,12 @@ macro_rules! registry {
             async fn confirm(&self, provider: &str, body: &[u8], item: &Item) -> Result<(), Reject> {
                 match self {
                     $(Configured::$kind(s) => s.confirm(provider, body, item).await,)+
+                }
+            }
+
+            fn events_api(&self) -> EventsApi {
+                match self {
+                    $(Configured::$kind(s) => s.events_api(),)+
                 }
             }
 
@@ -470,6 +477,11 @@ impl Provider {
         self.scheme.confirm(&self.name, body, item).await
     }
 
+    /// Whether this provider can list its PSP's events (reconciliation).
+    pub fn events_api(&self) -> EventsApi {
+        self.scheme.events_api()
+    }
+
     /// PayPal: puts a certificate in the provider's cache as if fetched from
     /// `url` (for tests whose deliveries name a PayPal URL).
     #[cfg(any(test, feature = "test-support"))]
@@ -728,7 +740,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             err.lines(),
-            ["provider `s`: tolerance: not a setting of scheme stripe; did you mean tolerance_secs? (it takes secrets, tolerance_secs)"]
+            ["provider `s`: tolerance: not a setting of scheme stripe; did you mean tolerance_secs? (it takes secrets, tolerance_secs, api_key, api_url)"]
         );
         let refund = psp::Notice {
             transaction_id: "re_1".into(),
@@ -1059,8 +1071,8 @@ secrets = ["whsec_x"]
             errors.lines(),
             [
                 "`extra`: unknown table; providers go in [providers.<name>]",
-                "provider `a`: tolerence_secs: not a setting of scheme stripe; did you mean tolerance_secs? (it takes secrets, tolerance_secs)",
-                "provider `a`: webhook: not a setting of scheme stripe (it takes secrets, tolerance_secs)",
+                "provider `a`: tolerence_secs: not a setting of scheme stripe; did you mean tolerance_secs? (it takes secrets, tolerance_secs, api_key, api_url)",
+                "provider `a`: webhook: not a setting of scheme stripe (it takes secrets, tolerance_secs, api_key, api_url)",
                 "provider `b`: secrets: required (a list of strings)",
             ]
         );

@@ -131,6 +131,12 @@ pub trait Scheme: Clone + Send + Sync + Sized + 'static {
         async { Ok(()) }
     }
 
+    /// Whether a provider of the scheme can list its PSP's events (the
+    /// reconciliation reads them): most PSPs have no events API.
+    fn events_api(&self) -> EventsApi {
+        EventsApi::None
+    }
+
     /// Puts a certificate in the provider's cache as if fetched from `url`;
     /// `None` for a scheme that fetches none.
     #[cfg(any(test, feature = "test-support"))]
@@ -263,6 +269,28 @@ impl Spec {
         ts: i64,
     ) -> Result<Delivery, String> {
         (self.deliver_fn)(psp, notice, body, delivery_id, ts)
+    }
+}
+
+/// What a provider offers the reconciliation ([`Scheme::events_api`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventsApi {
+    /// The PSP has no API that lists past events.
+    None,
+    /// It has one; the provider has no credentials for it.
+    NoCredentials,
+    /// It has one, and the provider has credentials.
+    Ready,
+}
+
+impl EventsApi {
+    /// How `check-config` and `reconcile` say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventsApi::None => "no events API",
+            EventsApi::NoCredentials => "no API credentials",
+            EventsApi::Ready => "can reconcile",
+        }
     }
 }
 

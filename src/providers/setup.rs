@@ -108,6 +108,20 @@ impl<'a> Setup<'a> {
         secrets
     }
 
+    /// An API key of `field` (it reads the merchant's account at the PSP):
+    /// one published in fencehook's own files, or in the PSP's own docs
+    /// (`published.txt` lists them), is an exposure like a published
+    /// secret: it is no one's account, or everyone's.
+    pub fn api_key(&mut self, field: &str, key: &str) {
+        if published::secret(key, &|k: &str| Some(k.as_bytes().to_vec())).is_some() {
+            let line = self.error(
+                field,
+                "is an API key published in the PSP's docs or fencehook's own files, not your account's",
+            );
+            self.found.exposures.push(line);
+        }
+    }
+
     /// The contents of the key or certificate file `path` of `field`
     /// (`label`: which of the field's files, when it names them), relative to
     /// the providers file. The example's placeholder key is an exposure.

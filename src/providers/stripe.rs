@@ -72,6 +72,8 @@
 //!   the currency's minor unit (JPY has none, KWD has three decimals: Stripe
 //!   already sends the integer it charges).
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -81,8 +83,10 @@ use super::fields::{
 };
 use super::hmac;
 use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
-use super::scheme::{Item, Reject, Scheme};
+use super::scheme::{EventsApi, Item, Reject, Scheme};
+use super::settings::{Secrets, Tolerance};
 use super::setup::Setup;
+use super::stripe_api::{Api, DEFAULT_API_URL};
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// The header Stripe signs with (HTTP header names are case-insensitive).
@@ -95,6 +99,21 @@ const MIN_CHARS_AFTER_PREFIX: usize = 32;
 pub struct Stripe {
     secrets: Vec<Vec<u8>>,
     tolerance_secs: u64,
+    /// Stripe's API, when the provider has an `api_key`.
+    api: Option<Arc<Api>>,
+}
+
+/// A `stripe` provider's table: the webhook endpoint's secrets and
+/// timestamp window, and optionally the API's credentials (reconciliation
+/// reads the account's events with them).
+#[derive(serde::Deserialize)]
+pub struct Settings {
+    secrets: Option<Secrets>,
+    tolerance_secs: Option<Tolerance>,
+    /// A restricted key with Events read (or a secret key); never logged.
+    api_key: Option<String>,
+    /// Default [`DEFAULT_API_URL`]; tests point it at a mock.
+    api_url: Option<String>,
 }
 
 impl Stripe {
@@ -109,7 +128,13 @@ impl Stripe {
         Ok(Stripe {
             secrets,
             tolerance_secs,
+            api: None,
         })
+    }
+
+    /// Stripe's API with these credentials, when the provider has them.
+    pub fn api(&self) -> Option<&Api> {
+        self.api.as_deref()
     }
 
     pub fn verify(&self, headers: &http::HeaderMap, body: &[u8], now: i64) -> Result<(), Reject> {
@@ -135,16 +160,36 @@ impl Stripe {
 
 impl Scheme for Stripe {
     const NAME: &'static str = "stripe";
-    type Settings = hmac::TimedTable;
+    type Settings = Settings;
     const SIGNATURE_HEADER: Option<&'static str> = Some(SIGNATURE_HEADER);
     const DELIVERY_ID_PREFIX: &'static str = "evt_";
     const PAYMENT_ID: Option<&'static str> = Some("a PaymentIntent or Charge id");
 
     const KEYS: &'static [Key] = &[psp::SECRET];
 
-    fn build(settings: hmac::TimedTable, setup: &mut Setup) -> Result<Stripe, String> {
-        let (secrets, tolerance) = settings.read(setup)?;
-        Stripe::new(&secrets, tolerance).map_err(|e| setup.error("secrets", e))
+    fn build(settings: Settings, setup: &mut Setup) -> Result<Stripe, String> {
+        let webhook = hmac::TimedTable {
+            secrets: settings.secrets,
+            tolerance_secs: settings.tolerance_secs,
+        };
+        let (secrets, tolerance) = webhook.read(setup)?;
+        let mut stripe = Stripe::new(&secrets, tolerance).map_err(|e| setup.error("secrets", e))?;
+        match (settings.api_key, settings.api_url) {
+            (None, None) => {}
+            (None, Some(_)) => {
+                return Err(setup.error("api_url", "only with api_key (Stripe's API needs a key)"))
+            }
+            (Some(key), url) => {
+                let url = url.unwrap_or_else(|| DEFAULT_API_URL.to_owned());
+                let api = Api::new(&key, &url).map_err(|e| setup.setting(e))?;
+                setup.api_key("api_key", &key);
+                if api.allows_plain_http() {
+                    setup.warn("api_url is http://: Stripe's API reached without TLS (for a local test server only)");
+                }
+                stripe.api = Some(Arc::new(api));
+            }
+        }
+        Ok(stripe)
     }
 
     fn short_secret(secret: &str) -> Option<String> {
@@ -155,6 +200,13 @@ impl Scheme for Stripe {
                 rest.len()
             )
         })
+    }
+
+    fn events_api(&self) -> EventsApi {
+        match self.api {
+            Some(_) => EventsApi::Ready,
+            None => EventsApi::NoCredentials,
+        }
     }
 
     fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {

@@ -130,6 +130,12 @@ pub fn run(args: &CheckConfigArgs, unknown: &[String], unparsable: &[String]) ->
                 }),
                 cfg.traces.as_ref().map_or("off".to_owned(), |t| format!("to {}", t.target())),
             );
+            let reconcile: Vec<String> = cfg
+                .providers
+                .iter()
+                .map(|p| format!("{} ({})", p.name, p.events_api().as_str()))
+                .collect();
+            println!("reconcile: {}", reconcile.join(", "));
             ExitCode::SUCCESS
         }
         Err(errors) => {
