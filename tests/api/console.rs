@@ -768,6 +768,9 @@ async fn the_search_finds_by_id_prefix_provider_status_and_time_newest_first_in_
         ]
     );
     assert_eq!(all["rows"][0]["amount"], "12.34");
+    // One read model: a search row is the row the payment page (and `inspect`) shows.
+    let page = b.get_json("/console/payments/generic/pay_0").await.json();
+    assert_eq!(all["rows"][0], page["row"], "{page}");
 
     // Pages of 3, newest first, following the cursor.
     let mut seen = Vec::new();
