@@ -150,7 +150,13 @@ impl Parts {
             Role::Serve => cfg.providers.iter().map(|p| p.name.clone()).collect(),
             Role::Work => Vec::new(),
         };
-        let metrics = Metrics::new(&names);
+        // Only a console reads the overview's figures: without one, no
+        // series keeps a copy of its value.
+        let metrics = if role == Role::Serve && cfg.console.enabled() {
+            Metrics::keeping_figures(&names)
+        } else {
+            Metrics::new(&names)
+        };
         metrics.count_span_drops_from(crate::telemetry::spans_dropped);
         let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
         let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;

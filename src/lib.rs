@@ -51,8 +51,9 @@
 //!   of an inbox-mode `fencehook load` ([`store::drain`]), the PayPal
 //!   transmission ids bound to their bodies ([`store::transmissions`]),
 //!   the ledger as finance reads it ([`store::ledger`]), the erasure of
-//!   stored bodies ([`store::erase`]) and the delivery history
-//!   ([`store::history`]). The write that takes its lease inside
+//!   stored bodies ([`store::erase`]), the delivery history
+//!   ([`store::history`]) and one payments row as operators read it
+//!   ([`store::record`]: `inspect` and the console). The write that takes its lease inside
 //!   itself starts with the PostgreSQL lease backend's SQL fragment.
 //! - [`lease`]: the lease facade and guard ([`lease::LeaseGuard`]), the
 //!   heartbeat (`lease/heartbeat.rs`), the Redis backend with its Lua
@@ -65,7 +66,8 @@
 //!   trace context in and out ([`telemetry::propagation`]), the export queue.
 //! - [`metrics`]: one table of every metric (name, kind, labels, help:
 //!   `metrics/table.rs`), label values as enums, the per-app registry
-//!   derived from the table.
+//!   derived from the table, and the figures the console's overview reads
+//!   kept beside their series (`metrics/figures.rs`).
 //! - [`config`]: settings (env + flags), defaults, cross-field validation;
 //!   the traces' and the console's settings too ([`config::console`]).
 //! - [`db`]: the PostgreSQL pool builder the store and the lease backend share,

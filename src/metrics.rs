@@ -12,6 +12,7 @@
 //! instance did. Every counter is registered at start, so it is exported at
 //! zero before the first event and `rate()`/alerts work at once.
 
+mod figures;
 mod table;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+pub use self::figures::Figures;
 pub use self::table::*;
 use crate::domain::Rejection;
 
@@ -320,6 +322,12 @@ impl<L: Labels, H: Series> Family<L, H> {
     pub fn get(&self, labels: L) -> &H {
         &self.series[&labels]
     }
+
+    fn get_mut(&mut self, labels: L) -> &mut H {
+        self.series
+            .get_mut(&labels)
+            .expect("every combination of label values is registered")
+    }
 }
 
 /// A counter, a gauge or a histogram handle.
@@ -406,6 +414,25 @@ macro_rules! labels_of {
     };
 }
 
+impl Handles {
+    /// Makes tees of the series the console's overview shows ([`Figures`]),
+    /// before any handle is lent.
+    fn keep_figures(&mut self) -> figures::Kept {
+        figures::Kept {
+            leases_held: figures::keep_gauge(self.leases_held.get_mut(())),
+            lease_lost: figures::keep_counter(self.lease_lost.get_mut(())),
+            fence_rejected: figures::keep_counter(self.fence_rejected.get_mut(())),
+            stale_events: figures::keep_counter(self.stale_events.get_mut(())),
+            over_returned: figures::keep_counter(self.payments_over_returned.get_mut(())),
+            refund_rejected: Rejection::ALL
+                .iter()
+                .map(|&r| (r, figures::keep_counter(self.refund_rejected.get_mut(r))))
+                .collect(),
+            inbox_lag: figures::keep_histogram(self.inbox_lag.get_mut(())),
+        }
+    }
+}
+
 /// `accessor(label: Enum, ...) -> Handle = METRIC;` rows: a [`Family`] per
 /// metric the service updates, registered at start, and its accessor.
 macro_rules! handles {
@@ -485,6 +512,8 @@ struct Inner {
     /// whoever wires the service together (the telemetry room sits above
     /// this one); unset, nothing is copied in.
     span_drops: OnceLock<fn(SpanDrop) -> u64>,
+    /// What the console's overview reads, when this app has a console.
+    kept: Option<figures::Kept>,
 }
 
 static META: metrics::Metadata<'static> =
@@ -493,6 +522,17 @@ static META: metrics::Metadata<'static> =
 impl Metrics {
     /// Builds the registry and registers every metric for `providers`.
     pub fn new(providers: &[String]) -> Metrics {
+        Metrics::build(providers, false)
+    }
+
+    /// As [`Metrics::new`], keeping the overview's [`Figures`] beside their
+    /// series: for an app whose console is on (one more relaxed atomic
+    /// update per update of those series; none without a console).
+    pub fn keeping_figures(providers: &[String]) -> Metrics {
+        Metrics::build(providers, true)
+    }
+
+    fn build(providers: &[String], keep_figures: bool) -> Metrics {
         let recorder = TABLE
             .iter()
             .try_fold(PrometheusBuilder::new(), |b, m| match m.kind {
@@ -516,12 +556,15 @@ impl Metrics {
                 (provider.clone(), by_result)
             })
             .collect();
+        let mut h = Handles::register(&recorder);
+        let kept = keep_figures.then(|| h.keep_figures());
         let inner = Inner {
-            h: Handles::register(&recorder),
+            h,
             recorder,
             handle,
             webhooks,
             span_drops: OnceLock::new(),
+            kept,
         };
         let metrics = Metrics {
             inner: Arc::new(inner),
@@ -548,6 +591,12 @@ impl Metrics {
             }
         }
         self.inner.handle.render()
+    }
+
+    /// The overview's figures now, when they are kept
+    /// ([`Metrics::keeping_figures`]).
+    pub fn figures(&self) -> Option<Figures> {
+        self.inner.kept.as_ref().map(figures::Kept::read)
     }
 
     /// Drains histogram buckets; call periodically.
@@ -712,5 +761,58 @@ mod tests {
                 assert!(text.contains(&series), "{series} missing");
             }
         }
+    }
+
+    /// The value of one series in an exposition (`name{labels}` as written).
+    fn sample(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
+    }
+
+    #[test]
+    fn the_figures_say_what_metrics_says() {
+        let m = Metrics::keeping_figures(&[]);
+        m.leases_held().increment(3.0);
+        m.leases_held().decrement(1.0);
+        m.lease_lost().increment(1);
+        m.fence_rejected().increment(2);
+        m.stale_events().increment(4);
+        m.payments_over_returned().increment(5);
+        m.refund_rejected(Rejection::ExceedsPayment).increment(6);
+        m.inbox_lag().record(0.5);
+        m.inbox_lag().record(1.5);
+
+        let f = m.figures().expect("kept");
+        let text = m.render();
+        assert_eq!(f.leases_held, sample(&text, LEASES_HELD));
+        assert_eq!(f.lease_lost as f64, sample(&text, LEASE_LOST_TOTAL));
+        assert_eq!(f.fence_rejected as f64, sample(&text, FENCE_REJECTED_TOTAL));
+        assert_eq!(f.stale_events as f64, sample(&text, STALE_EVENTS_TOTAL));
+        assert_eq!(
+            f.over_returned as f64,
+            sample(&text, PAYMENTS_OVER_RETURNED_TOTAL)
+        );
+        for (reason, n) in &f.refund_rejected {
+            let series = format!(r#"{REFUND_REJECTED_TOTAL}{{reason="{}"}}"#, reason.as_str());
+            assert_eq!(*n as f64, sample(&text, &series), "{series}");
+        }
+        let reasons: Vec<Rejection> = f.refund_rejected.iter().map(|(r, _)| *r).collect();
+        assert_eq!(reasons, Rejection::ALL);
+        let lag = INBOX_LAG_SECONDS;
+        assert_eq!(f.inbox_lag_sum, sample(&text, &format!("{lag}_sum")));
+        assert_eq!(
+            f.inbox_lag_count as f64,
+            sample(&text, &format!("{lag}_count"))
+        );
+        assert_eq!(f.inbox_lag_mean(), Some(1.0));
+        assert_eq!((f.leases_held, f.fence_rejected), (2.0, 2));
+    }
+
+    #[test]
+    fn without_a_console_nothing_is_kept() {
+        let m = Metrics::new(&[]);
+        m.lease_lost().increment(1);
+        assert_eq!(m.figures(), None);
     }
 }

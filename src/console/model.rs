@@ -9,9 +9,10 @@ use time::OffsetDateTime;
 use super::auth::Role;
 use super::recent::{AnswerCount, Refusal};
 use crate::store::audit::{AuditRun, LastAudit};
-use crate::store::console::{DeadGroup, Page, PaymentLine, QuarantineSummary};
+use crate::store::console::{DeadGroup, Page, QuarantineSummary};
 use crate::store::events::Inspection;
 use crate::store::inbox::{Counts, EventRow};
+use crate::store::record::PaymentRecord;
 
 /// Inbox events by status (every instance's: from the database), each
 /// counted up to [`InboxCounts::cap`]: a count equal to it means at least
@@ -78,7 +79,7 @@ pub struct Overview {
     pub over_returned: f64,
     /// The last run `fencehook audit` recorded.
     pub audit: AuditView,
-    pub latest: Vec<PaymentLine>,
+    pub latest: Vec<PaymentRecord>,
 }
 
 /// A recorded audit older than this is shown as stale: the timer that runs
@@ -151,7 +152,7 @@ pub struct SearchForm {
 pub struct SearchView {
     pub form: SearchForm,
     #[serde(flatten)]
-    pub page: Page<PaymentLine>,
+    pub page: Page<PaymentRecord>,
     /// The query string of the next page, when there is one.
     pub next_page: Option<String>,
 }

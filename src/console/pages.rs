@@ -139,36 +139,9 @@ fn sign_out(console: &Console, ask: &Ask, session: &Session) -> Answer {
     Ok(resp)
 }
 
-/// The samples of one metric in a Prometheus exposition: (labels, value).
-fn samples(text: &str, name: &str) -> Vec<(String, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (metric, labels) = match series.split_once('{') {
-                Some((m, rest)) => (m, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            (metric == name).then(|| (labels.to_owned(), value.parse().unwrap_or(0.0)))
-        })
-        .collect()
-}
-
-fn total(text: &str, name: &str) -> f64 {
-    samples(text, name).iter().map(|(_, v)| v).sum()
-}
-
-/// A label's value in a sample's label text (`reason="currency"`).
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
-    labels.split(',').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k == name).then(|| v.trim_matches('"'))
-    })
-}
-
 async fn overview(state: Shared<'_>, console: &Console, ask: &Ask, session: &Session) -> Answer {
-    use crate::metrics as m;
-    let text = state.metrics.render();
+    // Kept beside their series whenever there is a console to show them.
+    let figures = state.metrics.figures().unwrap_or_default();
     let inbox = console
         .store
         .inbox_counts_capped()
@@ -198,28 +171,27 @@ async fn overview(state: Shared<'_>, console: &Console, ask: &Ask, session: &Ses
             AuditView::unreadable()
         }
     };
-    let lag_sum = total(&text, &format!("{}_sum", m::INBOX_LAG_SECONDS));
-    let lag_count = total(&text, &format!("{}_count", m::INBOX_LAG_SECONDS));
     let refusals = state.recent.refusals();
     let view = Overview {
         role: session.role,
         mode: if console.inbox_mode { "inbox" } else { "sync" },
         answers: state.recent.answers(super::recent::MINUTES),
         answers_minutes: super::recent::MINUTES,
-        leases_held: total(&text, m::LEASES_HELD),
-        leases_lost: total(&text, m::LEASE_LOST_TOTAL),
-        fence_rejected: total(&text, m::FENCE_REJECTED_TOTAL),
-        stale_events: total(&text, m::STALE_EVENTS_TOTAL),
-        inbox_lag_mean_seconds: (lag_count > 0.0).then(|| lag_sum / lag_count),
+        leases_held: figures.leases_held,
+        leases_lost: figures.lease_lost as f64,
+        fence_rejected: figures.fence_rejected as f64,
+        stale_events: figures.stale_events as f64,
+        inbox_lag_mean_seconds: figures.inbox_lag_mean(),
         inbox,
         refusals_kept: refusals.len(),
         recent_refusals: refusals.into_iter().take(5).collect(),
         quarantine,
-        refund_rejections: samples(&text, m::REFUND_REJECTED_TOTAL)
-            .into_iter()
-            .filter_map(|(labels, v)| Some((label(&labels, "reason")?.to_owned(), v)))
+        refund_rejections: figures
+            .refund_rejected
+            .iter()
+            .map(|(reason, n)| (reason.as_str().to_owned(), *n as f64))
             .collect(),
-        over_returned: total(&text, m::PAYMENTS_OVER_RETURNED_TOTAL),
+        over_returned: figures.over_returned as f64,
         audit,
         latest,
     };
@@ -471,14 +443,5 @@ mod tests {
         };
         assert_eq!(parse_cursor(&cursor_text(&c)), Some((c.at, 42)));
         assert_eq!(parse_cursor("x.1"), None);
-    }
-
-    #[test]
-    fn metric_samples_are_read_from_the_exposition() {
-        let text = "# HELP x\nfencehook_refund_rejected_total{reason=\"currency\"} 2\nfencehook_refund_rejected_total{reason=\"exceeds\"} 1\nfencehook_leases_held 3\n";
-        assert_eq!(total(text, "fencehook_refund_rejected_total"), 3.0);
-        assert_eq!(total(text, "fencehook_leases_held"), 3.0);
-        let s = samples(text, "fencehook_refund_rejected_total");
-        assert_eq!(label(&s[0].0, "reason"), Some("currency"));
     }
 }

@@ -168,10 +168,11 @@ mod tests {
 
     #[test]
     fn the_timeline_runs_the_money_out_through_refunds_reversals_and_disputes_in_time_order() {
-        use crate::store::events::{EntryView, RowView};
+        use crate::store::events::EntryView;
+        use crate::store::record::PaymentRecord;
         let t =
             |s: &str| OffsetDateTime::parse(&format!("2026-01-31T12:00:{s}Z"), &Rfc3339).unwrap();
-        let row = RowView {
+        let row = PaymentRecord {
             id: 1,
             provider: "generic".into(),
             transaction_id: "pay".into(),

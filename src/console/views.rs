@@ -16,8 +16,8 @@ use super::model::{
 use crate::config::setting;
 use crate::domain::amount::major_units;
 use crate::store::console::{EVENT_STATUSES, PAYMENT_STATUSES};
-use crate::store::events::RowView;
 use crate::store::inbox::EventRow;
+use crate::store::record::PaymentRecord;
 
 /// The console's stylesheet (served at `/console/style.css`: the CSP allows
 /// no inline style).
@@ -151,7 +151,7 @@ fn card(label: &str, value: impl std::fmt::Display) -> Markup {
     html! { div.card { div.label { (label) } div.value { (value.to_string()) } } }
 }
 
-fn payments_table(rows: &[crate::store::console::PaymentLine]) -> Markup {
+fn payments_table(rows: &[PaymentRecord]) -> Markup {
     html! {
         table {
             thead { tr { th { "Created" } th { "Provider" } th { "Transaction" } th { "Kind" } th { "Status" } th.num { "Amount" } th.num { "Fence" } } }
@@ -298,7 +298,7 @@ pub fn search(session: &Session, v: &SearchView) -> Markup {
     )
 }
 
-fn row_summary(r: &RowView) -> Markup {
+fn row_summary(r: &PaymentRecord) -> Markup {
     html! {
         dl.summary {
             dt { "Status" } dd { (badge(row_status(&r.kind, &r.status))) " by " code { (r.event_type) } }

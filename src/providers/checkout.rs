@@ -44,10 +44,9 @@ use time::OffsetDateTime;
 
 use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, req_object, req_str,
-    signed_header,
 };
 use super::hmac;
-use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError};
 use super::scheme::{Item, Reject, Scheme};
 use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
@@ -66,23 +65,13 @@ pub struct Checkout {
 
 impl Checkout {
     pub fn new(secrets: &[String]) -> Result<Checkout, String> {
-        if secrets.iter().any(String::is_empty) {
-            return Err("a Checkout.com signature key is not empty".to_owned());
-        }
-        Ok(Checkout {
-            keys: secrets.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        })
+        let keys = hmac::keys(secrets, "a Checkout.com signature key is not empty")?;
+        Ok(Checkout { keys })
     }
 
     pub fn verify(&self, headers: &http::HeaderMap, body: &[u8]) -> Result<(), Reject> {
-        let header = signed_header(headers, SIGNATURE_HEADER)?;
-        let signature = hex::decode(header.trim())
-            .map_err(|_| Reject::Unauthorized("malformed Cko-Signature: not hex".to_owned()))?;
-        if hmac::any_key_verifies(&self.keys, &[body], &[signature]) {
-            Ok(())
-        } else {
-            Err(Reject::Unauthorized("signature does not match".to_owned()))
-        }
+        let signature = fields::hex_signature(headers, SIGNATURE_HEADER, "Cko-Signature")?;
+        fields::signature_matched(hmac::any_key_verifies(&self.keys, &[body], &[signature]))
     }
 }
 
@@ -134,11 +123,7 @@ impl Scheme for Checkout {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        let key = psp.key(&psp::SECRET)?;
-        if key.is_empty() {
-            return Err(PspError::new("secret", "an empty signature key"));
-        }
-        Ok(())
+        hmac::check_secret(psp, "an empty signature key")
     }
 
     fn deliver(
@@ -148,16 +133,9 @@ impl Scheme for Checkout {
         delivery_id: &str,
         ts: i64,
     ) -> Result<Delivery, String> {
-        let body = match body {
-            Some(b) => b.to_owned(),
-            None => event_of(notice, delivery_id, ts)?.to_string(),
-        };
+        let body = psp::body_or(body, || event_of(notice, delivery_id, ts))?;
         let signature = sign(psp.key(&psp::SECRET)?, body.as_bytes());
-        Ok(Delivery {
-            body,
-            content_type: JSON,
-            headers: vec![(SIGNATURE_HEADER, signature)],
-        })
+        Ok(Delivery::json(body, vec![(SIGNATURE_HEADER, signature)]))
     }
 }
 
@@ -293,7 +271,7 @@ pub fn event_of(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::testing::arbitrary_json;
+    use crate::providers::testing::{self, arbitrary_json, summary};
     use futures_util::FutureExt;
     use proptest::prelude::*;
 
@@ -302,17 +280,11 @@ mod tests {
     const OLD: &str = "fencehook-checkout-key-before-the-roll";
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = format!(
-            "{}/tests/fixtures/checkout/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        testing::fixture("checkout", name)
     }
 
     fn headers(signature: &str) -> http::HeaderMap {
-        let mut h = http::HeaderMap::new();
-        h.insert(SIGNATURE_HEADER, signature.parse().unwrap());
-        h
+        testing::header(SIGNATURE_HEADER, signature)
     }
 
     fn checkout(keys: &[&str]) -> Checkout {
@@ -352,17 +324,6 @@ mod tests {
                 .as_deref(),
             Some("ORD-5024-0F11")
         );
-    }
-
-    /// (transaction_id, kind, parent, amount, currency) of an event.
-    fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {
-        (
-            &e.transaction_id,
-            e.event_type,
-            e.parent_transaction_id.as_deref(),
-            e.amount_minor,
-            &e.currency,
-        )
     }
 
     #[test]

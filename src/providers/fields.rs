@@ -28,6 +28,40 @@ pub(crate) fn signed_header<'a>(
     Ok(value)
 }
 
+/// The signature in header `name` (`shown`: as the PSP spells it), hex of
+/// either case around optional white space; else 401 naming the header.
+pub(crate) fn hex_signature(
+    headers: &http::HeaderMap,
+    name: &str,
+    shown: &str,
+) -> Result<Vec<u8>, Reject> {
+    let header = signed_header(headers, name)?;
+    hex::decode(header.trim())
+        .map_err(|_| Reject::Unauthorized(format!("malformed {shown}: not hex")))
+}
+
+/// A signature check as a delivery's answer: `Ok` when it `matched`, else
+/// 401 that the signature does not match.
+pub(crate) fn signature_matched(matched: bool) -> Result<(), Reject> {
+    if matched {
+        Ok(())
+    } else {
+        Err(Reject::Unauthorized("signature does not match".to_owned()))
+    }
+}
+
+/// The `event_id` of a JSON body's envelope (the PSP's id of the event, for
+/// searching), when it has one; nothing else of the body is read.
+pub(crate) fn envelope_event_id(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        event_id: String,
+    }
+    serde_json::from_slice::<Envelope>(body)
+        .ok()
+        .map(|e| e.event_id)
+}
+
 pub(crate) fn invalid(msg: impl Into<String>) -> Reject {
     Reject::Invalid(msg.into())
 }

@@ -1,13 +1,14 @@
 //! What the HMAC schemes share: the one HMAC-SHA256 check (any configured
 //! key, for rotation, against any signature the delivery carries, compared
-//! in constant time by `Mac::verify_slice`), and the providers-file tables
-//! of the schemes whose settings are their secrets (and a timestamp window).
+//! in constant time by `Mac::verify_slice`), the keys made of the secrets as
+//! configured, the PSP side's check of its secret, and the providers-file tables of the schemes whose settings are
+//! their secrets (and a timestamp window).
 
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use sha2::Sha256;
 
-use super::psp;
+use super::psp::{self, Credentials, PspError};
 use super::settings::{Secrets, Tolerance};
 use super::setup::Setup;
 
@@ -26,6 +27,24 @@ pub(crate) fn any_key_verifies(
             .iter()
             .any(|candidate| mac.clone().verify_slice(candidate).is_ok())
     })
+}
+
+/// The keys of a scheme that keys its HMAC with each secret's bytes as
+/// configured; an empty secret is refused with `empty`.
+pub(crate) fn keys(secrets: &[String], empty: &str) -> Result<Vec<Vec<u8>>, String> {
+    if secrets.iter().any(String::is_empty) {
+        return Err(empty.to_owned());
+    }
+    Ok(secrets.iter().map(|s| s.as_bytes().to_vec()).collect())
+}
+
+/// The PSP side's check of a scheme that signs with [`psp::SECRET`]: it is
+/// given and not empty (else `empty`).
+pub(crate) fn check_secret(psp: &dyn Credentials, empty: &str) -> Result<(), PspError> {
+    if psp.key(&psp::SECRET)?.is_empty() {
+        return Err(PspError::new("secret", empty));
+    }
+    Ok(())
 }
 
 /// The HMAC-SHA256 of the concatenated `message` parts, for signing.

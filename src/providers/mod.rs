@@ -604,6 +604,44 @@ pub(crate) mod testing {
         }
     }
 
+    /// A fixture of `scheme`'s, from `tests/fixtures/<scheme>/`.
+    pub(crate) fn fixture(scheme: &str, name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/tests/fixtures/{scheme}/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// Headers holding one: `name: value`.
+    pub(crate) fn header(name: &'static str, value: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(name, value.parse().unwrap());
+        h
+    }
+
+    /// (transaction_id, kind, parent, amount, currency) of an event.
+    pub(crate) fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {
+        (
+            &e.transaction_id,
+            e.event_type,
+            e.parent_transaction_id.as_deref(),
+            e.amount_minor,
+            &e.currency,
+        )
+    }
+
+    /// A JSON `body` with the value at `path` (object keys) replaced.
+    pub(crate) fn with(body: &[u8], path: &[&str], value: Value) -> Vec<u8> {
+        let mut v: Value = serde_json::from_slice(body).unwrap();
+        let mut at = &mut v;
+        for p in &path[..path.len() - 1] {
+            at = &mut at[*p];
+        }
+        at[path[path.len() - 1]] = value;
+        serde_json::to_vec(&v).unwrap()
+    }
+
     /// Unix seconds as an `occurred_at`.
     pub(crate) fn at(ts: i64) -> Option<time::OffsetDateTime> {
         time::OffsetDateTime::from_unix_timestamp(ts).ok()

@@ -58,7 +58,7 @@ use time::OffsetDateTime;
 
 use super::fields::{self, check_currency, check_transaction_id, invalid, req_object, req_str};
 use super::hmac;
-use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError};
 use super::scheme::{Item, Reject, Scheme};
 use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
@@ -77,16 +77,10 @@ pub struct Paddle {
 
 impl Paddle {
     pub fn new(secrets: &[String], tolerance_secs: u64) -> Result<Paddle, String> {
-        let secrets = secrets
-            .iter()
-            .map(|s| {
-                if s.is_empty() {
-                    Err("a paddle secret key is not empty (the notification destination's, pdl_ntf_…)".to_owned())
-                } else {
-                    Ok(s.as_bytes().to_vec())
-                }
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+        let secrets = hmac::keys(
+            secrets,
+            "a paddle secret key is not empty (the notification destination's, pdl_ntf_…)",
+        )?;
         Ok(Paddle {
             secrets,
             tolerance_secs,
@@ -102,11 +96,7 @@ impl Paddle {
             ));
         }
         let message: [&[u8]; 3] = [sig.timestamp_text.as_bytes(), b":", body];
-        if hmac::any_key_verifies(&self.secrets, &message, &sig.h1) {
-            Ok(())
-        } else {
-            Err(Reject::Unauthorized("signature does not match".to_owned()))
-        }
+        fields::signature_matched(hmac::any_key_verifies(&self.secrets, &message, &sig.h1))
     }
 }
 
@@ -140,13 +130,7 @@ impl Scheme for Paddle {
     }
 
     fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
-        #[derive(serde::Deserialize)]
-        struct Envelope {
-            event_id: String,
-        }
-        serde_json::from_slice::<Envelope>(body)
-            .ok()
-            .map(|e| e.event_id)
+        fields::envelope_event_id(body)
     }
 
     async fn accept(
@@ -161,11 +145,7 @@ impl Scheme for Paddle {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        let secret = psp.key(&psp::SECRET)?;
-        if secret.is_empty() {
-            return Err(PspError::new("secret", "a paddle secret key is not empty"));
-        }
-        Ok(())
+        hmac::check_secret(psp, "a paddle secret key is not empty")
     }
 
     fn deliver(
@@ -175,16 +155,9 @@ impl Scheme for Paddle {
         delivery_id: &str,
         ts: i64,
     ) -> Result<Delivery, String> {
-        let body = match body {
-            Some(b) => b.to_owned(),
-            None => event_of(notice, delivery_id, ts)?.to_string(),
-        };
+        let body = psp::body_or(body, || event_of(notice, delivery_id, ts))?;
         let signature = sign(psp.key(&psp::SECRET)?, ts, body.as_bytes());
-        Ok(Delivery {
-            body,
-            content_type: JSON,
-            headers: vec![(SIGNATURE_HEADER, signature)],
-        })
+        Ok(Delivery::json(body, vec![(SIGNATURE_HEADER, signature)]))
     }
 }
 
@@ -434,7 +407,7 @@ pub fn event_of(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::testing::arbitrary_json;
+    use crate::providers::testing::{self, arbitrary_json, summary, with};
     use proptest::prelude::*;
 
     const SECRET: &str = "pdl_ntf_01hv8x0fencehookvectorsxx_Qm9UIGEgcmVhbCBzZWNyZXQsIGEgdmVjdG9y";
@@ -457,11 +430,7 @@ mod tests {
     ];
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = format!(
-            "{}/tests/fixtures/paddle/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        testing::fixture("paddle", name)
     }
 
     fn paddle(secrets: &[&str]) -> Paddle {
@@ -473,9 +442,7 @@ mod tests {
     }
 
     fn headers(value: &str) -> http::HeaderMap {
-        let mut h = http::HeaderMap::new();
-        h.insert(SIGNATURE_HEADER, value.parse().unwrap());
-        h
+        testing::header(SIGNATURE_HEADER, value)
     }
 
     fn event(body: &[u8]) -> CanonicalEvent {
@@ -492,16 +459,6 @@ mod tests {
         value["data"]["custom_data"] = serde_json::json!({"order_id": "1042"});
         let e = event(&serde_json::to_vec(&value).unwrap());
         assert_eq!((e.merchant_reference, e.metadata), (None, None));
-    }
-
-    fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {
-        (
-            &e.transaction_id,
-            e.event_type,
-            e.parent_transaction_id.as_deref(),
-            e.amount_minor,
-            &e.currency,
-        )
     }
 
     #[test]
@@ -642,16 +599,6 @@ mod tests {
             ),
             Some("evt_01hv8x2axb33yr5y238zfwcn5p".to_owned())
         );
-    }
-
-    fn with(body: &[u8], path: &[&str], value: Value) -> Vec<u8> {
-        let mut v: Value = serde_json::from_slice(body).unwrap();
-        let mut at = &mut v;
-        for p in &path[..path.len() - 1] {
-            at = &mut at[*p];
-        }
-        at[path[path.len() - 1]] = value;
-        serde_json::to_vec(&v).unwrap()
     }
 
     #[test]

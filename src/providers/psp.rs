@@ -51,6 +51,29 @@ pub struct Delivery {
 /// The content type of every scheme's deliveries but Alipay's.
 pub const JSON: &str = "application/json";
 
+impl Delivery {
+    /// A JSON delivery of `body` with these (signature) headers.
+    pub(crate) fn json(body: String, headers: Vec<(&'static str, String)>) -> Delivery {
+        Delivery {
+            body,
+            content_type: JSON,
+            headers,
+        }
+    }
+}
+
+/// The body of a JSON delivery: the one asked for (`send --body`), else the
+/// PSP's event the scheme `builds`.
+pub(crate) fn body_or(
+    asked: Option<&str>,
+    builds: impl FnOnce() -> Result<serde_json::Value, String>,
+) -> Result<String, String> {
+    match asked {
+        Some(body) => Ok(body.to_owned()),
+        None => Ok(builds()?.to_string()),
+    }
+}
+
 /// A value a scheme's PSP side signs or shapes deliveries with, which the
 /// tools are asked for by name: the flag of `send` and `load` that gives it
 /// (without `--`), what it is, and whether a provider of the providers file

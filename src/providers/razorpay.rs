@@ -46,10 +46,10 @@ use time::OffsetDateTime;
 
 use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, req_object, req_str,
-    signed_header, Object,
+    Object,
 };
 use super::hmac;
-use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError};
 use super::scheme::{Item, Reject, Scheme};
 use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
@@ -70,24 +70,13 @@ pub struct Razorpay {
 
 impl Razorpay {
     pub fn new(secrets: &[String]) -> Result<Razorpay, String> {
-        if secrets.iter().any(String::is_empty) {
-            return Err("a Razorpay webhook secret is not empty".to_owned());
-        }
-        Ok(Razorpay {
-            secrets: secrets.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        })
+        let secrets = hmac::keys(secrets, "a Razorpay webhook secret is not empty")?;
+        Ok(Razorpay { secrets })
     }
 
     pub fn verify(&self, headers: &http::HeaderMap, body: &[u8]) -> Result<(), Reject> {
-        let header = signed_header(headers, SIGNATURE_HEADER)?;
-        let signature = hex::decode(header.trim()).map_err(|_| {
-            Reject::Unauthorized("malformed X-Razorpay-Signature: not hex".to_owned())
-        })?;
-        if hmac::any_key_verifies(&self.secrets, &[body], &[signature]) {
-            Ok(())
-        } else {
-            Err(Reject::Unauthorized("signature does not match".to_owned()))
-        }
+        let signature = fields::hex_signature(headers, SIGNATURE_HEADER, "X-Razorpay-Signature")?;
+        fields::signature_matched(hmac::any_key_verifies(&self.secrets, &[body], &[signature]))
     }
 }
 
@@ -139,11 +128,7 @@ impl Scheme for Razorpay {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        let secret = psp.key(&psp::SECRET)?;
-        if secret.is_empty() {
-            return Err(PspError::new("secret", "an empty webhook secret"));
-        }
-        Ok(())
+        hmac::check_secret(psp, "an empty webhook secret")
     }
 
     fn deliver(
@@ -153,19 +138,15 @@ impl Scheme for Razorpay {
         delivery_id: &str,
         ts: i64,
     ) -> Result<Delivery, String> {
-        let body = match body {
-            Some(b) => b.to_owned(),
-            None => event_of(notice, ts)?.to_string(),
-        };
+        let body = psp::body_or(body, || event_of(notice, ts))?;
         let signature = sign(psp.key(&psp::SECRET)?, body.as_bytes());
-        Ok(Delivery {
+        Ok(Delivery::json(
             body,
-            content_type: JSON,
-            headers: vec![
+            vec![
                 (SIGNATURE_HEADER, signature),
                 (EVENT_ID_HEADER, delivery_id.to_owned()),
             ],
-        })
+        ))
     }
 }
 
@@ -303,7 +284,7 @@ pub fn event_of(notice: &Notice, ts: i64) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::testing::arbitrary_json;
+    use crate::providers::testing::{self, arbitrary_json, summary};
     use futures_util::FutureExt;
     use proptest::prelude::*;
 
@@ -312,17 +293,11 @@ mod tests {
     const OLD: &str = "fencehook-razorpay-secret-before-the-roll";
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = format!(
-            "{}/tests/fixtures/razorpay/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        testing::fixture("razorpay", name)
     }
 
     fn headers(signature: &str) -> http::HeaderMap {
-        let mut h = http::HeaderMap::new();
-        h.insert(SIGNATURE_HEADER, signature.parse().unwrap());
-        h
+        testing::header(SIGNATURE_HEADER, signature)
     }
 
     fn razorpay(secrets: &[&str]) -> Razorpay {
@@ -353,17 +328,6 @@ mod tests {
         }
         // A refund entity names no order.
         assert_eq!(mapped("refund.processed.json").merchant_reference, None);
-    }
-
-    /// (transaction_id, kind, parent, amount, currency) of an event.
-    fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {
-        (
-            &e.transaction_id,
-            e.event_type,
-            e.parent_transaction_id.as_deref(),
-            e.amount_minor,
-            &e.currency,
-        )
     }
 
     #[test]

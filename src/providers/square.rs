@@ -58,7 +58,7 @@ use super::fields::{
     Object,
 };
 use super::hmac;
-use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
+use super::psp::{self, Credentials, Delivery, Key, Notice, PspError};
 use super::scheme::{Item, Reject, Scheme};
 use super::settings::Secrets;
 use super::setup::Setup;
@@ -96,11 +96,8 @@ pub struct Square {
 impl Square {
     pub fn new(keys: &[String], notification_url: &str) -> Result<Square, String> {
         check_url(notification_url)?;
-        if keys.iter().any(String::is_empty) {
-            return Err("a square signature key is not empty".to_owned());
-        }
         Ok(Square {
-            keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            keys: hmac::keys(keys, "a square signature key is not empty")?,
             notification_url: notification_url.to_owned(),
         })
     }
@@ -176,13 +173,7 @@ impl Scheme for Square {
     }
 
     fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
-        #[derive(Deserialize)]
-        struct Envelope {
-            event_id: String,
-        }
-        serde_json::from_slice::<Envelope>(body)
-            .ok()
-            .map(|e| e.event_id)
+        fields::envelope_event_id(body)
     }
 
     async fn accept(
@@ -197,12 +188,7 @@ impl Scheme for Square {
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
-        if psp.key(&psp::SECRET)?.is_empty() {
-            return Err(PspError::new(
-                "secret",
-                "a square signature key is not empty",
-            ));
-        }
+        hmac::check_secret(psp, "a square signature key is not empty")?;
         check_url(psp.key(&NOTIFICATION_URL)?).map_err(|e| PspError::new(NOTIFICATION_URL.flag, e))
     }
 
@@ -214,16 +200,9 @@ impl Scheme for Square {
         ts: i64,
     ) -> Result<Delivery, String> {
         let url = psp.key(&NOTIFICATION_URL)?;
-        let body = match body {
-            Some(b) => b.to_owned(),
-            None => event_of(notice, delivery_id, ts)?.to_string(),
-        };
+        let body = psp::body_or(body, || event_of(notice, delivery_id, ts))?;
         let signature = sign(psp.key(&psp::SECRET)?, url, body.as_bytes());
-        Ok(Delivery {
-            body,
-            content_type: JSON,
-            headers: vec![(SIGNATURE_HEADER, signature)],
-        })
+        Ok(Delivery::json(body, vec![(SIGNATURE_HEADER, signature)]))
     }
 }
 
@@ -374,7 +353,7 @@ pub fn event_of(notice: &Notice, event_id: &str, ts: i64) -> Result<Value, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::testing::arbitrary_json;
+    use crate::providers::testing::{self, arbitrary_json, summary, with};
     use proptest::prelude::*;
 
     const KEY: &str = "fencehook-square-test-signature-key";
@@ -399,11 +378,7 @@ mod tests {
     ];
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = format!(
-            "{}/tests/fixtures/square/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        testing::fixture("square", name)
     }
 
     fn square(keys: &[&str], url: &str) -> Square {
@@ -411,9 +386,7 @@ mod tests {
     }
 
     fn headers(value: &str) -> http::HeaderMap {
-        let mut h = http::HeaderMap::new();
-        h.insert(SIGNATURE_HEADER, value.parse().unwrap());
-        h
+        testing::header(SIGNATURE_HEADER, value)
     }
 
     fn event(body: &[u8]) -> CanonicalEvent {
@@ -433,16 +406,6 @@ mod tests {
         let e = event(&serde_json::to_vec(&value).unwrap());
         assert_eq!(e.merchant_reference.as_deref(), Some("order-1042"));
         assert_eq!(e.metadata, None);
-    }
-
-    fn summary(e: &CanonicalEvent) -> (&str, EventKind, Option<&str>, i64, &str) {
-        (
-            &e.transaction_id,
-            e.event_type,
-            e.parent_transaction_id.as_deref(),
-            e.amount_minor,
-            &e.currency,
-        )
     }
 
     #[test]
@@ -619,16 +582,6 @@ mod tests {
             ),
             Some("bc316346-6691-4243-88ed-6d651a0d0c47".to_owned())
         );
-    }
-
-    fn with(body: &[u8], path: &[&str], value: Value) -> Vec<u8> {
-        let mut v: Value = serde_json::from_slice(body).unwrap();
-        let mut at = &mut v;
-        for p in &path[..path.len() - 1] {
-            at = &mut at[*p];
-        }
-        at[path[path.len() - 1]] = value;
-        serde_json::to_vec(&v).unwrap()
     }
 
     const PAYMENT: &[&str] = &["data", "object", "payment"];

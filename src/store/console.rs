@@ -24,8 +24,8 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::inbox::{event_row, EventRow, EVENT_COLUMNS};
+use super::record::{payment_record, PaymentRecord};
 use super::{Store, StoreError};
-use crate::domain::amount::major_amount;
 
 /// Largest page of any console list.
 pub const MAX_PAGE: i64 = 200;
@@ -49,7 +49,8 @@ pub const EVENT_STATUSES: [&str; 4] = ["queued", "processing", "done", "dead"];
 
 /// Newest first, by provider and status (see the module's rules). $1
 /// provider or NULL, $2 statuses, $3/$4 since/until or NULL, $5/$6 the
-/// cursor (the last row of the page before) or NULL, $7 the page size.
+/// cursor (the last row of the page before) or NULL, $7 the page size. The
+/// columns are [`super::record::RECORD_COLUMNS`]' (spelled here: a `const`).
 pub const SEARCH_BY_TIME: &str = "\
 WITH RECURSIVE known(p) AS (
     SELECT min(provider) FROM payments
@@ -65,8 +66,9 @@ SELECT x.* FROM providers
  CROSS JOIN LATERAL (
     SELECT id, provider, transaction_id::text AS transaction_id, kind::text AS kind,
            parent_transaction_id::text AS parent_transaction_id, status::text AS status,
-           amount_minor::int8 AS amount_minor, currency::text AS currency, fence::int8 AS fence,
-           created_at, updated_at
+           event_type::text AS event_type, amount_minor::int8 AS amount_minor,
+           currency::text AS currency, amount_out_minor::int8 AS amount_out_minor,
+           fence::int8 AS fence, created_at, updated_at
       FROM payments
      WHERE provider = providers.p AND status = s.status
        AND created_at >= coalesce($3::timestamptz, '-infinity')
@@ -88,8 +90,9 @@ WITH m AS MATERIALIZED (
      LIMIT 1001)
 SELECT p.id, p.provider, p.transaction_id::text AS transaction_id, p.kind::text AS kind,
        p.parent_transaction_id::text AS parent_transaction_id, p.status::text AS status,
-       p.amount_minor::int8 AS amount_minor, p.currency::text AS currency, p.fence::int8 AS fence,
-       p.created_at, p.updated_at,
+       p.event_type::text AS event_type, p.amount_minor::int8 AS amount_minor,
+       p.currency::text AS currency, p.amount_out_minor::int8 AS amount_out_minor,
+       p.fence::int8 AS fence, p.created_at, p.updated_at,
        (SELECT count(*) FROM m) > 1000 AS truncated
   FROM m JOIN payments p ON p.id = m.id
  WHERE starts_with(p.transaction_id::text, $1::text)
@@ -114,26 +117,6 @@ pub struct PaymentSearch {
     /// The last row of the page before (created_at, id): this page starts after it.
     pub after: Option<(OffsetDateTime, i64)>,
     pub limit: i64,
-}
-
-/// One payments row in a list.
-#[derive(Debug, Clone, Serialize)]
-pub struct PaymentLine {
-    pub id: i64,
-    pub provider: String,
-    pub transaction_id: String,
-    pub kind: String,
-    pub parent_transaction_id: Option<String>,
-    pub status: String,
-    pub amount_minor: i64,
-    /// In major units (`"100.00"`); `None` for a currency without a known exponent.
-    pub amount: Option<String>,
-    pub currency: String,
-    pub fence: i64,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
-    pub updated_at: OffsetDateTime,
 }
 
 /// One page of a list and where the next one starts.
@@ -166,24 +149,6 @@ pub fn prefix_end(prefix: &str) -> Option<String> {
     let last = bytes.last_mut()?;
     *last += 1;
     String::from_utf8(bytes).ok()
-}
-
-fn payment_line(r: &tokio_postgres::Row) -> PaymentLine {
-    let (amount_minor, currency): (i64, String) = (r.get("amount_minor"), r.get("currency"));
-    PaymentLine {
-        id: r.get("id"),
-        provider: r.get("provider"),
-        transaction_id: r.get("transaction_id"),
-        kind: r.get("kind"),
-        parent_transaction_id: r.get("parent_transaction_id"),
-        status: r.get("status"),
-        amount: major_amount(amount_minor, &currency),
-        amount_minor,
-        currency,
-        fence: r.get("fence"),
-        created_at: r.get("created_at"),
-        updated_at: r.get("updated_at"),
-    }
 }
 
 /// The inbox events of a list, newest (or, for queued and processing
@@ -252,7 +217,7 @@ impl Store {
     pub async fn search_payments(
         &self,
         q: &PaymentSearch,
-    ) -> Result<Page<PaymentLine>, StoreError> {
+    ) -> Result<Page<PaymentRecord>, StoreError> {
         let client = self.pool.get().await?;
         let limit = q.limit.clamp(1, MAX_PAGE);
         let statuses: Vec<String> = match &q.status {
@@ -303,7 +268,7 @@ impl Store {
                 (rows, false)
             }
         };
-        let rows: Vec<PaymentLine> = rows.iter().map(payment_line).collect();
+        let rows: Vec<PaymentRecord> = rows.iter().map(payment_record).collect();
         let next = (rows.len() as i64 == limit)
             .then(|| {
                 rows.last().map(|r| Cursor {

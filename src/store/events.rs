@@ -8,6 +8,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::inbox::{event_row, EventRow, EVENT_COLUMNS};
+use super::record::{payment_record, PaymentRecord, RECORD_COLUMNS};
 use super::{Store, StoreError};
 use crate::domain::amount::major_amount;
 
@@ -258,37 +259,13 @@ const REPLAY_MATCH: &str = "status = 'dead'
                    AND ($5::text IS NULL OR last_error = $5)
                    AND ($6::timestamptz IS NULL OR finished_at <= $6)";
 
-/// One payments row, as `inspect` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct RowView {
-    pub id: i64,
-    pub provider: String,
-    pub transaction_id: String,
-    pub kind: String,
-    pub parent_transaction_id: Option<String>,
-    pub status: String,
-    pub event_type: String,
-    pub amount_minor: i64,
-    /// `amount_minor` in major units (`"100.00"`); `None` for a currency
-    /// without a known exponent.
-    pub amount: Option<String>,
-    pub currency: String,
-    pub amount_out_minor: i64,
-    pub amount_out: Option<String>,
-    pub fence: i64,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
-    pub updated_at: OffsetDateTime,
-}
-
 /// One ledger entry, as `inspect` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct EntryView {
     pub transaction_id: String,
     pub effect: String,
     pub amount_minor: i64,
-    /// `amount_minor` in major units, as in [`RowView`].
+    /// `amount_minor` in major units, as in [`PaymentRecord`].
     pub amount: Option<String>,
     pub currency: String,
     pub fence: i64,
@@ -301,8 +278,8 @@ pub struct EntryView {
 /// answers their deliveries were given.
 #[derive(Debug, Clone, Serialize)]
 pub struct Inspection {
-    pub row: Option<RowView>,
-    pub children: Vec<RowView>,
+    pub row: Option<PaymentRecord>,
+    pub children: Vec<PaymentRecord>,
     pub entries: Vec<EntryView>,
     pub events: Vec<EventRow>,
     /// Its delivery history and its refunds' and disputes', oldest first
@@ -318,9 +295,6 @@ impl Inspection {
     }
 }
 
-const ROW_COLUMNS: &str = "id, provider, transaction_id, kind, parent_transaction_id, status, \
-     event_type, amount_minor, currency, amount_out_minor, fence, created_at, updated_at";
-
 impl Store {
     /// What `fencehook inspect` shows for (provider, transaction_id).
     pub async fn inspect(
@@ -331,21 +305,21 @@ impl Store {
         let client = self.pool.get().await?;
         let row = client
             .query_opt(
-                &format!("SELECT {ROW_COLUMNS} FROM payments WHERE provider = $1 AND transaction_id = $2"),
+                &format!("SELECT {RECORD_COLUMNS} FROM payments WHERE provider = $1 AND transaction_id = $2"),
                 &[&provider, &transaction_id],
             )
             .await?
-            .map(|r| row_view(&r));
+            .map(|r| payment_record(&r));
         let children = client
             .query(
                 &format!(
-                    "SELECT {ROW_COLUMNS} FROM payments WHERE provider = $1 AND parent_transaction_id = $2 ORDER BY id"
+                    "SELECT {RECORD_COLUMNS} FROM payments WHERE provider = $1 AND parent_transaction_id = $2 ORDER BY id"
                 ),
                 &[&provider, &transaction_id],
             )
             .await?
             .iter()
-            .map(row_view)
+            .map(payment_record)
             .collect();
         let entries = client
             .query(
@@ -386,30 +360,5 @@ impl Store {
             events,
             deliveries,
         })
-    }
-}
-
-fn row_view(r: &tokio_postgres::Row) -> RowView {
-    let (amount_minor, amount_out_minor, currency): (i64, i64, String) = (
-        r.get("amount_minor"),
-        r.get("amount_out_minor"),
-        r.get("currency"),
-    );
-    RowView {
-        amount: major_amount(amount_minor, &currency),
-        amount_out: major_amount(amount_out_minor, &currency),
-        id: r.get("id"),
-        provider: r.get("provider"),
-        transaction_id: r.get("transaction_id"),
-        kind: r.get("kind"),
-        parent_transaction_id: r.get("parent_transaction_id"),
-        status: r.get("status"),
-        event_type: r.get("event_type"),
-        amount_minor,
-        currency,
-        amount_out_minor,
-        fence: r.get("fence"),
-        created_at: r.get("created_at"),
-        updated_at: r.get("updated_at"),
     }
 }

@@ -352,15 +352,15 @@ fn error_predates_replay(r: &EventRow) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fencehook::store::events::RowView;
+    use fencehook::store::record::PaymentRecord;
     use serde_json::json;
 
     fn at(text: &str) -> OffsetDateTime {
         OffsetDateTime::parse(text, &Rfc3339).unwrap()
     }
 
-    fn row(kind: &str, tx: &str, amount_minor: i64, currency: &str) -> RowView {
-        RowView {
+    fn row(kind: &str, tx: &str, amount_minor: i64, currency: &str) -> PaymentRecord {
+        PaymentRecord {
             id: 1,
             provider: "generic".to_owned(),
             transaction_id: tx.to_owned(),

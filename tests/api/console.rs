@@ -768,6 +768,9 @@ async fn the_search_finds_by_id_prefix_provider_status_and_time_newest_first_in_
         ]
     );
     assert_eq!(all["rows"][0]["amount"], "12.34");
+    // One read model: a search row is the row the payment page (and `inspect`) shows.
+    let page = b.get_json("/console/payments/generic/pay_0").await.json();
+    assert_eq!(all["rows"][0], page["row"], "{page}");
 
     // Pages of 3, newest first, following the cursor.
     let mut seen = Vec::new();
@@ -1083,6 +1086,51 @@ async fn refused_deliveries_are_listed_with_provider_reason_and_peer_but_never_b
         .map(|a| a["count"].as_u64().unwrap())
         .sum();
     assert_eq!(answered, 2, "{overview}");
+}
+
+/// The overview's figures are this instance's metrics: what `/metrics`
+/// says of refused refunds, over-returned payments and leases held, the
+/// overview says too (read from the metric handles, not from the exposition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_what_this_instances_metrics_count_of_refused_refunds_and_over_returned_payments(
+) {
+    use crate::helpers::money::{event, send};
+    use fencehook::metrics::{
+        FENCE_REJECTED_TOTAL, LEASES_HELD, PAYMENTS_OVER_RETURNED_TOTAL, REFUND_REJECTED_TOTAL,
+    };
+    let ctx = TestContext::new().await;
+    let files = TokenFiles::new();
+    let app = ctx.spawn(files.enable(ctx.config())).await;
+    send(&app, &event("payment.succeeded", "pay_fig", 1000, None)).await;
+    let refund = event("refund.succeeded", "re_fig", 1000, Some("pay_fig"));
+    assert_eq!(send(&app, &refund).await, (200, "processed".into()));
+    let dispute = event("dispute.funds_withdrawn", "dp_fig", 1000, Some("pay_fig"));
+    assert_eq!(send(&app, &dispute).await, (200, "processed".into()));
+    for tx in ["re_fig_2", "re_fig_3"] {
+        let more = event("refund.succeeded", tx, 1, Some("pay_fig"));
+        assert_eq!(send(&app, &more).await, (422, "refund_rejected".into()));
+    }
+    let mut b = Browser::new(&app.admin);
+    b.sign_in(&files.viewer).await;
+
+    let overview = b.get_json("/console").await.json();
+    let rejections: Vec<(String, f64)> =
+        serde_json::from_value(overview["refund_rejections"].clone()).unwrap();
+    let exceeds = rejections.iter().find(|(r, _)| r == "exceeds_payment");
+    assert_eq!(exceeds.map(|(_, n)| *n), Some(2.0), "{overview}");
+    for (reason, n) in &rejections {
+        let counted = app.metric(REFUND_REJECTED_TOTAL, &[("reason", reason)]);
+        assert_eq!(*n, counted, "{reason}");
+    }
+    assert_eq!(overview["over_returned"], 1.0, "{overview}");
+    assert_eq!(app.metric(PAYMENTS_OVER_RETURNED_TOTAL, &[]), 1.0);
+    assert_eq!(overview["leases_held"], app.metric(LEASES_HELD, &[]));
+    assert_eq!(
+        overview["fence_rejected"],
+        app.metric(FENCE_REJECTED_TOTAL, &[])
+    );
+    let html = b.get("/console").await.text;
+    assert!(html.contains("exceeds_payment"), "{html}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

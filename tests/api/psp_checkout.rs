@@ -2,15 +2,14 @@
 //! as Checkout.com signs them (`Cko-Signature`), booked as the scheme's
 //! table says; a storm of copies books each payment once.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use fencehook::config::Config;
 use fencehook::providers::psp::Notice;
 use fencehook::providers::{checkout, Provider, SchemeKind};
 
 use crate::deploy::fencehook_command;
+use crate::helpers::psp_http::{self, s};
 use crate::helpers::{Reply, TestApp, TestContext};
 
 /// The signature key the `checkout` provider verifies with, and the one it
@@ -21,11 +20,7 @@ const OLD_KEY: &str = "fencehook-checkout-key-before-rotation";
 const PAY: &str = "pay_vti5layihapu5bhbn5tjtk6eem";
 
 fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/tests/fixtures/checkout/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    psp_http::fixture("checkout", name)
 }
 
 fn config(ctx: &TestContext) -> Config {
@@ -57,42 +52,6 @@ async fn deliver(app: &TestApp, body: &str) -> Reply {
     post(app, body, &checkout::sign(KEY, body.as_bytes())).await
 }
 
-/// (status, event_type, amount_minor, currency, parent) of a row.
-async fn row(ctx: &TestContext, tx: &str) -> (String, String, i64, String, Option<String>) {
-    let r = ctx
-        .db()
-        .await
-        .query_one(
-            "SELECT status, event_type, amount_minor, currency, parent_transaction_id \
-             FROM payments WHERE provider = 'checkout' AND transaction_id = $1",
-            &[&tx],
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{tx}: {e}"));
-    (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
-}
-
-/// The ledger entries of a row: (effect, signed amount, currency).
-async fn entries(ctx: &TestContext, tx: &str) -> Vec<(String, i64, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT e.effect, e.amount_minor, e.currency FROM ledger_entries e \
-             JOIN payments p ON p.id = e.payment_id \
-             WHERE p.provider = 'checkout' AND p.transaction_id = $1 ORDER BY e.id",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
-}
-
-fn s(v: &str) -> String {
-    v.to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn each_checkout_event_books_what_it_says_a_declined_capture_then_the_capture_is_credited_and_a_partial_refund_is_a_debit_under_it(
 ) {
@@ -102,17 +61,17 @@ async fn each_checkout_event_books_what_it_says_a_declined_capture_then_the_capt
     let r = deliver(&app, &fixture("payment_capture_declined.json")).await;
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     assert_eq!(
-        row(&ctx, PAY).await,
+        psp_http::row(&ctx, "checkout", PAY).await,
         (s("failed"), s("payment.failed"), 10000, s("EUR"), None)
     );
-    assert!(entries(&ctx, PAY).await.is_empty());
+    assert!(psp_http::entries(&ctx, "checkout", PAY).await.is_empty());
     // Then captured: the success is booked, one credit.
     let captured = fixture("payment_captured.json");
     let r = deliver(&app, &captured).await;
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     assert_eq!(r.body, serde_json::json!({"result": "processed"}));
     assert_eq!(
-        row(&ctx, PAY).await,
+        psp_http::row(&ctx, "checkout", PAY).await,
         (
             s("succeeded"),
             s("payment.succeeded"),
@@ -122,7 +81,7 @@ async fn each_checkout_event_books_what_it_says_a_declined_capture_then_the_capt
         )
     );
     assert_eq!(
-        entries(&ctx, PAY).await,
+        psp_http::entries(&ctx, "checkout", PAY).await,
         vec![(s("credit"), 10000, s("EUR"))]
     );
     // Checkout.com's retry of the same event: a duplicate.
@@ -134,7 +93,7 @@ async fn each_checkout_event_books_what_it_says_a_declined_capture_then_the_capt
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     let refund = "act_7fmebms4rtmuja2poigylogjk4";
     assert_eq!(
-        row(&ctx, refund).await,
+        psp_http::row(&ctx, "checkout", refund).await,
         (
             s("succeeded"),
             s("refund.succeeded"),
@@ -144,7 +103,7 @@ async fn each_checkout_event_books_what_it_says_a_declined_capture_then_the_capt
         )
     );
     assert_eq!(
-        entries(&ctx, refund).await,
+        psp_http::entries(&ctx, "checkout", refund).await,
         vec![(s("debit"), -2500, s("EUR"))]
     );
     let r = deliver(&app, &refunded).await;
@@ -154,7 +113,7 @@ async fn each_checkout_event_books_what_it_says_a_declined_capture_then_the_capt
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     let declined_refund = "act_ewvmcqu4uq4e3nhjkitdvymkge";
     assert_eq!(
-        row(&ctx, declined_refund).await,
+        psp_http::row(&ctx, "checkout", declined_refund).await,
         (
             s("failed"),
             s("refund.failed"),
@@ -163,12 +122,14 @@ async fn each_checkout_event_books_what_it_says_a_declined_capture_then_the_capt
             Some(s(PAY))
         )
     );
-    assert!(entries(&ctx, declined_refund).await.is_empty());
+    assert!(psp_http::entries(&ctx, "checkout", declined_refund)
+        .await
+        .is_empty());
     // A declined payment of its own.
     let r = deliver(&app, &fixture("payment_declined.json")).await;
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     assert_eq!(
-        row(&ctx, "pay_mlbkttmkrlrubmdfzqw7kbrbvq").await,
+        psp_http::row(&ctx, "checkout", "pay_mlbkttmkrlrubmdfzqw7kbrbvq").await,
         (s("failed"), s("payment.failed"), 4599, s("GBP"), None)
     );
     // An authorisation moves no money: ignored, nothing written.
@@ -249,56 +210,18 @@ async fn a_k4_storm_of_checkout_captures_over_two_instances_books_each_payment_o
         Arc::new(ctx.spawn(config(&ctx)).await),
         Arc::new(ctx.spawn(config(&ctx)).await),
     ];
-    let (payments, copies) = (12, 4);
-    let mut tasks = Vec::new();
-    for p in 0..payments {
-        let notice = Notice {
-            transaction_id: format!("pay_storm{p:02}"),
-            amount: 1000 + p as i64,
-            currency: "EUR".into(),
-            event_type: "payment.succeeded".into(),
-            payment_transaction_id: None,
-        };
-        // One event, delivered k times at once (Checkout.com's retries).
-        let body = checkout::event_of(&notice, &format!("evt_storm{p:02}"), crate::helpers::now())
+    let payments = psp_http::payments("pay_storm", 1000, "EUR");
+    // One event each, delivered four times at once (Checkout.com's retries).
+    let body_of = |n: &Notice| {
+        let event_id = format!("evt_{}", n.transaction_id);
+        checkout::event_of(n, &event_id, crate::helpers::now())
             .unwrap()
-            .to_string();
-        for c in 0..copies {
-            let app = apps[(p + c) % 2].clone();
-            let body = body.clone();
-            let tx = notice.transaction_id.clone();
-            tasks.push(tokio::spawn(async move {
-                let end = tokio::time::Instant::now() + Duration::from_secs(30);
-                loop {
-                    let r = deliver(&app, &body).await;
-                    if (r.status != 409 && r.status != 503) || tokio::time::Instant::now() >= end {
-                        return (tx, r);
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }));
-        }
-    }
-    let mut processed: HashMap<String, usize> = HashMap::new();
-    for t in tasks {
-        let (tx, r) = t.await.unwrap();
-        assert_eq!(r.status, 200, "{tx}: {r:?}");
-        match r.result() {
-            "processed" => *processed.entry(tx).or_default() += 1,
-            "duplicate" => {}
-            other => panic!("{tx}: {other}"),
-        }
-    }
-    assert_eq!(processed.len(), payments, "{processed:?}");
-    assert!(processed.values().all(|n| *n == 1), "{processed:?}");
-    assert_eq!(ctx.payments().await, payments as i64);
-    assert_eq!(ctx.entries().await, payments as i64);
-    assert_eq!(
-        ctx.count("SELECT sum(amount_minor)::bigint FROM ledger_entries")
-            .await,
-        (0..payments as i64).map(|p| 1000 + p).sum::<i64>()
-    );
-    ctx.assert_audit_clean().await;
+            .to_string()
+    };
+    psp_http::storm(&ctx, &apps, payments, body_of, |app, body| async move {
+        deliver(&app, &body).await
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -361,11 +284,11 @@ async fn what_fencehook_send_provider_checkout_signs_is_accepted_and_booked() {
         "{stdout}"
     );
     assert_eq!(
-        row(&ctx, "pay_sent_by_cli").await,
+        psp_http::row(&ctx, "checkout", "pay_sent_by_cli").await,
         (s("succeeded"), s("payment.succeeded"), 4200, s("EUR"), None)
     );
     assert_eq!(
-        row(&ctx, "act_sent_by_cli").await,
+        psp_http::row(&ctx, "checkout", "act_sent_by_cli").await,
         (
             s("succeeded"),
             s("refund.succeeded"),

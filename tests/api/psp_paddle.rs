@@ -2,7 +2,6 @@
 //! Paddle signs them (`Paddle-Signature: ts=…;h1=…`), booked exactly once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fencehook::config::Config;
 use fencehook::providers::keys::RsaSigner;
@@ -11,6 +10,7 @@ use fencehook::providers::psp::{self, Credentials, Key, Notice, PspError};
 use fencehook::providers::{Provider, SchemeKind};
 use serde_json::Value;
 
+use crate::helpers::psp_http::{self, ledger, rows, s};
 use crate::helpers::{now, psp_sdk, Reply, TestApp, TestContext};
 
 /// The notification destination's secret key, and the one before a rotation.
@@ -25,11 +25,7 @@ const REFUNDED_TXN: &str = "txn_01hvcc93znj3mpqt1tenkjb04y";
 const ADJ: &str = "adj_01hvgf2s84dr6reszzg29zbvcm";
 
 fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/tests/fixtures/paddle/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    psp_http::fixture("paddle", name)
 }
 
 fn config(ctx: &TestContext) -> Config {
@@ -59,44 +55,6 @@ async fn post(app: &TestApp, body: &str, signature: &str) -> Reply {
 /// Delivers `body` signed now with the current secret.
 async fn deliver(app: &TestApp, body: &str) -> Reply {
     post(app, body, &paddle::sign(SECRET, now(), body.as_bytes())).await
-}
-
-/// (transaction_id, kind, parent, event_type, amount, currency, status) of every row.
-async fn rows(
-    ctx: &TestContext,
-) -> Vec<(String, String, Option<String>, String, i64, String, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, status \
-             FROM payments ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)))
-        .collect()
-}
-
-/// (transaction_id, effect, amount, currency) of every ledger entry.
-async fn ledger(ctx: &TestContext) -> Vec<(String, String, i64, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT p.transaction_id, e.effect, e.amount_minor, e.currency FROM ledger_entries e \
-             JOIN payments p ON p.id = e.payment_id ORDER BY e.id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect()
-}
-
-fn s(v: &str) -> String {
-    v.to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -281,56 +239,15 @@ async fn a_storm_of_four_copies_of_each_paddle_transaction_over_three_instances_
     for _ in 0..3 {
         apps.push(Arc::new(ctx.spawn(config(&ctx)).await));
     }
-    let (transactions, copies) = (12, 4);
-    let mut tasks = Vec::new();
-    for t in 0..transactions {
-        let notice = Notice {
-            transaction_id: format!("txn_storm_{t}"),
-            amount: 1000 + t as i64,
-            currency: "EUR".into(),
-            event_type: "payment.succeeded".into(),
-            payment_transaction_id: None,
-        };
-        let body = paddle::event_of(&notice, &format!("evt_storm_{t}"), now())
-            .unwrap()
-            .to_string();
-        for c in 0..copies {
-            let app = apps[(t + c) % 3].clone();
-            let body = body.clone();
-            tasks.push(tokio::spawn(async move {
-                let end = tokio::time::Instant::now() + Duration::from_secs(30);
-                loop {
-                    let r = deliver(&app, &body).await;
-                    if (r.status != 409 && r.status != 503) || tokio::time::Instant::now() >= end {
-                        return r;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }));
-        }
-    }
-    let mut processed = 0;
-    for task in tasks {
-        let r = task.await.unwrap();
-        assert_eq!(r.status, 200, "{r:?}");
-        match r.result() {
-            "processed" => processed += 1,
-            "duplicate" => {}
-            other => panic!("{other}: {r:?}"),
-        }
-    }
-    assert_eq!(
-        processed, transactions,
-        "each transaction processed by one copy"
-    );
-    assert_eq!(ctx.payments().await, transactions as i64);
-    assert_eq!(ctx.entries().await, transactions as i64);
-    assert_eq!(
-        ctx.count("SELECT sum(amount_minor)::bigint FROM ledger_entries")
-            .await,
-        (0..transactions as i64).map(|t| 1000 + t).sum::<i64>()
-    );
-    ctx.assert_audit_clean().await;
+    let payments = psp_http::payments("txn_storm_", 1000, "EUR");
+    let body_of = |n: &Notice| {
+        let event_id = format!("evt_{}", n.transaction_id);
+        paddle::event_of(n, &event_id, now()).unwrap().to_string()
+    };
+    psp_http::storm(&ctx, &apps, payments, body_of, |app, body| async move {
+        deliver(&app, &body).await
+    })
+    .await;
 }
 
 /// What a PSP side signs with: the keys `fencehook send` would have gathered.

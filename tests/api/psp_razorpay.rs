@@ -3,7 +3,6 @@
 //! table says; a storm of copies books each payment once; and Razorpay's
 //! own Python SDK (tests/psp-sdks/razorpay.py) both ways.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use fencehook::providers::psp::Notice;
 use fencehook::providers::{razorpay, Provider, SchemeKind};
 
 use crate::deploy::fencehook_command;
+use crate::helpers::psp_http::{self, s};
 use crate::helpers::{psp_sdk, Reply, TestApp, TestContext};
 
 /// The webhook secret the `razorpay` provider verifies with, and the one it
@@ -22,11 +22,7 @@ const OLD_SECRET: &str = "fencehook-razorpay-secret-before-rotation";
 const PAY: &str = "pay_FPoJKWQQ8lK13n";
 
 fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/tests/fixtures/razorpay/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    psp_http::fixture("razorpay", name)
 }
 
 fn config(ctx: &TestContext) -> Config {
@@ -60,42 +56,6 @@ async fn deliver(app: &TestApp, body: &str) -> Reply {
     post(app, body, &razorpay::sign(SECRET, body.as_bytes())).await
 }
 
-/// (status, event_type, amount_minor, currency, parent) of a row.
-async fn row(ctx: &TestContext, tx: &str) -> (String, String, i64, String, Option<String>) {
-    let r = ctx
-        .db()
-        .await
-        .query_one(
-            "SELECT status, event_type, amount_minor, currency, parent_transaction_id \
-             FROM payments WHERE provider = 'razorpay' AND transaction_id = $1",
-            &[&tx],
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{tx}: {e}"));
-    (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
-}
-
-/// The ledger entries of a row: (effect, signed amount, currency).
-async fn entries(ctx: &TestContext, tx: &str) -> Vec<(String, i64, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT e.effect, e.amount_minor, e.currency FROM ledger_entries e \
-             JOIN payments p ON p.id = e.payment_id \
-             WHERE p.provider = 'razorpay' AND p.transaction_id = $1 ORDER BY e.id",
-            &[&tx],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
-}
-
-fn s(v: &str) -> String {
-    v.to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_is_credited_and_a_partial_refund_is_a_debit_under_it(
 ) {
@@ -105,10 +65,10 @@ async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_i
     let r = deliver(&app, &fixture("payment.failed.json")).await;
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     assert_eq!(
-        row(&ctx, PAY).await,
+        psp_http::row(&ctx, "razorpay", PAY).await,
         (s("failed"), s("payment.failed"), 500000, s("INR"), None)
     );
-    assert!(entries(&ctx, PAY).await.is_empty());
+    assert!(psp_http::entries(&ctx, "razorpay", PAY).await.is_empty());
     // Authorised (ignored), then captured: the success is booked, one credit in paise.
     let r = deliver(&app, &fixture("payment.authorized.json")).await;
     assert_eq!((r.status, r.result()), (200, "ignored"), "{r:?}");
@@ -117,7 +77,7 @@ async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_i
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     assert_eq!(r.body, serde_json::json!({"result": "processed"}));
     assert_eq!(
-        row(&ctx, PAY).await,
+        psp_http::row(&ctx, "razorpay", PAY).await,
         (
             s("succeeded"),
             s("payment.succeeded"),
@@ -127,7 +87,7 @@ async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_i
         )
     );
     assert_eq!(
-        entries(&ctx, PAY).await,
+        psp_http::entries(&ctx, "razorpay", PAY).await,
         vec![(s("credit"), 500000, s("INR"))]
     );
     // Razorpay's retry (another X-Razorpay-Event-Id header, the same body): a duplicate.
@@ -139,7 +99,7 @@ async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_i
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     let refund = "rfnd_FS8TWyPrCsa0OB";
     assert_eq!(
-        row(&ctx, refund).await,
+        psp_http::row(&ctx, "razorpay", refund).await,
         (
             s("succeeded"),
             s("refund.succeeded"),
@@ -149,7 +109,7 @@ async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_i
         )
     );
     assert_eq!(
-        entries(&ctx, refund).await,
+        psp_http::entries(&ctx, "razorpay", refund).await,
         vec![(s("debit"), -50000, s("INR"))]
     );
     let r = deliver(&app, &processed).await;
@@ -159,7 +119,7 @@ async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_i
     assert_eq!((r.status, r.result()), (200, "processed"), "{r:?}");
     let failed_refund = "rfnd_FS8Tb7AaR5aYTe";
     assert_eq!(
-        row(&ctx, failed_refund).await,
+        psp_http::row(&ctx, "razorpay", failed_refund).await,
         (
             s("failed"),
             s("refund.failed"),
@@ -168,7 +128,9 @@ async fn each_razorpay_event_books_what_it_says_a_failed_then_captured_payment_i
             Some(s(PAY))
         )
     );
-    assert!(entries(&ctx, failed_refund).await.is_empty());
+    assert!(psp_http::entries(&ctx, "razorpay", failed_refund)
+        .await
+        .is_empty());
     assert_eq!(ctx.payments().await, 3);
     assert_eq!(ctx.entries().await, 2);
     assert_eq!(
@@ -242,56 +204,17 @@ async fn a_k4_storm_of_razorpay_captures_over_two_instances_books_each_payment_o
         Arc::new(ctx.spawn(config(&ctx)).await),
         Arc::new(ctx.spawn(config(&ctx)).await),
     ];
-    let (payments, copies) = (12, 4);
-    let mut tasks = Vec::new();
-    for p in 0..payments {
-        let notice = Notice {
-            transaction_id: format!("pay_Storm{p:02}"),
-            amount: 10000 + p as i64,
-            currency: "INR".into(),
-            event_type: "payment.succeeded".into(),
-            payment_transaction_id: None,
-        };
-        // One event, delivered k times at once (Razorpay's retries).
-        let body = razorpay::event_of(&notice, crate::helpers::now())
+    let payments = psp_http::payments("pay_Storm", 10000, "INR");
+    // One event each, delivered four times at once (Razorpay's retries).
+    let body_of = |n: &Notice| {
+        razorpay::event_of(n, crate::helpers::now())
             .unwrap()
-            .to_string();
-        for c in 0..copies {
-            let app = apps[(p + c) % 2].clone();
-            let body = body.clone();
-            let tx = notice.transaction_id.clone();
-            tasks.push(tokio::spawn(async move {
-                let end = tokio::time::Instant::now() + Duration::from_secs(30);
-                loop {
-                    let r = deliver(&app, &body).await;
-                    if (r.status != 409 && r.status != 503) || tokio::time::Instant::now() >= end {
-                        return (tx, r);
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }));
-        }
-    }
-    let mut processed: HashMap<String, usize> = HashMap::new();
-    for t in tasks {
-        let (tx, r) = t.await.unwrap();
-        assert_eq!(r.status, 200, "{tx}: {r:?}");
-        match r.result() {
-            "processed" => *processed.entry(tx).or_default() += 1,
-            "duplicate" => {}
-            other => panic!("{tx}: {other}"),
-        }
-    }
-    assert_eq!(processed.len(), payments, "{processed:?}");
-    assert!(processed.values().all(|n| *n == 1), "{processed:?}");
-    assert_eq!(ctx.payments().await, payments as i64);
-    assert_eq!(ctx.entries().await, payments as i64);
-    assert_eq!(
-        ctx.count("SELECT sum(amount_minor)::bigint FROM ledger_entries")
-            .await,
-        (0..payments as i64).map(|p| 10000 + p).sum::<i64>()
-    );
-    ctx.assert_audit_clean().await;
+            .to_string()
+    };
+    psp_http::storm(&ctx, &apps, payments, body_of, |app, body| async move {
+        deliver(&app, &body).await
+    })
+    .await;
 }
 
 /// `fencehook send --provider razorpay` (the scheme and secret by flag),
@@ -355,11 +278,11 @@ async fn what_fencehook_send_provider_razorpay_signs_is_accepted_and_booked() {
         "{stdout}"
     );
     assert_eq!(
-        row(&ctx, "pay_SentByCli01").await,
+        psp_http::row(&ctx, "razorpay", "pay_SentByCli01").await,
         (s("succeeded"), s("payment.succeeded"), 4200, s("INR"), None)
     );
     assert_eq!(
-        row(&ctx, "rfnd_SentByCli01").await,
+        psp_http::row(&ctx, "razorpay", "rfnd_SentByCli01").await,
         (
             s("succeeded"),
             s("refund.succeeded"),

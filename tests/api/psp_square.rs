@@ -3,7 +3,6 @@
 //! booked exactly once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fencehook::config::Config;
 use fencehook::providers::keys::RsaSigner;
@@ -11,6 +10,7 @@ use fencehook::providers::psp::{self, Credentials, Key, Notice, PspError};
 use fencehook::providers::{square, Provider, SchemeKind};
 use serde_json::Value;
 
+use crate::helpers::psp_http::{self, ledger, rows, s};
 use crate::helpers::{psp_sdk, Reply, TestApp, TestContext};
 
 /// The subscription's signature key, and the one before a rotation.
@@ -24,11 +24,7 @@ const REFUNDED: &str = "KkAkhdMsgzn59SM8A89WgKwekxLZY";
 const REFUND: &str = "KkAkhdMsgzn59SM8A89WgKwekxLZY_ptNBVqHYxt5gAdfcobBe4u1AZsXhoz06KTtuq9Ls24P";
 
 fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/tests/fixtures/square/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    psp_http::fixture("square", name)
 }
 
 fn config(ctx: &TestContext) -> Config {
@@ -55,44 +51,6 @@ async fn post(app: &TestApp, body: &str, signature: &str) -> Reply {
 /// Delivers `body` signed as Square signs it for the registered URL.
 async fn deliver(app: &TestApp, body: &str) -> Reply {
     post(app, body, &square::sign(KEY, URL, body.as_bytes())).await
-}
-
-/// (transaction_id, kind, parent, event_type, amount, currency, status) of every row.
-async fn rows(
-    ctx: &TestContext,
-) -> Vec<(String, String, Option<String>, String, i64, String, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT transaction_id, kind, parent_transaction_id, event_type, amount_minor, currency, status \
-             FROM payments ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)))
-        .collect()
-}
-
-/// (transaction_id, effect, amount, currency) of every ledger entry.
-async fn ledger(ctx: &TestContext) -> Vec<(String, String, i64, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT p.transaction_id, e.effect, e.amount_minor, e.currency FROM ledger_entries e \
-             JOIN payments p ON p.id = e.payment_id ORDER BY e.id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect()
-}
-
-fn s(v: &str) -> String {
-    v.to_owned()
 }
 
 /// The completed payment fixture about `id`, for `total` cents.
@@ -268,53 +226,17 @@ async fn a_storm_of_four_copies_of_each_square_payment_over_three_instances_book
     for _ in 0..3 {
         apps.push(Arc::new(ctx.spawn(config(&ctx)).await));
     }
-    let (payments, copies) = (12, 4);
-    let mut tasks = Vec::new();
-    for t in 0..payments {
-        let notice = Notice {
-            transaction_id: format!("sq_storm_{t}"),
-            amount: 500 + t as i64,
-            currency: "USD".into(),
-            event_type: "payment.succeeded".into(),
-            payment_transaction_id: None,
-        };
-        let body = square::event_of(&notice, &format!("event-storm-{t}"), crate::helpers::now())
+    let payments = psp_http::payments("sq_storm_", 500, "USD");
+    let body_of = |n: &Notice| {
+        let event_id = format!("event-{}", n.transaction_id);
+        square::event_of(n, &event_id, crate::helpers::now())
             .unwrap()
-            .to_string();
-        for c in 0..copies {
-            let app = apps[(t + c) % 3].clone();
-            let body = body.clone();
-            tasks.push(tokio::spawn(async move {
-                let end = tokio::time::Instant::now() + Duration::from_secs(30);
-                loop {
-                    let r = deliver(&app, &body).await;
-                    if (r.status != 409 && r.status != 503) || tokio::time::Instant::now() >= end {
-                        return r;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }));
-        }
-    }
-    let mut processed = 0;
-    for task in tasks {
-        let r = task.await.unwrap();
-        assert_eq!(r.status, 200, "{r:?}");
-        match r.result() {
-            "processed" => processed += 1,
-            "duplicate" => {}
-            other => panic!("{other}: {r:?}"),
-        }
-    }
-    assert_eq!(processed, payments, "each payment processed by one copy");
-    assert_eq!(ctx.payments().await, payments as i64);
-    assert_eq!(ctx.entries().await, payments as i64);
-    assert_eq!(
-        ctx.count("SELECT sum(amount_minor)::bigint FROM ledger_entries")
-            .await,
-        (0..payments as i64).map(|t| 500 + t).sum::<i64>()
-    );
-    ctx.assert_audit_clean().await;
+            .to_string()
+    };
+    psp_http::storm(&ctx, &apps, payments, body_of, |app, body| async move {
+        deliver(&app, &body).await
+    })
+    .await;
 }
 
 /// What a PSP side signs with: the keys `fencehook send` would have gathered.

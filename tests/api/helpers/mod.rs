@@ -15,6 +15,7 @@ pub mod patroni;
 pub mod postgres;
 pub mod process;
 pub mod proxy;
+pub mod psp_http;
 pub mod psp_sdk;
 pub mod redis_ha;
 pub mod sweep;
