@@ -35,6 +35,7 @@ mod pg_tls;
 mod process;
 mod providers;
 mod psp_checkout;
+mod psp_mollie;
 mod psp_paddle;
 mod psp_razorpay;
 mod psp_square;
