@@ -27,7 +27,7 @@ use metrics_exporter_prometheus::{
 pub use self::figures::Figures;
 pub use self::table::*;
 use crate::domain::Rejection;
-use crate::providers::fetch::{FetchCounts, FetchResult};
+use crate::providers::fetch::FetchCounts;
 
 /// One label's values: a label enum.
 pub trait LabelValue: Copy + Eq + Hash + Send + Sync + 'static {

@@ -85,6 +85,7 @@ pub mod square;
 pub mod standard;
 pub mod stripe;
 pub mod stripe_api;
+pub mod stripe_thin;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkeys;
 pub mod wechatpay;
@@ -494,8 +495,9 @@ impl Provider {
     }
 
     /// What the provider fetches from its PSP's API with while a delivery
-    /// waits (a `mollie` provider's payments and refunds), for the service
-    /// to count its fetches.
+    /// waits (a `mollie` provider's payments and refunds, a `stripe` one's
+    /// thin events' objects when it has an `api_key`), for the service to
+    /// count its fetches.
     pub fn fetcher(&self) -> Option<&fetch::Fetcher> {
         self.scheme.fetcher()
     }

@@ -44,6 +44,7 @@ mod rsa_providers;
 mod schema;
 mod shutdown;
 mod startup;
+mod stripe_thin;
 mod sync_commit;
 mod tools;
 mod topology;
