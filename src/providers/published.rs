@@ -184,7 +184,8 @@ mod tests {
                 "{exposures:?}"
             );
         }
-        assert_eq!(with_secrets, 9);
+        // Mollie's is its api_key (the example key of Mollie's docs).
+        assert_eq!(with_secrets, 10);
         for secret in example_secrets(EXAMPLE_PROVIDERS) {
             assert!(published().contains(&secret), "{secret}");
         }
