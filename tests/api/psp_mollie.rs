@@ -10,6 +10,7 @@ use fencehook::config::Config;
 use fencehook::providers::Provider;
 
 use crate::helpers::mollie_api::MockApi;
+use crate::helpers::psp_http::{ledger, s};
 use crate::helpers::{psp_sdk, wait_for, Reply, TestApp, TestContext};
 
 /// The suite's Mollie API key (a test key no Mollie account has).
@@ -43,7 +44,8 @@ async fn notify(app: &TestApp, id: &str) -> Reply {
     post(app, &format!("id={id}")).await
 }
 
-/// (transaction_id, kind, parent, event_type, amount, currency, status) of every row.
+/// (transaction_id, kind, parent, event_type, amount, currency, status) of
+/// every row, by transaction id (a notification's items are booked side by side).
 async fn rows(
     ctx: &TestContext,
 ) -> Vec<(String, String, Option<String>, String, i64, String, String)> {
@@ -59,26 +61,6 @@ async fn rows(
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)))
         .collect()
-}
-
-/// (transaction_id, effect, amount, currency) of every ledger entry.
-async fn ledger(ctx: &TestContext) -> Vec<(String, String, i64, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT p.transaction_id, e.effect, e.amount_minor, e.currency FROM ledger_entries e \
-             JOIN payments p ON p.id = e.payment_id ORDER BY e.id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect()
-}
-
-fn s(v: &str) -> String {
-    v.to_owned()
 }
 
 fn fetches(app: &TestApp, result: &str) -> f64 {

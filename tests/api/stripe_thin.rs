@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::mollie_api::MockApi;
 use crate::helpers::process::ServeProcess;
+use crate::helpers::psp_http::{self, ledger};
 use crate::helpers::{now, psp_sdk, wait_for, Reply, TestApp, TestContext};
 
 const SECRET: &str = "whsec_fencehook_stripe_integration_secret";
@@ -19,11 +20,7 @@ const KEY: &str = "rk_test_fencehookThinEvents0123456789";
 const PI: &str = "pi_3PqAbC2eZvKYlo2C1aBcDeFg";
 
 fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/tests/fixtures/stripe/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    psp_http::fixture("stripe", name)
 }
 
 /// The PaymentIntent of the snapshot fixture, as `GET /v1/payment_intents/{id}` answers it.
@@ -75,21 +72,6 @@ async fn deliver(app: &TestApp, body: &str) -> Reply {
         body.as_bytes().to_vec(),
     )
     .await
-}
-
-async fn ledger(ctx: &TestContext) -> Vec<(String, String, i64, String)> {
-    ctx.db()
-        .await
-        .query(
-            "SELECT p.transaction_id, e.effect, e.amount_minor, e.currency FROM ledger_entries e \
-             JOIN payments p ON p.id = e.payment_id ORDER BY e.id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
