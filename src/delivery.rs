@@ -21,7 +21,10 @@
 //! - otherwise the event is stored for the inbox workers (inbox mode) or
 //!   booked by the processor now (sync mode).
 //!
-//! Items of one delivery are booked side by side, each under its own lease.
+//! Items of one delivery are booked side by side, each under its own lease;
+//! a refund or dispute whose payment is another item of the same delivery
+//! (a Mollie payment fetched with its refunds) is booked after it, so that
+//! it finds its payment booked rather than waiting for a retry.
 //!
 //! [`Deliveries::admit`] is the webhook's own step before that, for a
 //! scheme whose signature does not cover the body well (PayPal's covers its
@@ -156,6 +159,40 @@ impl Deliveries {
             let item = items.pop().expect("one item");
             return vec![self.one(provider, item, received).await];
         }
+        let after = after_their_payment(&items);
+        if !after.contains(&true) {
+            return self.side_by_side(provider, items, received).await;
+        }
+        let count = items.len();
+        let (mut first, mut then) = (Vec::new(), Vec::new());
+        for (item, later) in items.into_iter().enumerate().zip(after) {
+            if later {
+                then.push(item);
+            } else {
+                first.push(item);
+            }
+        }
+        let mut fates: Vec<Option<Handled>> = vec![None; count];
+        for wave in [first, then] {
+            let (places, items): (Vec<usize>, Vec<Item>) = wave.into_iter().unzip();
+            let handled = self.side_by_side(provider, items, received).await;
+            for (place, handled) in places.into_iter().zip(handled) {
+                fates[place] = Some(handled);
+            }
+        }
+        fates
+            .into_iter()
+            .map(|f| f.expect("every item was booked in one wave"))
+            .collect()
+    }
+
+    /// Books `items` side by side; the fates come in the items' order.
+    async fn side_by_side(
+        &self,
+        provider: &Provider,
+        items: Vec<Item>,
+        received: &Received<'_>,
+    ) -> Vec<Handled> {
         stream::iter(
             items
                 .into_iter()
@@ -399,6 +436,31 @@ impl Deliveries {
             Err(reject) => Err(Refusal::Rejected(reject)),
         }
     }
+}
+
+/// For each item, whether it takes money from a payment that another item of
+/// the same delivery books (and so must be booked after it).
+fn after_their_payment(items: &[Item]) -> Vec<bool> {
+    fn event(item: &Item) -> Option<&CanonicalEvent> {
+        match item {
+            Item::Event(ev) | Item::CancelOrRefund(ev) => Some(ev),
+            Item::Ignored { .. } | Item::Unmappable { .. } => None,
+        }
+    }
+    let payments: Vec<&str> = items
+        .iter()
+        .filter_map(event)
+        .filter(|ev| ev.parent_transaction_id.is_none())
+        .map(|ev| ev.transaction_id.as_str())
+        .collect();
+    items
+        .iter()
+        .map(|item| {
+            event(item)
+                .and_then(|ev| ev.parent_transaction_id.as_deref())
+                .is_some_and(|parent| payments.contains(&parent))
+        })
+        .collect()
 }
 
 /// A batch item to quarantine: as received, and what identifies it.

@@ -27,6 +27,7 @@ use metrics_exporter_prometheus::{
 pub use self::figures::Figures;
 pub use self::table::*;
 use crate::domain::Rejection;
+use crate::providers::fetch::FetchCounts;
 
 /// One label's values: a label enum.
 pub trait LabelValue: Copy + Eq + Hash + Send + Sync + 'static {
@@ -602,6 +603,16 @@ impl Metrics {
     /// Drains histogram buckets; call periodically.
     pub fn upkeep(&self) {
         self.inner.handle.run_upkeep();
+    }
+
+    /// [`FETCHES_TOTAL`]`{provider,result}` of `provider`, every result
+    /// registered now.
+    pub fn fetches(&self, provider: &str) -> FetchCounts {
+        let provider = SharedString::from(provider.to_owned());
+        FetchCounts::new(|result| {
+            let values = vec![provider.clone(), SharedString::const_str(result.as_str())];
+            register(&self.inner.recorder, FETCHES_TOTAL, values)
+        })
     }
 
     /// [`WEBHOOKS_TOTAL`]`{provider,result}`.

@@ -63,7 +63,7 @@ impl State {
             max_inflight,
         } = limits;
         State {
-            providers: RwLock::new(Arc::new(by_name(providers))),
+            providers: RwLock::new(Arc::new(by_name(providers, &metrics))),
             deliveries,
             metrics,
             health,
@@ -103,7 +103,7 @@ impl State {
 
     /// Replaces every provider at once (secret rotation without a restart).
     pub fn replace_providers(&self, providers: Vec<Provider>) {
-        let new = Arc::new(by_name(providers));
+        let new = Arc::new(by_name(providers, &self.metrics));
         *self.providers.write().unwrap_or_else(|e| e.into_inner()) = new;
     }
 
@@ -128,9 +128,16 @@ impl State {
     }
 }
 
-fn by_name(providers: Vec<Provider>) -> HashMap<String, Arc<Provider>> {
+/// The providers by name, each one that fetches from its PSP counting its
+/// fetches into this service's metrics.
+fn by_name(providers: Vec<Provider>, metrics: &Metrics) -> HashMap<String, Arc<Provider>> {
     providers
         .into_iter()
-        .map(|p| (p.name.clone(), Arc::new(p)))
+        .map(|p| {
+            if let Some(fetcher) = p.fetcher() {
+                fetcher.count_into(metrics.fetches(&p.name));
+            }
+            (p.name.clone(), Arc::new(p))
+        })
         .collect()
 }

@@ -159,6 +159,8 @@ metric_table! {
         "When the newest run of `fencehook audit` recorded in the database finished (Unix time); 0 while none is recorded. Read at start and every minute.";
     AUDIT_VIOLATIONS = "fencehook_audit_violations", gauge, [],
         "Invariant violations the newest recorded run of `fencehook audit` found, over all its checks; 0 while none is recorded. Read at start and every minute.";
+    FETCHES_TOTAL = "fencehook_fetches_total", counter, [provider, result],
+        "Fetches from a PSP's API while a delivery waits (Mollie's payments and refunds, the objects of Stripe's thin events), by provider and result: ok, not_found, error (another status, or no answer), timeout, busy (no fetch slot came free within the fetch timeout: not fetched, answered 503).";
     TRACE_SPANS_DROPPED_TOTAL = "fencehook_trace_spans_dropped_total", counter, [reason],
         "Finished trace spans not exported, by reason (queue_full, export_failed); 0 with tracing off.";
 }

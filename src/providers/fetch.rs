@@ -3,12 +3,23 @@
 //! PSP for before it can book (an object a notification only names).
 //!
 //! Anyone can send a delivery, so what a stranger can make these fetches
-//! cost is bounded, per provider: a few in flight at once (a delivery that
-//! finds no slot free is answered 503 at once: the PSP retries), each within
-//! a time (connection included) and a size, no redirect followed (hyper's
+//! cost is bounded, per provider: a few in flight at once, each within a
+//! time (connection included) and a size, no redirect followed (hyper's
 //! client follows none), and only under a base URL that pins the scheme and
-//! the host ([`check_base`]).
+//! the host ([`check_base`]). A delivery that finds every slot taken either
+//! is answered 503 at once ([`Fetcher::try_slot`]: PayPal's certificates,
+//! where one stranger's URL should not queue behind another's) or waits its
+//! turn for at most the fetch timeout, then 503 ([`Fetcher::slot`]: a
+//! fetch-first scheme, whose every genuine notification needs a fetch; the
+//! queue is the semaphore's own, first come first served). Either way the
+//! PSP's API never sees more than the bound at once, whatever a flood of
+//! made-up notifications asks for.
+//!
+//! Each fetch is counted by result (`fencehook_fetches_total`) once the
+//! service has given the fetcher its provider's counters
+//! ([`Fetcher::count_into`]).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,12 +28,75 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::outbound::{self, HttpsClient};
 
+/// How a fetch from a PSP's API ended (`fencehook_fetches_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FetchResult {
+    /// Answered 2xx.
+    Ok,
+    /// Answered 404: the PSP knows no such object.
+    NotFound,
+    /// Answered another status, or the connection or the answer failed.
+    Error,
+    /// No answer within the fetch timeout.
+    Timeout,
+    /// Not fetched: every slot stayed taken for the fetch timeout.
+    Busy,
+}
+
+impl FetchResult {
+    pub const ALL: &'static [FetchResult] = &[
+        FetchResult::Ok,
+        FetchResult::NotFound,
+        FetchResult::Error,
+        FetchResult::Timeout,
+        FetchResult::Busy,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FetchResult::Ok => "ok",
+            FetchResult::NotFound => "not_found",
+            FetchResult::Error => "error",
+            FetchResult::Timeout => "timeout",
+            FetchResult::Busy => "busy",
+        }
+    }
+}
+
+/// One provider's fetch counters, one per [`FetchResult`], made by the
+/// service's metrics (`fencehook_fetches_total{provider,result}`).
+#[derive(Clone)]
+pub struct FetchCounts {
+    /// In [`FetchResult::ALL`]'s order.
+    by_result: Arc<[metrics::Counter]>,
+}
+
+impl FetchCounts {
+    /// The counters `counter` gives for each result.
+    pub fn new(counter: impl Fn(FetchResult) -> metrics::Counter) -> FetchCounts {
+        FetchCounts {
+            by_result: FetchResult::ALL.iter().map(|&r| counter(r)).collect(),
+        }
+    }
+
+    fn count(&self, result: FetchResult) {
+        let i = FetchResult::ALL
+            .iter()
+            .position(|&r| r == result)
+            .expect("every result is in ALL");
+        self.by_result[i].increment(1);
+    }
+}
+
 /// One provider's fetches from its PSP: its client and its bounds.
 pub struct Fetcher {
     client: HttpsClient,
     slots: Semaphore,
     timeout: Duration,
     max_bytes: usize,
+    /// Set once, by the service that serves the provider; tools that build
+    /// providers count nothing.
+    counts: OnceLock<FetchCounts>,
 }
 
 impl Fetcher {
@@ -35,7 +109,26 @@ impl Fetcher {
             slots: Semaphore::new(in_flight),
             timeout,
             max_bytes,
+            counts: OnceLock::new(),
         })
+    }
+
+    /// Counts this fetcher's fetches into `counts` from now on (the first
+    /// call wins: a provider is served by one service).
+    pub fn count_into(&self, counts: FetchCounts) {
+        let _ = self.counts.set(counts);
+    }
+
+    fn count(&self, result: FetchResult) {
+        if let Some(counts) = self.counts.get() {
+            counts.count(result);
+        }
+    }
+
+    /// The longest one call may take, connection included; also the longest
+    /// [`Fetcher::slot`] waits.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// A fetch slot, when one is free now; held for as long as the fetch
@@ -44,13 +137,27 @@ impl Fetcher {
         self.slots.try_acquire().ok()
     }
 
+    /// A fetch slot, waiting for one (in arrival order) for at most the
+    /// fetch timeout; `None` (counted `busy`) when none came free. Held for
+    /// as long as the fetches it covers run.
+    pub async fn slot(&self) -> Option<SemaphorePermit<'_>> {
+        match tokio::time::timeout(self.timeout, self.slots.acquire()).await {
+            Ok(Ok(permit)) => Some(permit),
+            // Timed out, or closed (never: no one closes it).
+            _ => {
+                self.count(FetchResult::Busy);
+                None
+            }
+        }
+    }
+
     /// The status and body of `req`'s answer, within the fetcher's time and
     /// size; the error says what failed (never a secret: no header is shown).
     pub async fn call(
         &self,
         req: http::Request<Full<Bytes>>,
     ) -> Result<(http::StatusCode, Bytes), String> {
-        tokio::time::timeout(self.timeout, async {
+        let answered = tokio::time::timeout(self.timeout, async {
             let resp = self
                 .client
                 .request(req)
@@ -64,8 +171,14 @@ impl Fetcher {
                 .to_bytes();
             Ok((status, body))
         })
-        .await
-        .map_err(|_| format!("no answer within {:?}", self.timeout))?
+        .await;
+        self.count(match &answered {
+            Ok(Ok((status, _))) if status.is_success() => FetchResult::Ok,
+            Ok(Ok((http::StatusCode::NOT_FOUND, _))) => FetchResult::NotFound,
+            Ok(_) => FetchResult::Error,
+            Err(_) => FetchResult::Timeout,
+        });
+        answered.map_err(|_| format!("no answer within {:?}", self.timeout))?
     }
 }
 
@@ -147,5 +260,24 @@ mod tests {
         ] {
             assert!(check_api_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_waited_for_up_to_the_timeout_in_arrival_order() {
+        let fetcher = Fetcher::new(1, Duration::from_millis(200), 1024).unwrap();
+        let held = fetcher.slot().await.expect("a free slot");
+        assert!(fetcher.try_slot().is_none(), "try_slot does not wait");
+        // Still held when the wait runs out: none.
+        let started = std::time::Instant::now();
+        assert!(fetcher.slot().await.is_none());
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // Given back while another waits: that one gets it.
+        let waiting = fetcher.slot();
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(held);
+        };
+        let (got, ()) = tokio::join!(waiting, release);
+        assert!(got.is_some());
     }
 }

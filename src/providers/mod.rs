@@ -29,7 +29,9 @@
 //!   and the body;
 //! - [`checkout`]: Checkout.com's `Cko-Signature`, payments by `pay_` id,
 //!   refunds by their action id;
-//! - [`razorpay`]: `X-Razorpay-Signature`, payments and refunds by their ids.
+//! - [`razorpay`]: `X-Razorpay-Signature`, payments and refunds by their ids;
+//! - [`mollie`]: a form naming a payment, no signature: the payment and its
+//!   refunds are fetched from Mollie's API and booked as it says.
 //!
 //! Shared: [`scheme`] (the trait, [`Item`], [`Reject`], [`AckBody`]),
 //! `file.rs` (the providers file), [`settings`] (one provider's table read
@@ -51,8 +53,9 @@
 //! - A single-event delivery that cannot be mapped is refused (400); a
 //!   well-signed batch item that cannot be mapped is [`Item::Unmappable`] and
 //!   does not hold up the other items (Adyen would re-send the whole batch).
-//! - One delivery may map to several items: every item of an Adyen batch, and
-//!   every succeeded refund of a Stripe `charge.refunded`.
+//! - One delivery may map to several items: every item of an Adyen batch,
+//!   every succeeded refund of a Stripe `charge.refunded`, a Mollie payment
+//!   and its refunds.
 //! - What a scheme's PSP side builds, its own verification and mapping read
 //!   back as the canonical event it was built from (each scheme's round-trip
 //!   property test).
@@ -63,11 +66,12 @@
 pub mod adyen;
 pub mod alipay;
 pub mod checkout;
-mod fetch;
+pub mod fetch;
 mod fields;
 mod file;
 mod hmac;
 pub mod keys;
+pub mod mollie;
 pub mod paddle;
 pub mod paypal;
 pub mod paypal_api;
@@ -81,6 +85,7 @@ pub mod square;
 pub mod standard;
 pub mod stripe;
 pub mod stripe_api;
+pub mod stripe_thin;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkeys;
 pub mod wechatpay;
@@ -179,6 +184,12 @@ macro_rules! registry {
                 }
             }
 
+            fn fetcher(&self) -> Option<&fetch::Fetcher> {
+                match self {
+                    $(Configured::$kind(s) => s.fetcher(),)+
+                }
+            }
+
             #[cfg(any(test, feature = "test-support"))]
             fn preload_certificate(&self, url: &str, pem: &[u8]) -> Option<Result<(), String>> {
                 match self {
@@ -203,6 +214,7 @@ registry! {
     Square => square::Square,
     Checkout => checkout::Checkout,
     Razorpay => razorpay::Razorpay,
+    Mollie => mollie::Mollie,
 }
 
 impl SchemeKind {
@@ -480,6 +492,14 @@ impl Provider {
     /// Whether this provider can list its PSP's events (reconciliation).
     pub fn events_api(&self) -> EventsApi {
         self.scheme.events_api()
+    }
+
+    /// What the provider fetches from its PSP's API with while a delivery
+    /// waits (a `mollie` provider's payments and refunds, a `stripe` one's
+    /// thin events' objects when it has an `api_key`), for the service to
+    /// count its fetches.
+    pub fn fetcher(&self) -> Option<&fetch::Fetcher> {
+        self.scheme.fetcher()
     }
 
     /// PayPal: puts a certificate in the provider's cache as if fetched from
@@ -770,7 +790,7 @@ mod tests {
     fn messages_that_name_every_scheme_are_made_from_the_registry_word_for_word() {
         assert_eq!(
             SchemeKind::choices(),
-            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle | square | checkout | razorpay"
+            "standard | stripe | adyen | wechatpay | alipay | paypal | paddle | square | checkout | razorpay | mollie"
         );
         let err = file::parse(
             "[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\ntolerance = 5",
@@ -789,7 +809,7 @@ mod tests {
         };
         assert_eq!(
             psp::parent(&refund).unwrap_err(),
-            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle, the payment's id for square, the payment's pay_ id for checkout, the payment's pay_ id for razorpay)"
+            "--event-type refund.succeeded takes money from a payment: give it with --payment-transaction-id (a PaymentIntent or Charge id for stripe, the payment's pspReference for adyen, transaction_id for wechatpay, trade_no for alipay, the capture id for paypal, the transaction id (txn_…) for paddle, the payment's id for square, the payment's pay_ id for checkout, the payment's pay_ id for razorpay, the payment's tr_ id for mollie)"
         );
         let failure = psp::Notice {
             event_type: "payment.failed".into(),

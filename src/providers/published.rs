@@ -111,9 +111,18 @@ mod tests {
     use super::*;
     use crate::providers::{load_file, Provider, SchemeKind};
 
+    /// Whether `token` has the shape of a Mollie API key.
+    fn mollie_key(token: &str) -> bool {
+        let rest = token
+            .strip_prefix("live_")
+            .or_else(|| token.strip_prefix("test_"));
+        rest.is_some_and(|r| r.len() >= 30 && r.bytes().all(|b| b.is_ascii_alphanumeric()))
+    }
+
     /// Secret-shaped tokens of a document: `whsec_…` strings, runs of 64 hex
-    /// digits (an Adyen key), and every string quoted on a `secrets = [...]`
-    /// line (a TOML example of any scheme).
+    /// digits (an Adyen key), Mollie API keys, and every string quoted on a
+    /// `secrets = [...]` or `api_key = "…"` line (a TOML example of any
+    /// scheme).
     fn quoted_secrets(text: &str) -> Vec<String> {
         let token_char = |c: char| c.is_ascii_alphanumeric() || "+/=_-".contains(c);
         let mut found: Vec<String> = text
@@ -121,13 +130,14 @@ mod tests {
             .filter(|t| {
                 (t.starts_with("whsec_") && t.len() > "whsec_".len())
                     || (t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit()))
+                    || mollie_key(t)
             })
             .map(str::to_owned)
             .collect();
-        for line in text
-            .lines()
-            .filter(|l| l.trim_start().starts_with("secrets"))
-        {
+        for line in text.lines().filter(|l| {
+            let l = l.trim_start();
+            l.starts_with("secrets") || l.starts_with("api_key")
+        }) {
             found.extend(line.split('"').skip(1).step_by(2).map(str::to_owned));
         }
         found
@@ -174,7 +184,8 @@ mod tests {
                 "{exposures:?}"
             );
         }
-        assert_eq!(with_secrets, 9);
+        // Mollie's is its api_key (the example key of Mollie's docs).
+        assert_eq!(with_secrets, 10);
         for secret in example_secrets(EXAMPLE_PROVIDERS) {
             assert!(published().contains(&secret), "{secret}");
         }
@@ -286,6 +297,9 @@ mod tests {
         "whsec_b3JkZXItc2VydmljZS1zZWNyZXQtZm9yLXRlc3RzLSE=",
         // An Adyen key no PSP issued: the suite's "unknown key".
         "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF",
+        // Mollie API keys of the suite (src/providers/mollie.rs, tests/api/psp_mollie.rs).
+        "test_fencehookUnitTestKey0123456789abc",
+        "test_fencehookIntegrationKey0123456789",
         // A Stripe signature (src/providers/stripe.rs), not a key.
         "c62c74be83bf90fc7fd50fd5f300b08b9422fa8f94a3512cbf7603665610ac52",
     ];
@@ -318,13 +332,19 @@ mod tests {
     /// Whether a provider of any scheme that takes `token` as a secret
     /// would serve it: it builds, and nothing exposes it.
     fn served(token: &str) -> Vec<SchemeKind> {
-        [SchemeKind::Standard, SchemeKind::Stripe, SchemeKind::Adyen]
-            .into_iter()
-            .filter(|&scheme| {
-                Provider::new("p", scheme, &[token.to_owned()], None)
-                    .is_ok_and(|p| p.exposures().is_empty())
-            })
-            .collect()
+        let mut served: Vec<SchemeKind> =
+            [SchemeKind::Standard, SchemeKind::Stripe, SchemeKind::Adyen]
+                .into_iter()
+                .filter(|&scheme| {
+                    Provider::new("p", scheme, &[token.to_owned()], None)
+                        .is_ok_and(|p| p.exposures().is_empty())
+                })
+                .collect();
+        let mollie = format!("[providers.p]\nscheme = \"mollie\"\napi_key = {token:?}\n");
+        if Provider::from_toml_str(&mollie).is_ok_and(|p| p[0].exposures().is_empty()) {
+            served.push(SchemeKind::Mollie);
+        }
+        served
     }
 
     #[test]

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use time::OffsetDateTime;
 
+use super::fetch::Fetcher;
 use super::psp::{Credentials, Delivery, Key, Notice, PspError};
 use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
@@ -135,6 +136,12 @@ pub trait Scheme: Clone + Send + Sync + Sized + 'static {
     /// reconciliation reads them): most PSPs have no events API.
     fn events_api(&self) -> EventsApi {
         EventsApi::None
+    }
+
+    /// The fetcher a provider of it fetches from its PSP's API with while a
+    /// delivery waits, when it has one: the service counts its fetches.
+    fn fetcher(&self) -> Option<&Fetcher> {
+        None
     }
 
     /// Puts a certificate in the provider's cache as if fetched from `url`;

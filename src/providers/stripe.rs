@@ -71,12 +71,16 @@
 //! - Stripe's lower-case currency is upper-cased; amounts are taken as sent in
 //!   the currency's minor unit (JPY has none, KWD has three decimals: Stripe
 //!   already sends the integer it charges).
+//! - A thin event (`"object": "v2.core.event"`, verified as every event) is
+//!   not the record: its object is fetched with the provider's `api_key` and
+//!   it is mapped as the snapshot event of its type (`stripe_thin`).
 
 use std::sync::Arc;
 
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use super::fetch::Fetcher;
 use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, req_object, req_str,
     Object,
@@ -87,6 +91,7 @@ use super::scheme::{EventsApi, Item, Reject, Scheme};
 use super::settings::{Secrets, Tolerance};
 use super::setup::Setup;
 use super::stripe_api::{Api, DEFAULT_API_URL};
+use super::stripe_thin::{self, ThinEvents};
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// The header Stripe signs with (HTTP header names are case-insensitive).
@@ -101,6 +106,8 @@ pub struct Stripe {
     tolerance_secs: u64,
     /// Stripe's API, when the provider has an `api_key`.
     api: Option<Arc<Api>>,
+    /// Thin events' objects, fetched with the `api_key` (`stripe_thin`).
+    thin: Arc<ThinEvents>,
 }
 
 /// A `stripe` provider's table: the webhook endpoint's secrets and
@@ -129,6 +136,7 @@ impl Stripe {
             secrets,
             tolerance_secs,
             api: None,
+            thin: Arc::new(ThinEvents::keyless()),
         })
     }
 
@@ -186,6 +194,9 @@ impl Scheme for Stripe {
                 if api.allows_plain_http() {
                     setup.warn("api_url is http://: Stripe's API reached without TLS (for a local test server only)");
                 }
+                let thin = ThinEvents::new(api.url(), api.authorization())
+                    .map_err(|e| setup.error("api_url", e))?;
+                stripe.thin = Arc::new(thin);
                 stripe.api = Some(Arc::new(api));
             }
         }
@@ -225,7 +236,14 @@ impl Scheme for Stripe {
         now: i64,
     ) -> Result<Vec<Item>, Reject> {
         self.verify(headers, body, now)?;
-        parse_event(provider, body)
+        match stripe_thin::thin_event(body)? {
+            None => parse_event(provider, body),
+            Some(thin) => self.thin.accept(provider, &thin).await,
+        }
+    }
+
+    fn fetcher(&self) -> Option<&Fetcher> {
+        self.thin.fetcher()
     }
 
     fn check(psp: &dyn Credentials) -> Result<(), PspError> {
@@ -337,6 +355,24 @@ pub fn signature_hex(secret: &str, timestamp: i64, body: &[u8]) -> String {
     hex::encode(hmac::sign(secret.as_bytes(), &[prefix.as_bytes(), body]))
 }
 
+/// The object an event type of the mapping carries; `None` for a type it
+/// does not book.
+fn object_of(event_type: &str) -> Option<&'static str> {
+    Some(match event_type {
+        "payment_intent.succeeded" | "payment_intent.payment_failed" => "payment_intent",
+        "charge.succeeded" | "charge.failed" | "charge.refunded" => "charge",
+        "refund.created" | "refund.updated" | "refund.failed" | "charge.refund.updated" => "refund",
+        "charge.dispute.funds_withdrawn" | "charge.dispute.funds_reinstated" => "dispute",
+        _ => return None,
+    })
+}
+
+/// Whether the mapping books events of `event_type` (a thin event of any
+/// other type is ignored without a fetch).
+pub fn books(event_type: &str) -> bool {
+    object_of(event_type).is_some()
+}
+
 /// Maps a Stripe event (see the module docs) strictly: a handled type with a
 /// missing or ill-typed field is [`Reject::Invalid`]; a type we do not act on
 /// is one [`Item::Ignored`] without looking further. Most events map to one
@@ -353,12 +389,8 @@ pub fn parse_event(provider: &str, body: &[u8]) -> Result<Vec<Item>, Reject> {
             event_type: event_type.to_owned(),
         }])
     };
-    let object_kind = match event_type {
-        "payment_intent.succeeded" | "payment_intent.payment_failed" => "payment_intent",
-        "charge.succeeded" | "charge.failed" | "charge.refunded" => "charge",
-        "refund.created" | "refund.updated" | "refund.failed" | "charge.refund.updated" => "refund",
-        "charge.dispute.funds_withdrawn" | "charge.dispute.funds_reinstated" => "dispute",
-        _ => return ignored(),
+    let Some(object_kind) = object_of(event_type) else {
+        return ignored();
     };
     let occurred_at = match opt(event, "created") {
         None => None,

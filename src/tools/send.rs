@@ -53,8 +53,11 @@ pub struct PspArgs {
     /// (an encrypted API v3 notification), alipay (a form-encoded
     /// notification), paypal (a v2 capture event), paddle (a Paddle Billing
     /// event), square (a Square payment or refund event), checkout (a
-    /// Checkout.com event), razorpay (a Razorpay event). Default: the
-    /// providers file's, else standard.
+    /// Checkout.com event), razorpay (a Razorpay event), mollie (the form
+    /// `id=tr_…` Mollie posts, unsigned: the payment's id, a refund's
+    /// payment's; the service books what Mollie's API says of it, not the
+    /// amount or type given here). Default: the providers file's, else
+    /// standard.
     #[arg(long, value_parser = parse_scheme)]
     pub scheme: Option<SchemeKind>,
     /// Signing secret of the HMAC schemes: whsec_<base64> (standard), the
@@ -722,6 +725,7 @@ mod rsa_tests {
     const WEBHOOK_ID: &str = "WH-SEND-TEST";
     const CERT_URL: &str = "https://api.paypal.com/v1/notifications/certs/CERT-send-test";
     const NOTIFICATION_URL: &str = "https://hooks.example.com/webhooks/square";
+    const MOLLIE_KEY: &str = "test_fencehookUnitTestKey0123456789abc";
     const NOW: i64 = 1_700_000_000;
 
     /// Test key 0's private key in a file, as a user would pass it.
@@ -743,6 +747,9 @@ mod rsa_tests {
                 format!("secrets = [\"{secret}\"]\nnotification_url = \"{NOTIFICATION_URL}\"")
             }
             (_, Some(secret)) => format!("secrets = [\"{secret}\"]"),
+            (SchemeKind::Mollie, None) => {
+                format!("api_key = \"{MOLLIE_KEY}\"\napi_url = \"http://127.0.0.1:9\"")
+            }
             (SchemeKind::WechatPay, None) => {
                 format!("secrets = [\"{APIV3}\"]\nplatform_keys = {{ {SERIAL} = \"key.pem\" }}")
             }
@@ -851,6 +858,14 @@ mod rsa_tests {
                         err.contains("sends no notification"),
                         "{scheme:?} {kind:?}: {err}"
                     );
+                    continue;
+                }
+                if scheme == SchemeKind::Mollie {
+                    // The form names the payment; what is booked is what
+                    // Mollie's API answers (tests/api/psp_mollie.rs).
+                    let d = build_delivery(&psp, &n, None, None, NOW).unwrap();
+                    let named = n.payment_transaction_id.as_deref().unwrap_or("PAY-1");
+                    assert_eq!(d.body, format!("id={named}"), "{kind:?}");
                     continue;
                 }
                 match received(&psp, &n) {

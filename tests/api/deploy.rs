@@ -157,7 +157,8 @@ fn the_example_providers_file_is_refused_as_it_stands_and_passes_check_config_fo
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     // Every published placeholder in one run, one line each.
     for provider in [
-        "adyen", "alipay", "checkout", "paddle", "razorpay", "shop", "square", "stripe", "wechat",
+        "adyen", "alipay", "checkout", "mollie", "paddle", "razorpay", "shop", "square", "stripe",
+        "wechat",
     ] {
         assert!(
             stderr
@@ -189,12 +190,13 @@ fn the_example_providers_file_is_refused_as_it_stands_and_passes_check_config_fo
     assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
     assert!(
         stdout.contains(
-            "providers [adyen, alipay, checkout, paddle, paypal, razorpay, shop, square, stripe, wechat]"
+            "providers [adyen, alipay, checkout, mollie, paddle, paypal, razorpay, shop, square, stripe, wechat]"
         ),
         "{stdout}"
     );
     for provider in [
-        "adyen", "alipay", "checkout", "paddle", "razorpay", "shop", "square", "stripe", "wechat",
+        "adyen", "alipay", "checkout", "mollie", "paddle", "razorpay", "shop", "square", "stripe",
+        "wechat",
     ] {
         assert!(
             stderr.contains(&format!("warning: provider `{provider}`: ")),
@@ -326,7 +328,7 @@ fn the_install_blocks_check_config_line_works_as_written() {
     );
     assert!(
         stdout.starts_with(
-            "configuration ok: providers [adyen, alipay, checkout, paddle, paypal, razorpay, shop, square, stripe, wechat]"
+            "configuration ok: providers [adyen, alipay, checkout, mollie, paddle, paypal, razorpay, shop, square, stripe, wechat]"
         ),
         "{stdout}"
     );

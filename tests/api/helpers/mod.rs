@@ -9,6 +9,7 @@ pub mod downstream;
 pub mod inbox;
 pub mod log;
 pub mod metrics;
+pub mod mollie_api;
 pub mod money;
 pub mod otlp;
 pub mod patroni;
