@@ -878,12 +878,13 @@ impl LifecycleModel {
             if let Err(refusal) = self.check_parent(s, e, row.reserved()) {
                 return self.answer(s, e, refusal);
             }
-            let late = matches!(
-                self.cfg.variant,
-                Variant::CapTakenAtFinalize | Variant::NoCap
-            );
-            let reserves = !row.reserved() && !(late && self.kind(e) == Kind::Refund);
-            if reserves {
+            // The broken variants that take a refund's cap late reserve nothing.
+            let late = self.kind(e) == Kind::Refund
+                && matches!(
+                    self.cfg.variant,
+                    Variant::CapTakenAtFinalize | Variant::NoCap
+                );
+            if !row.reserved() && !late {
                 self.take_out(s, e);
                 reserved = true;
             }
