@@ -22,7 +22,8 @@
 //! | `Stall` | the worker pauses (GC, SIGSTOP) or dies: its heartbeat stops renewing the lease and the take's lock |
 //! | `LeaseExpires` | the stalled worker's lease runs out (`lease/heartbeat.rs` renews it no more) |
 //! | `LockExpires` | a take's lock runs out: it is renewed with the lease's heartbeat, so only while no live worker attempts its event (a stalled or dead one, or a take that failed) |
-//! | `Rescue` | `inbox::Inbox::rescue` → `store::Store::rescue` (`RESCUE`): `processing` events whose lock ran out are `queued` again |
+//! | `Rescue` | `inbox::Inbox::rescue_on_schedule`, a task of its own in each process with workers, every second → `store::Store::rescue` (`RESCUE`): `processing` events whose lock ran out are `queued` again; an actor of its own, interleaved with the workers, held up by none |
+//! | `SlowCall` / `Finish` | (`Config::rescue`) a worker takes another payment's event and sits in its slow downstream call (`Elsewhere`), its own lock renewed, then is idle again |
 //! | `Ages` | the event grows older than `FENCEHOOK_MAX_AGE_SECS`: a re-queue is `dead` instead |
 //! | `Replay` | `fencehook replay` → `store::Store::replay`: dead events `queued` with attempts from zero and the age clock restarted, their `dead` rows `queued` |
 //!
@@ -33,8 +34,9 @@
 //! an event is dead only after its attempts or when too old since it was
 //! (re)queued; a dead row's event is dead; a worker attempts an event only
 //! while its take's lock holds (or after it ran out); a worker that did not
-//! stall has its result recorded; and, from every state, after a replay one
-//! more quiet worker books the event exactly once.
+//! stall has its result recorded; an event whose lock ran out can be
+//! rescued at once, whatever the live workers are doing; and, from every
+//! state, after a replay one more quiet worker books the event exactly once.
 //!
 //! | Variant | Caught by |
 //! | --- | --- |
@@ -43,12 +45,13 @@
 //! | the take's lock not renewed with the heartbeat | a live worker's result not recorded |
 //! | an undecodable row fails the whole take | the good event never booked |
 //! | a replay that keeps the age clock | a replayed event dead again with attempts to spare |
+//! | the rescue a worker's chore between its takes | a dead worker's event left `processing` while the live worker sits in a slow call elsewhere |
 //!
 //! # Variants that were the code
 //!
-//! Three broken variants are what the code did before the inbox's lock was
-//! renewed, its rows read one by one and its replays aged anew; each is kept
-//! so a return to it is caught:
+//! Four broken variants are what the code did before the inbox's lock was
+//! renewed, its rows read one by one, its replays aged anew and its rescue
+//! given a timer of its own; each is kept so a return to it is caught:
 //!
 //! - a lock of fixed length that a slow attempt outlives
 //!   (`Variant::NoLockRenewal`); the code renews the take's lock every third
@@ -57,7 +60,11 @@
 //!   (`Variant::UndecodableFailsTheTake`); the code settles that row `dead`
 //!   alone (`Store::settle_unreadable`);
 //! - an age counted from `received_at` whatever the replays
-//!   (`Variant::ReplayKeepsTheAge`); the code counts it from the last replay.
+//!   (`Variant::ReplayKeepsTheAge`); the code counts it from the last replay;
+//! - the rescue run by worker 0 between its takes
+//!   (`Variant::RescueBetweenTakes`): a dead worker's events waited for as
+//!   long as that worker's downstream call took; the code rescues on a timer
+//!   of its own (`Inbox::rescue_on_schedule`).
 //!
 //! # What the model leaves out
 //!
@@ -75,11 +82,11 @@
 //!   the WAL flush, so a crash may undo one (its event taken again, found
 //!   booked by the lifecycle); the model's database never loses a commit.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 
 use stateright::{Model, Property};
+
+use crate::props::{self, Memo};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
@@ -95,6 +102,10 @@ pub enum Variant {
     UndecodableFailsTheTake,
     /// A replay leaves the age clock where it was.
     ReplayKeepsTheAge,
+    /// The rescue is a worker's chore between its takes (each worker its
+    /// own process, as with `fencehook work` per host): it runs only while
+    /// some live worker is idle.
+    RescueBetweenTakes,
 }
 
 #[derive(Clone, Debug)]
@@ -109,6 +120,9 @@ pub struct Config {
     pub replays: u8,
     /// Whether the undecodable event is there.
     pub poison: bool,
+    /// Whether an idle worker may take another payment's event and sit in
+    /// its slow downstream call (`Elsewhere`) for as long as it likes.
+    pub busy: bool,
     pub variant: Variant,
 }
 
@@ -121,6 +135,22 @@ impl Config {
             stalls: 2,
             replays: 2,
             poison: true,
+            busy: false,
+            variant: Variant::Correct,
+        }
+    }
+
+    /// The rescue against busy workers: a worker may sit in a slow call on
+    /// another payment's event while the other dies holding this one.
+    pub fn rescue() -> Config {
+        Config {
+            workers: 2,
+            takes: 4,
+            max_attempts: 2,
+            stalls: 1,
+            replays: 1,
+            poison: false,
+            busy: true,
             variant: Variant::Correct,
         }
     }
@@ -195,6 +225,9 @@ pub enum Pc {
     Call,
     Finalize,
     Settle(Settle),
+    /// In a slow downstream call on another payment's event (its own lock
+    /// renewed by its heartbeat: nothing of it runs out).
+    Elsewhere,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -230,8 +263,9 @@ impl Worker {
         }
     }
 
+    /// Attempting this model's event (not idle, not elsewhere).
     fn attempting(&self) -> bool {
-        self.pc != Pc::Idle
+        !matches!(self.pc, Pc::Idle | Pc::Elsewhere)
     }
 }
 
@@ -252,6 +286,8 @@ pub struct State {
     pub was_done: bool,
     /// A worker that never stalled had its result refused by the settle.
     pub live_result_lost: bool,
+    /// The event was rescued while no live worker was idle.
+    pub rescued_while_busy: bool,
     pub workers: Vec<Worker>,
 }
 
@@ -266,6 +302,10 @@ pub enum Op {
     Finalize,
     Settle,
     Stall,
+    /// An idle worker takes another payment's event: a slow call.
+    SlowCall,
+    /// The slow call ends; the worker is idle again.
+    Finish,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -283,14 +323,14 @@ type QuietKey = (Event, Option<Event>, Row, u8, u8);
 
 pub struct InboxModel {
     pub cfg: Config,
-    quiet: Mutex<HashMap<QuietKey, bool>>,
+    quiet: Memo<QuietKey>,
 }
 
 impl InboxModel {
     pub fn new(cfg: Config) -> InboxModel {
         InboxModel {
             cfg,
-            quiet: Mutex::new(HashMap::new()),
+            quiet: Memo::new(),
         }
     }
 
@@ -303,7 +343,11 @@ impl InboxModel {
                 if due {
                     ops.push(Op::Take);
                 }
+                if self.cfg.busy {
+                    ops.push(Op::SlowCall);
+                }
             }
+            Pc::Elsewhere => ops.push(Op::Finish),
             Pc::FastPath => ops.push(Op::FastPath),
             Pc::Acquire => ops.push(Op::Acquire),
             Pc::Claim => ops.push(Op::Claim),
@@ -358,6 +402,8 @@ impl InboxModel {
                 s.workers[w].pc
             }
             (Pc::Idle, Op::Take) => self.take(s, w),
+            (Pc::Idle, Op::SlowCall) => Pc::Elsewhere,
+            (Pc::Elsewhere, Op::Finish) => Pc::Idle,
             (Pc::FastPath, Op::FastPath) => {
                 if s.workers[w].hint.status == RowStatus::Succeeded {
                     Pc::Settle(Settle::Done)
@@ -520,6 +566,13 @@ impl InboxModel {
             .any(|ev| ev.status == EvStatus::Processing && (ev.expired || ignore))
     }
 
+    /// Whether the rescue can run now: on its own timer always
+    /// (`inbox::Inbox::rescue_on_schedule`); as a chore between takes only
+    /// while some live worker is idle.
+    fn rescuer_free(&self, s: &State) -> bool {
+        self.cfg.variant != Variant::RescueBetweenTakes || some_worker_idle(s)
+    }
+
     /// `fencehook replay`: dead events queued again, their dead rows too.
     fn replay(&self, s: &mut State) {
         let keep_age = self.cfg.variant == Variant::ReplayKeepsTheAge;
@@ -561,6 +614,7 @@ impl Model for InboxModel {
             aged: false,
             was_done: false,
             live_result_lost: false,
+            rescued_while_busy: false,
             workers: (0..self.cfg.workers).map(|_| Worker::idle()).collect(),
         }]
     }
@@ -586,7 +640,7 @@ impl Model for InboxModel {
         if s.poison.is_some_and(|p| self.lock_may_expire(s, &p, true)) {
             actions.push(Action::LockExpires(true));
         }
-        if self.rescuable(s) {
+        if self.rescuable(s) && self.rescuer_free(s) {
             actions.push(Action::Rescue);
         }
         if !s.aged {
@@ -616,7 +670,12 @@ impl Model for InboxModel {
             Action::LockExpires(true) => {
                 s.poison.as_mut().expect("there").expired = true;
             }
-            Action::Rescue => self.rescue(&mut s),
+            Action::Rescue => {
+                if self.cfg.busy && !some_worker_idle(&s) {
+                    s.rescued_while_busy = true;
+                }
+                self.rescue(&mut s);
+            }
             Action::Ages => {
                 s.aged = true;
                 s.event.old = true;
@@ -634,7 +693,7 @@ impl Model for InboxModel {
         vec![
             Property::always(BOOKED_AT_MOST_ONCE, |_, s: &State| s.ledger <= 1),
             Property::always(ROW_MATCHES_LEDGER, |_, s: &State| {
-                s.ledger == u8::from(s.row.status == RowStatus::Succeeded)
+                props::entry_matches_status(s.row.status == RowStatus::Succeeded, s.ledger)
             }),
             Property::always(DONE_IS_FINAL, |_, s: &State| {
                 !s.was_done || s.event.status == EvStatus::Done
@@ -658,6 +717,10 @@ impl Model for InboxModel {
             Property::always(A_LIVE_WORKERS_RESULT_IS_RECORDED, |_, s: &State| {
                 !s.live_result_lost
             }),
+            Property::always(RESCUE_WAITS_FOR_NO_WORKER, |m: &Self, s: &State| {
+                let stranded = s.event.status == EvStatus::Processing && s.event.expired;
+                !stranded || m.rescuer_free(s)
+            }),
             Property::always(ONE_MORE_QUIET_RUN_BOOKS_IT, one_more_quiet_run),
             Property::sometimes(SOMETIMES_BOOKED, |_, s: &State| {
                 s.event.status == EvStatus::Done && s.ledger == 1
@@ -671,6 +734,10 @@ impl Model for InboxModel {
             Property::sometimes(SOMETIMES_A_STALE_WORKER_IS_FENCED, |_, s: &State| {
                 s.workers.iter().any(|w| w.stalled && w.fenced)
             }),
+            Property::sometimes(
+                SOMETIMES_RESCUED_WHILE_EVERY_WORKER_IS_BUSY,
+                |_, s: &State| s.rescued_while_busy && s.event.status == EvStatus::Done,
+            ),
             Property::sometimes(SOMETIMES_DEAD_AFTER_ITS_ATTEMPTS, |m: &Self, s: &State| {
                 s.event.status == EvStatus::Dead && s.event.attempts >= m.cfg.max_attempts
             }),
@@ -689,6 +756,8 @@ pub const ONE_WORKER_PER_LOCK: &str =
     "a worker attempts an event only while its take's lock holds, or after it ran out";
 pub const A_LIVE_WORKERS_RESULT_IS_RECORDED: &str =
     "a worker that did not stall has its result recorded";
+pub const RESCUE_WAITS_FOR_NO_WORKER: &str =
+    "an event whose lock ran out can be rescued at once, whatever the live workers are doing";
 pub const ONE_MORE_QUIET_RUN_BOOKS_IT: &str =
     "after a replay, one more quiet worker books the event exactly once";
 
@@ -697,8 +766,15 @@ pub const SOMETIMES_RESCUED_AND_BOOKED: &str = "a stalled worker's event is resc
 pub const SOMETIMES_REPLAYED_AND_BOOKED: &str = "a dead event is replayed and booked";
 pub const SOMETIMES_A_STALE_WORKER_IS_FENCED: &str = "a stalled worker's write is fenced";
 pub const SOMETIMES_DEAD_AFTER_ITS_ATTEMPTS: &str = "an event is dead after its attempts";
+pub const SOMETIMES_RESCUED_WHILE_EVERY_WORKER_IS_BUSY: &str =
+    "a dead worker's event is rescued while every live worker is in a call, and booked";
 
-pub const INVARIANTS: [&str; 9] = [
+/// A worker that is alive and between takes.
+fn some_worker_idle(s: &State) -> bool {
+    s.workers.iter().any(|w| w.pc == Pc::Idle && !w.stalled)
+}
+
+pub const INVARIANTS: [&str; 10] = [
     BOOKED_AT_MOST_ONCE,
     ROW_MATCHES_LEDGER,
     DONE_IS_FINAL,
@@ -707,6 +783,7 @@ pub const INVARIANTS: [&str; 9] = [
     A_DEAD_ROW_HAS_A_DEAD_EVENT,
     ONE_WORKER_PER_LOCK,
     A_LIVE_WORKERS_RESULT_IS_RECORDED,
+    RESCUE_WAITS_FOR_NO_WORKER,
     ONE_MORE_QUIET_RUN_BOOKS_IT,
 ];
 
@@ -717,41 +794,32 @@ pub const INVARIANTS: [&str; 9] = [
 /// its row booked once.
 fn one_more_quiet_run(model: &InboxModel, s: &State) -> bool {
     let key = (s.event, s.poison, s.row, s.ledger, s.counter);
-    if let Some(&known) = model.quiet.lock().unwrap().get(&key) {
-        return known;
-    }
-    let mut run = State {
-        lease: None,
-        workers: vec![Worker::idle()],
-        ..s.clone()
-    };
-    model.replay(&mut run);
-    let mut ops = Vec::new();
-    for _ in 0..4 {
-        for ev in std::iter::once(&mut run.event).chain(run.poison.as_mut()) {
-            if ev.status == EvStatus::Processing {
-                ev.expired = true;
+    model.quiet.get_or(key, || {
+        let mut run = State {
+            lease: None,
+            workers: vec![Worker::idle()],
+            ..s.clone()
+        };
+        model.replay(&mut run);
+        for _ in 0..4 {
+            for ev in std::iter::once(&mut run.event).chain(run.poison.as_mut()) {
+                if ev.status == EvStatus::Processing {
+                    ev.expired = true;
+                }
             }
+            model.rescue(&mut run);
+            props::run_alone(
+                &mut run,
+                8,
+                |s, ops| model.worker_ops(s, 0, ops),
+                |op| matches!(op, Op::CallFails | Op::Stall | Op::SlowCall),
+                |s, op| model.step(s, 0, op),
+            );
         }
-        model.rescue(&mut run);
-        for _ in 0..8 {
-            ops.clear();
-            model.worker_ops(&run, 0, &mut ops);
-            match ops
-                .iter()
-                .copied()
-                .find(|op| !matches!(op, Op::CallFails | Op::Stall))
-            {
-                Some(op) => model.step(&mut run, 0, op),
-                None => break,
-            }
-        }
-    }
-    let books = run.event.status == EvStatus::Done
-        && run.row.status == RowStatus::Succeeded
-        && run.ledger == 1;
-    model.quiet.lock().unwrap().insert(key, books);
-    books
+        run.event.status == EvStatus::Done
+            && run.row.status == RowStatus::Succeeded
+            && run.ledger == 1
+    })
 }
 
 impl fmt::Display for Action {
@@ -837,6 +905,38 @@ mod tests {
                 SOMETIMES_DEAD_AFTER_ITS_ATTEMPTS,
             ],
         );
+    }
+
+    #[test]
+    fn a_dead_workers_event_is_rescued_while_the_live_workers_are_in_slow_calls() {
+        let checker = check(
+            "inbox, rescue, busy workers",
+            InboxModel::new(Config::rescue()),
+        );
+        assert_safe(
+            &checker,
+            &INVARIANTS,
+            &[
+                SOMETIMES_BOOKED,
+                SOMETIMES_RESCUED_AND_BOOKED,
+                SOMETIMES_RESCUED_WHILE_EVERY_WORKER_IS_BUSY,
+                SOMETIMES_A_STALE_WORKER_IS_FENCED,
+            ],
+        );
+    }
+
+    #[test]
+    fn a_rescue_run_between_a_workers_takes_is_caught_waiting_for_a_slow_call() {
+        let cfg = Config {
+            variant: Variant::RescueBetweenTakes,
+            ..Config::rescue()
+        };
+        let last = shortest_counterexample(
+            "inbox, rescue between takes",
+            || InboxModel::new(cfg.clone()),
+            RESCUE_WAITS_FOR_NO_WORKER,
+        );
+        assert!(last.workers.iter().any(|w| w.pc == Pc::Elsewhere));
     }
 
     #[test]

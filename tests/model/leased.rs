@@ -54,11 +54,15 @@
 //! - The foreign claim never races a leased transaction in flight (it would
 //!   queue on the payments row's lock, which the model does not split out).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 
 use stateright::{Model, Property};
+
+use crate::props::{self, Memo};
+pub use crate::props::{
+    ONE_MORE_DELIVERY_BOOKS_IT, ONE_WRITER_PER_TOKEN, PROCESSED_AFTER_COMMIT, SOMETIMES_BOOKED,
+    SOMETIMES_RESYNC_THEN_COMMIT,
+};
 
 /// Rounds of write → re-read → decide under one delivery (the code's `MAX_ROUNDS`).
 const MAX_ROUNDS: u8 = 4;
@@ -316,7 +320,7 @@ pub struct LeasedModel {
     pub cfg: Config,
     /// Answers of [`one_more_delivery_books_it`] by the parts of the state
     /// its quiet run reads.
-    quiet: Mutex<HashMap<QuietKey, bool>>,
+    quiet: Memo<QuietKey>,
 }
 
 /// Row, leases counter, ledger entries, ledger writes.
@@ -326,7 +330,7 @@ impl LeasedModel {
     pub fn new(cfg: Config) -> LeasedModel {
         LeasedModel {
             cfg,
-            quiet: Mutex::new(HashMap::new()),
+            quiet: Memo::new(),
         }
     }
 
@@ -582,16 +586,11 @@ impl Model for LeasedModel {
             Property::always(AT_MOST_ONE_CREDIT, |_, s: &State| s.ledger_writes <= 1),
             Property::always(FENCE_RISES, |_, s: &State| !s.stale_write),
             Property::always(ONE_WRITER_PER_TOKEN, |_, s: &State| {
-                let mut seen = 0u32;
-                s.holders.iter().all(|h| {
-                    let fresh = seen & h.wrote == 0;
-                    seen |= h.wrote;
-                    fresh
-                })
+                props::one_writer_per_token(s.holders.iter().map(|h| h.wrote))
             }),
             Property::always(LEDGER_MATCHES_STATUS, |_, s: &State| {
                 let succeeded = matches!(s.row, Some(r) if r.status == Status::Succeeded);
-                s.ledger == u8::from(succeeded)
+                props::entry_matches_status(succeeded, s.ledger)
             }),
             Property::always(TWO_XX_STANDS_ON_THE_ROW, |_, s: &State| {
                 s.holders.iter().all(|h| {
@@ -606,9 +605,11 @@ impl Model for LeasedModel {
                 })
             }),
             Property::always(PROCESSED_AFTER_COMMIT, |_, s: &State| {
-                s.holders
-                    .iter()
-                    .all(|h| h.answer() != Some(Answer::Processed) || h.committed)
+                props::processed_only_after_commit(
+                    s.holders
+                        .iter()
+                        .map(|h| (h.answer() == Some(Answer::Processed), h.committed)),
+                )
             }),
             Property::always(EXCLUSIVE_LEASE, |_, s: &State| {
                 s.holders.iter().filter(|h| h.in_lease()).count() <= 1
@@ -644,20 +645,14 @@ impl Model for LeasedModel {
 
 pub const AT_MOST_ONE_CREDIT: &str = "at most one credit per payment";
 pub const FENCE_RISES: &str = "every write takes the row's fence higher";
-pub const ONE_WRITER_PER_TOKEN: &str = "no two deliveries write under the same token";
 pub const LEDGER_MATCHES_STATUS: &str = "a succeeded payment has its credit, any other none";
 pub const TWO_XX_STANDS_ON_THE_ROW: &str = "every 2xx stands on a row that says at least as much";
-pub const PROCESSED_AFTER_COMMIT: &str = "`processed` only after the delivery's own commit";
 pub const EXCLUSIVE_LEASE: &str = "at most one delivery holds a token it has not committed";
 pub const NO_COPY_QUEUES: &str = "no copy queues on another delivery's lock (it polls the row)";
 pub const LOST_ONLY_TO_A_LATER_WRITE: &str =
     "`lease_lost` only when another write came after the delivery's first token";
-pub const ONE_MORE_DELIVERY_BOOKS_IT: &str =
-    "one more fault-free delivery books the payment exactly once";
 
-pub const SOMETIMES_BOOKED: &str = "the payment gets booked";
 pub const SOMETIMES_A_COPY_POLLS: &str = "a copy finds the lease held and polls";
-pub const SOMETIMES_RESYNC_THEN_COMMIT: &str = "a delivery resyncs past the fence and commits";
 pub const SOMETIMES_BOOKED_AFTER_A_CRASH: &str = "booked after the leases table was emptied";
 pub const SOMETIMES_FAILED_THEN_BOOKED: &str = "a failure is recorded, then the success booked";
 
@@ -680,31 +675,26 @@ pub const INVARIANTS: [&str; 10] = [
 /// It must end `processed` or `duplicate` with the payment booked once.
 fn one_more_delivery_books_it(model: &LeasedModel, s: &State) -> bool {
     let key = (s.row, s.lease, s.ledger, s.ledger_writes);
-    if let Some(&known) = model.quiet.lock().unwrap().get(&key) {
-        return known;
-    }
-    let mut run = State {
-        advisory: None,
-        row_lock: None,
-        holders: vec![Holder::new(Event::Succeeded)],
-        ..s.clone()
-    };
-    let mut ops = Vec::new();
-    for _ in 0..32 {
-        ops.clear();
-        model.holder_ops(&run, 0, &mut ops);
-        match ops.iter().copied().find(|op| *op != Op::GiveUp) {
-            Some(op) => model.step(&mut run, 0, op),
-            None => break,
-        }
-    }
-    let answered = matches!(
-        run.holders[0].answer(),
-        Some(Answer::Processed | Answer::Duplicate)
-    );
-    let books = answered && run.booked_once();
-    model.quiet.lock().unwrap().insert(key, books);
-    books
+    model.quiet.get_or(key, || {
+        let mut run = State {
+            advisory: None,
+            row_lock: None,
+            holders: vec![Holder::new(Event::Succeeded)],
+            ..s.clone()
+        };
+        props::run_alone(
+            &mut run,
+            32,
+            |s, ops| model.holder_ops(s, 0, ops),
+            |op| op == Op::GiveUp,
+            |s, op| model.step(s, 0, op),
+        );
+        let answered = matches!(
+            run.holders[0].answer(),
+            Some(Answer::Processed | Answer::Duplicate)
+        );
+        answered && run.booked_once()
+    })
 }
 
 impl fmt::Display for Action {

@@ -1,24 +1,34 @@
 //! A payment's life on the downstream route: its events in any order, the
-//! refunds and disputes that take its money back (the cap), their reversals,
-//! and the downstream service that deduplicates on `Idempotency-Key`.
+//! refunds and disputes that take its money back (the cap), the money their
+//! claims reserve, their reversals, and the downstream service that
+//! deduplicates on `Idempotency-Key`; in inbox mode, the accept first.
 //!
 //! Each event is one delivery that the PSP sends again after any answer but
 //! a 2xx; events of one object are kept apart by that object's lease (a
 //! mutex here: what the lease and the fence do under faults is the business
-//! of `protocol.rs` and `leased.rs`). What this model explores is how the
-//! events of *different* objects interleave around their payment's money,
-//! and what the downstream makes of the keys it is sent.
+//! of `protocol.rs` and `leased.rs`), except a delivery the PSP stopped
+//! waiting for in its downstream call: its lease runs out, the PSP delivers
+//! again, and the first run goes on beside the new one (a stale run, fenced
+//! by its token). What this model explores is how the events of *different*
+//! objects interleave around their payment's money, and what the downstream
+//! makes of the keys it is sent.
 //!
 //! # What each model step stands for
 //!
 //! | Model step | Stands for |
 //! | --- | --- |
+//! | `Accept` | (inbox mode) `inbox::Inbox::accept`: the fingerprint checked against the payment's row (`domain::payment_event_matches`), a new row `queued` |
 //! | `ReadRow` | `processor::Processor::settled`: `domain::decide` on the row as read answers `duplicate`, `stale` or `awaiting_payment` without the lease |
 //! | `Acquire` | `lease::Lease::acquire` (held: `in_progress`, as after the in-flight wait) |
-//! | `Claim` | `processor::Processor::write_around` → `store::Connection::claim`: decide on the row as it is, check the payment, reserve a refund's amount under the cap (`store::MOVE_PARENT_MONEY`'s condition), row `processing` |
-//! | `Call` / `CallFails` / `CallTimesOut` | `downstream::Downstream::call` with `Idempotency-Key` and the claimed event as the body; a failure gives the reservation back and answers 503 |
-//! | `Finalize` | `store::Connection::finalize`: status, entry, and the money move of a dispute or a reversal, one transaction; a refund's reserved amount becomes booked |
-//! | `Redeliver` | the PSP's retry after any answer but a 2xx |
+//! | `Claim` | `processor::Processor::write_around` → `store::Connection::claim`: decide on the row as it is, check the payment, reserve a refund's or dispute's amount (a refund's under the cap, `store::MOVE_PARENT_MONEY`'s condition) unless the row holds a reservation already (a claim taken over keeps it), the row's fence set to the token |
+//! | `Call` | `downstream::Downstream::call` with `Idempotency-Key` and the claimed event as the body |
+//! | `CallFails` | the downstream answers non-2xx (`DownstreamError::Status`: it did not execute this call): `processor::Processor::call_and_finalize` gives back what the claim reserved (`store::Connection::release`, `WHERE fence = token AND reserved`) and answers 503 |
+//! | `CallTimesOut` | a timeout or a cut connection: the call may have executed, the reservation stays for the next delivery to finish; 503 |
+//! | `Finalize` | `store::Connection::finalize`: status, entry, and the money move of a reversal, one transaction; a reserved amount becomes the entry's; a refund's failure that is its first settlement gives back what a timed-out claim reserved |
+//! | `Redeliver` | the PSP's retry after any answer but a 2xx (in inbox mode, the worker's retry or the operator's replay) |
+//! | `Bury` | (inbox mode) the worker's attempts spent: `store::Store::settle` with `DEAD`, an unsettled row `dead` |
+//! | `Abandon` | the lease runs out during a slow call and the PSP, tired of waiting, delivers again: the run goes on, stale |
+//! | `StaleCall` / `StaleCallFails` / `StaleFinalize` | the stale run's call and its finalize, each fenced by its token: its give-back and its finalize change nothing once a newer claim took the row |
 //!
 //! The inline route (no downstream: claim, money move and entry in one
 //! transaction, `store::Connection::apply`) is this route with `Claim`,
@@ -28,12 +38,16 @@
 //!
 //! Invariants: at most one entry per object and effect; a row's entries
 //! match its status (a payment's failure has none, a reversed refund or
-//! dispute is `failed` with its entry and the reversal); refunds, net of
+//! dispute is `failed` with its entry and the reversal); a booked refund or
+//! dispute holds its amount in the payment's money out; refunds, net of
 //! reversals, never take out more than the payment; the payment's money out
 //! is what its children hold; a dispute against a succeeded payment is never
-//! refused; a refund the refunds leave room for is never refused, whatever
-//! the disputes took; a step the downstream executed is never refused afterwards; the
+//! refused; a refund the refunds still held (booked, or reserved by a claim
+//! not settled) leave room for is never refused, whatever the disputes
+//! took; a step the downstream executed is never refused afterwards; the
 //! downstream executes each step at most once and every booked step once; a
+//! payment no success settled takes a success at any amount (its failure
+//! accepted, in flight or dead alike) and a failure whatever its amount; a
 //! success after a failure is booked at its own amount; and, from every
 //! state, one more quiet round of every event settles each.
 //!
@@ -45,17 +59,16 @@
 //! | no cap | refunds taking out more than the payment |
 //! | disputes held to the cap | a chargeback refused |
 //! | refunds capped by refunds and disputes together | a refund after its chargeback refused (booked in the other order) |
-//! | a success at another amount taken only over a booked failure | a success refused while its failure's call failed |
+//! | a success at another amount taken only over a booked failure | a success refused while its failure's call failed; in inbox mode, while the failure is queued |
 //! | the row's first amount kept | a success booked at the failure's amount |
-//!
-//! A known limit, shown by its own test: a call that timed out *after* the
-//! downstream executed it gives its reservation back like any failed call,
-//! and another refund may take that cap before the PSP's retry, which is
-//! then refused.
+//! | a timed-out call gives its reservation back | a refund the downstream executed, refused when it comes back (another refund took the cap) |
+//! | a refund's failure keeps a timed-out claim's reservation | another refund refused though the refunds held leave room (refund capacity lost) |
+//! | a refused call gives back a reservation its claim took over | a refund the downstream executed (the timed-out first call), refused when it comes back |
+//! | the give-back without `fence = token` | a stale run gives back the reservation of the newer claim, which is then booked holding no money |
 //!
 //! # Variants that were the code
 //!
-//! Six broken variants are what the code did before; each is
+//! Seven broken variants are what the code did before; each is
 //! kept so a return to it is caught:
 //!
 //! - the key `<provider>:<transaction_id>` for every step of an object
@@ -73,29 +86,52 @@
 //!   the refunds alone;
 //! - a payment's success at another amount taken only out of a booked
 //!   failure (`Variant::MatchOnlyBookedFailure`): while the failure was
-//!   queued, in flight or left `processing` by a failed call the success was
-//!   `payload_mismatch` (and a failure at another amount always); the code
-//!   takes a success at any amount until a success settles the payment, and
-//!   a failure whatever its amount;
+//!   queued, in flight, dead or left `processing` by a failed call the
+//!   success was `payload_mismatch` (in inbox mode not even stored), and a
+//!   failure at another amount always; the code takes a success at any
+//!   amount until a success settles the payment, and a failure whatever its
+//!   amount;
 //! - a payment's success after its failure at another amount booked at the
 //!   row's first amount (`Variant::FirstAmountKept`); the code re-fingerprints
 //!   the row from the success (before, the fingerprint held the amount and
-//!   that success was a `payload_mismatch` before it got that far).
+//!   that success was a `payload_mismatch` before it got that far);
+//! - a call that timed out giving its reservation back like a refused one
+//!   (`Variant::TimeoutGivesBack`); the code gives back only on a non-2xx
+//!   answer, and a refund's failure that settles the row first gives back
+//!   what the timed-out claim reserved.
+//!
+//! # Where the model is ahead of the code
+//!
+//! `Variant::GiveBackInherited` is what the code does today: a retry's
+//! claim keeps the reservation of a claim whose call timed out, and when the
+//! retry's call is refused (a 409 for the first call still running at the
+//! downstream, a 503) `store::Connection::release` gives that reservation
+//! back, for its `WHERE fence = token AND reserved` matches the retry's
+//! token. The first call may have executed; another refund takes the cap,
+//! and the PSP's next retry is refused though the downstream executed it.
+//! The model gives back only what the refused call's own claim reserved
+//! (`Pc::Call { reserved }`), which is what the code should do.
 //!
 //! # What the model leaves out
 //!
 //! - Leases and fences under faults (`protocol.rs`, `leased.rs`): one
-//!   delivery of an object at a time, and a delivery runs to its answer.
+//!   delivery of an object at a time but for the stale run of a delivery
+//!   the PSP gave up on, and a delivery runs to its answer.
+//! - A downstream that executes a call and still answers non-2xx (a proxy's
+//!   502 after the service did the work): the give-back trusts a non-2xx.
 //! - Currencies and `not_a_payment`: answered before any money moves, by one
 //!   comparison. Payload mismatches are modelled for a payment's events
 //!   only (its failure and success may carry different amounts).
-//! - Amounts are small integers; one event of each type per object.
+//! - Amounts are small integers; one event of each type per object (the
+//!   inbox configuration has two declines of the payment).
+//! - Inbox mode here is the accept and the row's statuses; the take, the
+//!   rescue and the settle are `inbox.rs`'s.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 
 use stateright::{Model, Property};
+
+use crate::props::{self, Memo};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
@@ -119,6 +155,18 @@ pub enum Variant {
     /// A success after a failure is sent and booked at the failure's amount
     /// (the row's first amount).
     FirstAmountKept,
+    /// A call that timed out gives its reservation back, like one the
+    /// downstream refused.
+    TimeoutGivesBack,
+    /// A refund's failure, first to settle a claim whose call timed out,
+    /// leaves that claim's reservation where it is.
+    FailureKeepsReservation,
+    /// A refused call gives back the row's reservation even when its claim
+    /// took it over from an earlier claim whose call timed out.
+    GiveBackInherited,
+    /// A refused call's give-back drops `fence = token`: a stale run gives
+    /// back the reservation a newer claim took over.
+    UnfencedGiveBack,
 }
 
 /// What the downstream does with a key it has seen, sent another body.
@@ -166,6 +214,14 @@ pub struct Config {
     pub downstream: Downstream,
     /// Whether a call may execute the step and still answer an error (a timeout).
     pub call_times_out: bool,
+    /// Inbox mode: each delivery is first accepted (its fingerprint checked
+    /// against the row, a new row `queued`), then worked; a worker whose
+    /// attempts are spent leaves the row `dead` (a later delivery is then the
+    /// operator's replay).
+    pub inbox: bool,
+    /// Whether the PSP may stop waiting for a delivery in its downstream
+    /// call (its lease run out) and deliver again beside it.
+    pub stale_calls: bool,
     pub variant: Variant,
 }
 
@@ -187,6 +243,8 @@ impl Config {
             deliveries: 2,
             downstream: Downstream::Refuses,
             call_times_out: false,
+            inbox: false,
+            stale_calls: false,
             variant: Variant::Correct,
         }
     }
@@ -207,6 +265,8 @@ impl Config {
             deliveries: 3,
             downstream,
             call_times_out: false,
+            inbox: false,
+            stale_calls: false,
             variant: Variant::Correct,
         }
     }
@@ -221,6 +281,64 @@ impl Config {
             deliveries: 3,
             downstream: Downstream::Refuses,
             call_times_out: false,
+            inbox: false,
+            stale_calls: false,
+            variant: Variant::Correct,
+        }
+    }
+
+    /// Reservations: a payment of 2 booked, a refund of 1 that may time out
+    /// and then fail, a refund of 2 that fits only once the first is given
+    /// back.
+    pub fn reservations() -> Config {
+        use EventType::*;
+        Config {
+            kinds: vec![Kind::Payment, Kind::Refund, Kind::Refund],
+            events: vec![ev(1, Forward, 1), ev(2, Forward, 2), ev(1, Backward, 1)],
+            payment_booked: Some(2),
+            deliveries: 3,
+            downstream: Downstream::Refuses,
+            call_times_out: true,
+            inbox: false,
+            stale_calls: false,
+            variant: Variant::Correct,
+        }
+    }
+
+    /// Stale runs: a payment of 2 booked, a refund of 1 whose delivery the
+    /// PSP may give up on in its call (the run goes on, stale, beside the
+    /// next delivery), a refund of 2 that fits only once the first is
+    /// given back.
+    pub fn stale() -> Config {
+        use EventType::*;
+        Config {
+            kinds: vec![Kind::Payment, Kind::Refund, Kind::Refund],
+            events: vec![ev(1, Forward, 1), ev(2, Forward, 2)],
+            payment_booked: Some(2),
+            deliveries: 2,
+            downstream: Downstream::Refuses,
+            call_times_out: true,
+            inbox: false,
+            stale_calls: true,
+            variant: Variant::Correct,
+        }
+    }
+
+    /// Inbox mode: a payment declined at 1, declined again at 3, then
+    /// captured at 2, each accepted first, each failure left unsettled as
+    /// long as its worker's calls fail (its row `queued`, `processing`,
+    /// `dead`).
+    pub fn inbox() -> Config {
+        use EventType::*;
+        Config {
+            kinds: vec![Kind::Payment],
+            events: vec![ev(0, Backward, 1), ev(0, Backward, 3), ev(0, Forward, 2)],
+            payment_booked: None,
+            deliveries: 2,
+            downstream: Downstream::Refuses,
+            call_times_out: false,
+            inbox: true,
+            stale_calls: false,
             variant: Variant::Correct,
         }
     }
@@ -232,9 +350,21 @@ fn ev(object: usize, ty: EventType, amount: u8) -> Ev {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Status {
+    /// Inbox mode: accepted, not yet worked.
+    Queued,
     Processing,
+    /// Inbox mode: its worker's attempts spent.
+    Dead,
     Succeeded,
     Failed,
+}
+
+impl Status {
+    /// Settled by a step (`succeeded`, `failed`), not merely held by a
+    /// claim or the inbox.
+    fn settled(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -248,6 +378,16 @@ pub struct Row {
     /// Entries written: the forward one (credit, debit, dispute) and the reversal.
     pub forward: u8,
     pub reversal: u8,
+    /// The fence: the token of the last claim.
+    pub fence: u8,
+}
+
+impl Row {
+    /// `payments.reserved`: money held by a claim whose step is not settled
+    /// (the finalize clears it, booked or not).
+    fn reserved(&self) -> bool {
+        self.out && !self.status.is_some_and(Status::settled)
+    }
 }
 
 /// `domain::decide`, by object kind and event type.
@@ -266,7 +406,7 @@ enum Decision {
 fn decide(kind: Kind, ty: EventType, status: Option<Status>) -> Decision {
     use EventType::*;
     use Status::*;
-    let settled = status.filter(|s| *s != Processing);
+    let settled = status.filter(|s| s.settled());
     let apply = |to, from_settled| Decision::Apply { to, from_settled };
     match (kind, ty, settled) {
         (_, Forward, None) => apply(Succeeded, false),
@@ -306,6 +446,8 @@ impl Answer {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Pc {
+    /// Inbox mode: the accept.
+    Accept,
     ReadRow,
     Acquire,
     Claim,
@@ -325,6 +467,25 @@ pub struct Delivery {
     pub deliveries: u8,
     /// The transition this delivery claimed.
     pub decision: Option<(Status, bool)>,
+    /// The token of its claim (the row's fence it wrote).
+    pub token: u8,
+    /// An earlier delivery of this event still running after the PSP gave
+    /// up waiting for it (its lease ran out).
+    pub stale: Option<Stale>,
+}
+
+/// Where a stale run is: its downstream call, or its finalize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    Call { reserved: bool },
+    Finalize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Stale {
+    pub stage: Stage,
+    pub token: u8,
+    pub decision: (Status, bool),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -349,11 +510,20 @@ pub struct State {
     /// A payment's success was answered `payload_mismatch` while no success
     /// had settled the payment, or a failure was answered it at all.
     pub payment_event_mismatched: bool,
+    /// A refund's failure gave back what a timed-out claim had reserved.
+    pub failure_gave_back: bool,
+    /// A stale run's refused call found its reservation taken over by a
+    /// newer claim, and left it.
+    pub stale_give_back_fenced: bool,
+    /// A payment's success at another amount was taken over its failure
+    /// still unsettled: a bit per row status it found (`Status as u8`).
+    pub repriced_over: u8,
     pub deliveries: Vec<Delivery>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
+    Accept,
     ReadRow,
     Acquire,
     Claim,
@@ -362,6 +532,14 @@ pub enum Op {
     CallTimesOut,
     Finalize,
     Redeliver,
+    /// Inbox mode: the worker's attempts are spent, the event is dead.
+    Bury,
+    /// The PSP gives up waiting for a delivery in its call; it delivers again.
+    Abandon,
+    /// The stale run's call: executed, or refused.
+    StaleCall,
+    StaleCallFails,
+    StaleFinalize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -371,14 +549,14 @@ type QuietKey = (Vec<Row>, u8, u8, Vec<Option<usize>>, Vec<u8>, Vec<bool>);
 
 pub struct LifecycleModel {
     pub cfg: Config,
-    quiet: Mutex<HashMap<QuietKey, bool>>,
+    quiet: Memo<QuietKey>,
 }
 
 impl LifecycleModel {
     pub fn new(cfg: Config) -> LifecycleModel {
         LifecycleModel {
             cfg,
-            quiet: Mutex::new(HashMap::new()),
+            quiet: Memo::new(),
         }
     }
 
@@ -407,6 +585,7 @@ impl LifecycleModel {
     fn ops(&self, s: &State, e: usize, ops: &mut Vec<Op>) {
         let d = &s.deliveries[e];
         match d.pc {
+            Pc::Accept => ops.push(Op::Accept),
             Pc::ReadRow => ops.push(Op::ReadRow),
             Pc::Acquire => ops.push(Op::Acquire),
             Pc::Claim => ops.push(Op::Claim),
@@ -416,13 +595,63 @@ impl LifecycleModel {
                 if self.cfg.call_times_out {
                     ops.push(Op::CallTimesOut);
                 }
+                if self.may_abandon(d) {
+                    ops.push(Op::Abandon);
+                }
             }
             Pc::Finalize { .. } => ops.push(Op::Finalize),
-            Pc::Done(a) if !a.is_2xx() && d.deliveries < self.cfg.deliveries => {
-                ops.push(Op::Redeliver)
+            Pc::Done(a) if !a.is_2xx() => {
+                if d.deliveries < self.cfg.deliveries {
+                    ops.push(Op::Redeliver);
+                }
+                let row = s.rows[self.cfg.events[e].object].status;
+                let unsettled = matches!(row, Some(Status::Queued | Status::Processing));
+                if self.cfg.inbox && a == Answer::Error && unsettled {
+                    ops.push(Op::Bury);
+                }
             }
             Pc::Done(_) => {}
         }
+        match d.stale.map(|st| st.stage) {
+            Some(Stage::Call { .. }) => {
+                ops.push(Op::StaleCall);
+                ops.push(Op::StaleCallFails);
+            }
+            Some(Stage::Finalize) => ops.push(Op::StaleFinalize),
+            None => {}
+        }
+    }
+
+    /// Whether the PSP may give up on this delivery in its call and send
+    /// the event again (one stale run at a time).
+    fn may_abandon(&self, d: &Delivery) -> bool {
+        self.cfg.stale_calls && d.stale.is_none() && d.deliveries < self.cfg.deliveries
+    }
+
+    /// Where a delivery starts: the accept in inbox mode, else the row.
+    fn first_pc(&self) -> Pc {
+        if self.cfg.inbox {
+            Pc::Accept
+        } else {
+            Pc::ReadRow
+        }
+    }
+
+    /// The money the payment's refunds hold that can still become an
+    /// entry: booked and not reversed, or reserved by a claim not settled.
+    /// What a refund is capped by (a reservation left on a failed refund is
+    /// capacity lost).
+    fn refunds_held(&self, s: &State) -> u8 {
+        self.cfg
+            .events
+            .iter()
+            .filter(|ev| ev.ty == EventType::Forward && self.cfg.kinds[ev.object] == Kind::Refund)
+            .filter(|ev| {
+                let row = s.rows[ev.object];
+                row.out && row.status != Some(Status::Failed)
+            })
+            .map(|ev| ev.amount)
+            .sum()
     }
 
     /// An answer without a write, releasing the lease if held.
@@ -439,7 +668,7 @@ impl LifecycleModel {
             && self.kind(e) == Kind::Refund
             && ev.ty == EventType::Forward
             && s.rows[0].status == Some(Status::Succeeded)
-            && s.out_refunds + ev.amount <= s.rows[0].amount
+            && self.refunds_held(s) + ev.amount <= s.rows[0].amount
         {
             s.refund_refused_within_the_refunds = true;
         }
@@ -511,6 +740,35 @@ impl LifecycleModel {
         }
     }
 
+    /// Records a payment's success at another amount than its row's,
+    /// taken while the failure that wrote the row is unsettled.
+    fn note_repriced(&self, s: &mut State, e: usize) {
+        if !self.cfg.inbox {
+            // Only the inbox configuration asks (a history kept elsewhere
+            // would only multiply the states).
+            return;
+        }
+        let ev = self.cfg.events[e];
+        let row = s.rows[ev.object];
+        if let Some(status) = row.status {
+            let payment_success = self.kind(e) == Kind::Payment && ev.ty == EventType::Forward;
+            if payment_success && row.amount != ev.amount && !status.settled() {
+                // An inbox claim leaves a `queued` row `queued`: in flight
+                // is a claim of the row whose call or finalize is to come.
+                let in_flight = s.deliveries.iter().zip(&self.cfg.events).any(|(d, other)| {
+                    other.object == ev.object
+                        && matches!(d.pc, Pc::Call { .. } | Pc::Finalize { .. })
+                });
+                let status = if in_flight {
+                    Status::Processing
+                } else {
+                    status
+                };
+                s.repriced_over |= 1 << status as u8;
+            }
+        }
+    }
+
     /// `payload_mismatch`, recorded when the rule says the payment should
     /// have taken the event.
     fn mismatch(&self, s: &mut State, e: usize) -> Pc {
@@ -526,8 +784,20 @@ impl LifecycleModel {
         let ev = self.cfg.events[e];
         let kind = self.kind(e);
         let next = match (s.deliveries[e].pc, op) {
+            (Pc::Accept, Op::Accept) if !self.same_object(s, e) => self.mismatch(s, e),
+            (Pc::Accept, Op::Accept) => {
+                self.note_repriced(s, e);
+                let row = &mut s.rows[ev.object];
+                if row.status.is_none() {
+                    // The accept's row holds the first accepted event's fields.
+                    row.status = Some(Status::Queued);
+                    row.amount = ev.amount;
+                }
+                Pc::ReadRow
+            }
             (Pc::ReadRow, Op::ReadRow) if !self.same_object(s, e) => self.mismatch(s, e),
             (Pc::ReadRow, Op::ReadRow) => {
+                self.note_repriced(s, e);
                 match decide(kind, ev.ty, s.rows[ev.object].status) {
                     Decision::Apply { .. } => Pc::Acquire,
                     // A claim in progress may be the very event awaited: ask under the lease.
@@ -560,18 +830,30 @@ impl LifecycleModel {
                 }
             }
             (Pc::Call { reserved }, Op::CallFails) => self.call_failed(s, e, reserved),
+            (Pc::Call { reserved }, Op::Abandon) => self.abandon(s, e, Stage::Call { reserved }),
+            (pc, Op::StaleCall | Op::StaleCallFails | Op::StaleFinalize) => {
+                self.stale_step(s, e, op);
+                pc
+            }
             (Pc::Call { reserved }, Op::CallTimesOut) => {
                 let key = self.key(e);
                 if s.keys[key].is_none() {
                     s.keys[key] = Some(e);
                     s.executed[e] += 1;
                 }
-                self.call_failed(s, e, reserved)
+                if self.cfg.variant == Variant::TimeoutGivesBack && reserved {
+                    self.give_back(s, e);
+                }
+                self.answer(s, e, Answer::Error)
             }
             (Pc::Finalize { reserved }, Op::Finalize) => self.finalize(s, e, reserved),
             (Pc::Done(_), Op::Redeliver) => {
                 s.deliveries[e].deliveries += 1;
-                Pc::ReadRow
+                self.first_pc()
+            }
+            (Pc::Done(a), Op::Bury) => {
+                s.rows[ev.object].status = Some(Status::Dead);
+                Pc::Done(a)
             }
             (pc, op) => unreachable!("{op:?} is not a step of a delivery at {pc:?}"),
         };
@@ -593,18 +875,17 @@ impl LifecycleModel {
         let mut reserved = false;
         if takes {
             // A claim left by a delivery that stopped keeps its reservation.
-            if let Err(refusal) = self.check_parent(s, e, row.out) {
+            if let Err(refusal) = self.check_parent(s, e, row.reserved()) {
                 return self.answer(s, e, refusal);
             }
-            let reserves = self.kind(e) == Kind::Refund
-                && !row.out
-                && !matches!(
+            // The broken variants that take a refund's cap late reserve nothing.
+            let late = self.kind(e) == Kind::Refund
+                && matches!(
                     self.cfg.variant,
                     Variant::CapTakenAtFinalize | Variant::NoCap
                 );
-            if reserves {
-                s.out_refunds += ev.amount;
-                s.rows[ev.object].out = true;
+            if !row.reserved() && !late {
+                self.take_out(s, e);
                 reserved = true;
             }
         }
@@ -613,27 +894,73 @@ impl LifecycleModel {
             s.rows[ev.object].status = Some(Status::Processing);
             s.rows[ev.object].amount = ev.amount;
         }
+        if self.cfg.stale_calls {
+            // Without stale runs the lease alone keeps claims apart: no
+            // fence to tell states apart by.
+            s.rows[ev.object].fence += 1;
+            s.deliveries[e].token = s.rows[ev.object].fence;
+        }
         s.deliveries[e].decision = Some((to, from_settled));
         Pc::Call { reserved }
     }
 
-    /// A failed call gives back the reservation its claim took.
+    /// A call the downstream refused (non-2xx: it did not execute this
+    /// call) gives back the reservation its claim took; one its claim took
+    /// over from a call that timed out stays (that call may have executed).
     fn call_failed(&self, s: &mut State, e: usize, reserved: bool) -> Pc {
         let ev = self.cfg.events[e];
-        if reserved {
-            s.out_refunds -= ev.amount;
-            s.rows[ev.object].out = false;
+        let inherited = self.cfg.variant == Variant::GiveBackInherited
+            && ev.ty == EventType::Forward
+            && s.rows[ev.object].reserved();
+        if reserved || inherited {
+            self.give_back(s, e);
         }
         self.answer(s, e, Answer::Error)
     }
 
+    /// Takes a refund's or dispute's amount out of its payment.
+    fn take_out(&self, s: &mut State, e: usize) {
+        let ev = self.cfg.events[e];
+        match self.kind(e) {
+            Kind::Refund => s.out_refunds += ev.amount,
+            _ => s.out_disputes += ev.amount,
+        }
+        s.rows[ev.object].out = true;
+    }
+
+    /// Gives a refund's or dispute's amount back to its payment.
+    fn give_back(&self, s: &mut State, e: usize) {
+        let ev = self.cfg.events[e];
+        match self.kind(e) {
+            Kind::Refund => s.out_refunds -= ev.amount,
+            _ => s.out_disputes -= ev.amount,
+        }
+        s.rows[ev.object].out = false;
+    }
+
     /// `store::Connection::finalize`: the transition, its entry and its money.
     fn finalize(&self, s: &mut State, e: usize, _reserved: bool) -> Pc {
+        let decision = s.deliveries[e].decision.expect("claimed");
+        match self.book(s, e, decision.0) {
+            Ok(()) => self.answer(s, e, Answer::Processed),
+            Err(refusal) => self.answer(s, e, refusal),
+        }
+    }
+
+    /// The finalize's writes (`store::Connection::finalize`): the status,
+    /// the entry, the money of a give-back, a reservation that becomes the
+    /// entry's. A step whose claim reserved nothing is booked without
+    /// moving money, as the code's `FINALIZE` does (the broken variants
+    /// that take the cap late take it here).
+    fn book(&self, s: &mut State, e: usize, to: Status) -> Result<(), Answer> {
         let ev = self.cfg.events[e];
         let kind = self.kind(e);
-        let (to, _) = s.deliveries[e].decision.expect("claimed");
         let amount = self.amount(s, e);
         let row = s.rows[ev.object];
+        let late = matches!(
+            self.cfg.variant,
+            Variant::CapTakenAtFinalize | Variant::NoCap
+        );
         match (kind, ev.ty) {
             (Kind::Payment, EventType::Forward) => {
                 s.rows[0].amount = amount;
@@ -641,39 +968,109 @@ impl LifecycleModel {
             }
             (Kind::Payment, EventType::Backward) => s.rows[0].amount = amount,
             (Kind::Refund, EventType::Forward) => {
-                if !row.out {
+                if !row.out && late {
                     // Nothing reserved at the claim (a broken variant): take it now.
                     if self.cfg.variant == Variant::CapTakenAtFinalize
                         && !self.within_cap(s, ev.amount, Kind::Refund)
                     {
-                        return self.answer(s, e, Answer::Rejected);
+                        return Err(Answer::Rejected);
                     }
-                    s.out_refunds += ev.amount;
-                    s.rows[ev.object].out = true;
+                    self.take_out(s, e);
                 }
                 s.rows[ev.object].forward += 1;
             }
-            (Kind::Dispute, EventType::Forward) => {
-                s.out_disputes += ev.amount;
-                s.rows[ev.object].out = true;
-                s.rows[ev.object].forward += 1;
-            }
+            (Kind::Dispute, EventType::Forward) => s.rows[ev.object].forward += 1,
             (_, EventType::Backward) => {
-                if row.out {
-                    match kind {
-                        Kind::Refund => s.out_refunds -= ev.amount,
-                        _ => s.out_disputes -= ev.amount,
+                let booked = row.status == Some(Status::Succeeded);
+                // Not booked: what a claim whose call timed out reserved
+                // (`store::Connection::finalize`'s first settlement that
+                // books nothing); booked: the reversal's give-back.
+                let keep = !booked && self.cfg.variant == Variant::FailureKeepsReservation;
+                if row.out && !keep {
+                    // The reversal's amount is the forward step's: one amount per object.
+                    self.give_back(s, e);
+                    if !booked {
+                        s.failure_gave_back = true;
                     }
-                    s.rows[ev.object].out = false;
                 }
-                if row.status == Some(Status::Succeeded) {
+                if booked {
                     s.rows[ev.object].reversal += 1;
                 }
             }
         }
         s.rows[ev.object].status = Some(to);
         s.booked[e] = true;
-        self.answer(s, e, Answer::Processed)
+        Ok(())
+    }
+
+    /// The PSP stopped waiting for a delivery in its downstream call, whose
+    /// lease ran out meanwhile, and delivers again: the first run goes on
+    /// as a stale one, without its lease, beside the new delivery.
+    fn abandon(&self, s: &mut State, e: usize, stage: Stage) -> Pc {
+        let d = &mut s.deliveries[e];
+        d.stale = Some(Stale {
+            stage,
+            token: d.token,
+            decision: d.decision.expect("claimed"),
+        });
+        d.deliveries += 1;
+        let object = self.cfg.events[e].object;
+        if s.leases[object] == Some(e) {
+            s.leases[object] = None;
+        }
+        self.first_pc()
+    }
+
+    /// A step of the stale run of event `e`: its call, or its finalize,
+    /// each fenced by its token; it answers no one.
+    fn stale_step(&self, s: &mut State, e: usize, op: Op) {
+        let stale = s.deliveries[e].stale.expect("a stale run");
+        let object = self.cfg.events[e].object;
+        let ours = s.rows[object].fence == stale.token;
+        let next = match (stale.stage, op) {
+            (Stage::Call { reserved }, Op::StaleCall) => {
+                let key = self.key(e);
+                match s.keys[key] {
+                    None => {
+                        s.keys[key] = Some(e);
+                        s.executed[e] += 1;
+                        Some(Stage::Finalize)
+                    }
+                    Some(first) if first == e => Some(Stage::Finalize),
+                    Some(_) if self.cfg.downstream == Downstream::Replays => Some(Stage::Finalize),
+                    Some(_) => {
+                        self.stale_give_back(s, e, reserved, ours);
+                        None
+                    }
+                }
+            }
+            (Stage::Call { reserved }, Op::StaleCallFails) => {
+                self.stale_give_back(s, e, reserved, ours);
+                None
+            }
+            (Stage::Finalize, Op::StaleFinalize) => {
+                if ours {
+                    // Booked under its own token; a refusal answers no one.
+                    let _ = self.book(s, e, stale.decision.0);
+                }
+                None
+            }
+            (stage, op) => unreachable!("{op:?} is not a step of a stale run at {stage:?}"),
+        };
+        s.deliveries[e].stale = next.map(|stage| Stale { stage, ..stale });
+    }
+
+    /// `store::Connection::release` for a stale run whose call was refused:
+    /// `WHERE fence = token AND reserved`, so a newer claim's reservation
+    /// stays (unless the variant drops the fence).
+    fn stale_give_back(&self, s: &mut State, e: usize, reserved: bool, ours: bool) {
+        let fenced = ours || self.cfg.variant == Variant::UnfencedGiveBack;
+        let held = s.rows[self.cfg.events[e].object].reserved();
+        if reserved && fenced && held {
+            self.give_back(s, e);
+        } else if reserved && held {
+            s.stale_give_back_fenced = true;
+        }
     }
 
     fn quiet_key(s: &State) -> QuietKey {
@@ -701,6 +1098,7 @@ impl Model for LifecycleModel {
                 out: false,
                 forward: 1,
                 reversal: 0,
+                fence: 0,
             };
         }
         let n = self.cfg.events.len();
@@ -715,11 +1113,16 @@ impl Model for LifecycleModel {
             refused_after_execution: false,
             refund_refused_within_the_refunds: false,
             payment_event_mismatched: false,
+            failure_gave_back: false,
+            stale_give_back_fenced: false,
+            repriced_over: 0,
             deliveries: (0..n)
                 .map(|_| Delivery {
-                    pc: Pc::ReadRow,
+                    pc: self.first_pc(),
                     deliveries: 1,
                     decision: None,
+                    token: 0,
+                    stale: None,
                 })
                 .collect(),
         }]
@@ -756,6 +1159,11 @@ impl Model for LifecycleModel {
                         (Some(Status::Failed), _) => entries == (0, 0) || entries == (1, 1),
                         (_, _) => entries == (0, 0),
                     }
+                })
+            }),
+            Property::always(BOOKED_STEPS_HOLD_THEIR_MONEY, |m: &Self, s: &State| {
+                s.rows.iter().zip(&m.cfg.kinds).all(|(r, &k)| {
+                    k == Kind::Payment || r.status != Some(Status::Succeeded) || r.out
                 })
             }),
             Property::always(REFUNDS_WITHIN_THE_PAYMENT, |_, s: &State| {
@@ -829,6 +1237,35 @@ impl Model for LifecycleModel {
                 s.booked.iter().all(|&b| b)
             }),
             Property::sometimes(
+                SOMETIMES_A_TIMED_OUT_RESERVATION_IS_KEPT,
+                |m: &Self, s: &State| {
+                    s.deliveries.iter().zip(&m.cfg.events).any(|(d, ev)| {
+                        let row = s.rows[ev.object];
+                        ev.ty == EventType::Forward
+                            && matches!(d.pc, Pc::Done(Answer::Error))
+                            && row.out
+                            && row.status == Some(Status::Processing)
+                    })
+                },
+            ),
+            Property::sometimes(
+                SOMETIMES_A_FAILURE_GIVES_A_RESERVATION_BACK,
+                |_, s: &State| s.failure_gave_back,
+            ),
+            Property::sometimes(SOMETIMES_A_STALE_GIVE_BACK_IS_FENCED, |_, s: &State| {
+                s.stale_give_back_fenced && s.booked[0]
+            }),
+            Property::sometimes(SOMETIMES_REPRICED_OVER_A_QUEUED_FAILURE, |_, s: &State| {
+                repriced_and_booked(s, Status::Queued)
+            }),
+            Property::sometimes(
+                SOMETIMES_REPRICED_OVER_A_FAILURE_IN_FLIGHT,
+                |_, s: &State| repriced_and_booked(s, Status::Processing),
+            ),
+            Property::sometimes(SOMETIMES_REPRICED_OVER_A_DEAD_FAILURE, |_, s: &State| {
+                repriced_and_booked(s, Status::Dead)
+            }),
+            Property::sometimes(
                 SOMETIMES_A_RESERVATION_IS_GIVEN_BACK,
                 |m: &Self, s: &State| {
                     s.rows.iter().zip(&m.cfg.kinds).any(|(r, &k)| {
@@ -843,6 +1280,8 @@ impl Model for LifecycleModel {
 pub const EACH_EFFECT_AT_MOST_ONCE: &str = "at most one entry per object and effect";
 pub const ENTRIES_MATCH_STATUS: &str =
     "a row's entries match its status (a reversed refund or dispute is failed with two)";
+pub const BOOKED_STEPS_HOLD_THEIR_MONEY: &str =
+    "a booked refund or dispute holds its amount in its payment's money out";
 pub const REFUNDS_WITHIN_THE_PAYMENT: &str =
     "refunds never take out more than the payment (net of reversals)";
 pub const MONEY_OUT_ADDS_UP: &str =
@@ -868,11 +1307,30 @@ pub const SOMETIMES_OVER_RETURNED_BY_A_DISPUTE: &str =
 pub const SOMETIMES_A_REVERSAL_IS_BOOKED: &str =
     "a reversal is booked: its row failed with two entries (what the old invariant forbade)";
 pub const SOMETIMES_EVERY_EVENT_BOOKED: &str = "every event is booked";
-pub const SOMETIMES_A_RESERVATION_IS_GIVEN_BACK: &str = "a failed call gives its reservation back";
+pub const SOMETIMES_A_RESERVATION_IS_GIVEN_BACK: &str = "a refused call gives its reservation back";
+pub const SOMETIMES_A_TIMED_OUT_RESERVATION_IS_KEPT: &str =
+    "a call timed out and its claim keeps the reservation for the next delivery";
+pub const SOMETIMES_A_FAILURE_GIVES_A_RESERVATION_BACK: &str =
+    "a refund's failure gives back what its timed-out claim reserved";
+pub const SOMETIMES_A_STALE_GIVE_BACK_IS_FENCED: &str =
+    "a stale run's refused call leaves the newer claim's reservation, which is then booked";
+pub const SOMETIMES_REPRICED_OVER_A_QUEUED_FAILURE: &str =
+    "a success at another amount is booked after its failure was accepted, not worked";
+pub const SOMETIMES_REPRICED_OVER_A_FAILURE_IN_FLIGHT: &str =
+    "a success at another amount is booked after finding its failure's claim in flight";
+pub const SOMETIMES_REPRICED_OVER_A_DEAD_FAILURE: &str =
+    "a success at another amount is booked after its failure went dead";
 
-pub const INVARIANTS: [&str; 11] = [
+/// The payment is booked, and its success was taken at another amount over
+/// a failure left at `status`.
+fn repriced_and_booked(s: &State, status: Status) -> bool {
+    s.rows[0].status == Some(Status::Succeeded) && s.repriced_over & (1 << status as u8) != 0
+}
+
+pub const INVARIANTS: [&str; 12] = [
     EACH_EFFECT_AT_MOST_ONCE,
     ENTRIES_MATCH_STATUS,
+    BOOKED_STEPS_HOLD_THEIR_MONEY,
     REFUNDS_WITHIN_THE_PAYMENT,
     MONEY_OUT_ADDS_UP,
     DISPUTES_ALWAYS_BOOKED,
@@ -891,39 +1349,37 @@ pub const INVARIANTS: [&str; 11] = [
 /// must then be settled: answered a 2xx, or refused for good
 /// (`refund_rejected`); none may be left answering 503 or 409.
 fn one_more_round(model: &LifecycleModel, s: &State) -> bool {
-    let key = LifecycleModel::quiet_key(s);
-    if let Some(&known) = model.quiet.lock().unwrap().get(&key) {
-        return known;
-    }
-    let mut run = s.clone();
-    run.leases.iter_mut().for_each(|l| *l = None);
-    let mut settled = true;
-    for e in 0..run.deliveries.len() {
-        run.deliveries[e] = Delivery {
-            pc: Pc::ReadRow,
-            deliveries: 1,
-            decision: None,
-        };
-        let mut ops = Vec::new();
-        for _ in 0..8 {
-            ops.clear();
-            model.ops(&run, e, &mut ops);
-            match ops
-                .iter()
-                .copied()
-                .find(|op| !matches!(op, Op::CallFails | Op::CallTimesOut | Op::Redeliver))
-            {
-                Some(op) => model.step(&mut run, e, op),
-                None => break,
-            }
+    model.quiet.get_or(LifecycleModel::quiet_key(s), || {
+        let mut run = s.clone();
+        run.leases.iter_mut().for_each(|l| *l = None);
+        let mut settled = true;
+        for e in 0..run.deliveries.len() {
+            run.deliveries[e] = Delivery {
+                pc: model.first_pc(),
+                deliveries: 1,
+                decision: None,
+                token: 0,
+                stale: None,
+            };
+            props::run_alone(
+                &mut run,
+                8,
+                |s, ops| model.ops(s, e, ops),
+                |op| {
+                    matches!(
+                        op,
+                        Op::CallFails | Op::CallTimesOut | Op::Redeliver | Op::Bury | Op::Abandon
+                    )
+                },
+                |s, op| model.step(s, e, op),
+            );
+            settled &= matches!(
+                run.deliveries[e].pc,
+                Pc::Done(a) if a.is_2xx() || a == Answer::Rejected
+            );
         }
-        settled &= matches!(
-            run.deliveries[e].pc,
-            Pc::Done(a) if a.is_2xx() || a == Answer::Rejected
-        );
-    }
-    model.quiet.lock().unwrap().insert(key, settled);
-    settled
+        settled
+    })
 }
 
 impl fmt::Display for Action {
@@ -950,9 +1406,18 @@ impl fmt::Display for State {
             if r.forward + r.reversal > 0 {
                 write!(f, "[{}{}]", r.forward, r.reversal)?;
             }
+            if r.fence > 0 {
+                write!(f, "@{}", r.fence)?;
+            }
         }
         for (i, d) in self.deliveries.iter().enumerate() {
             write!(f, " | e{i} {:?}", d.pc)?;
+            if d.token > 0 {
+                write!(f, " t{}", d.token)?;
+            }
+            if let Some(st) = d.stale {
+                write!(f, " (stale t{} {:?})", st.token, st.stage)?;
+            }
         }
         Ok(())
     }
@@ -1115,18 +1580,130 @@ mod tests {
     }
 
     #[test]
-    fn a_refund_whose_call_timed_out_after_executing_can_be_refused_when_it_comes_back() {
-        // A known limit of giving the reservation back on any failed call:
-        // a call that timed out may have executed, and the cap it gave back
-        // can go to another refund before the PSP retries this one.
-        let cfg = Config {
-            call_times_out: true,
-            ..Config::cap()
-        };
-        shortest_counterexample(
-            "lifecycle, a call times out after executing",
+    fn a_timed_out_call_keeps_its_reservation_and_the_refunds_failure_gives_it_back() {
+        let checker = check(
+            "lifecycle, reservations",
+            LifecycleModel::new(Config::reservations()),
+        );
+        assert_safe(
+            &checker,
+            &INVARIANTS,
+            &[
+                SOMETIMES_A_TIMED_OUT_RESERVATION_IS_KEPT,
+                SOMETIMES_A_FAILURE_GIVES_A_RESERVATION_BACK,
+                SOMETIMES_A_RESERVATION_IS_GIVEN_BACK,
+                SOMETIMES_A_REFUND_IS_REFUSED,
+                SOMETIMES_EVERY_EVENT_BOOKED,
+            ],
+        );
+    }
+
+    #[test]
+    fn a_stale_runs_refused_call_leaves_the_reservation_a_newer_claim_took_over() {
+        let checker = check(
+            "lifecycle, stale runs",
+            LifecycleModel::new(Config::stale()),
+        );
+        assert_safe(
+            &checker,
+            &INVARIANTS,
+            &[
+                SOMETIMES_A_STALE_GIVE_BACK_IS_FENCED,
+                SOMETIMES_A_RESERVATION_IS_GIVEN_BACK,
+                SOMETIMES_A_REFUND_IS_REFUSED,
+            ],
+        );
+    }
+
+    #[test]
+    fn a_timed_out_call_that_gives_its_reservation_back_is_caught_refusing_a_refund_it_executed() {
+        // What the code did before: a call that timed out may have executed,
+        // and the cap it gave back goes to another refund before the PSP
+        // retries this one, which is then refused.
+        let cfg = with(Config::reservations(), Variant::TimeoutGivesBack);
+        let last = shortest_counterexample(
+            "lifecycle, a timed-out call gives its reservation back",
             || LifecycleModel::new(cfg.clone()),
             EXECUTED_NEVER_REFUSED,
         );
+        assert_eq!(last.out_refunds, 2, "the other refund took the cap");
+    }
+
+    #[test]
+    fn a_refunds_failure_that_keeps_a_timed_out_reservation_is_caught_losing_refund_capacity() {
+        let cfg = with(Config::reservations(), Variant::FailureKeepsReservation);
+        let last = shortest_counterexample(
+            "lifecycle, a failure keeps the reservation",
+            || LifecycleModel::new(cfg.clone()),
+            REFUNDS_CAPPED_BY_REFUNDS_ALONE,
+        );
+        let failed = last.rows[1];
+        assert!(failed.status == Some(Status::Failed) && failed.out);
+    }
+
+    #[test]
+    fn a_refused_retry_that_gives_back_a_timed_out_calls_reservation_is_caught() {
+        // What `store::Connection::release` does today (`WHERE fence = token
+        // AND reserved`): a retry's claim keeps the reservation of a claim
+        // whose call timed out, and when the retry's call is refused (a 409
+        // for the first call still running, a 503), it gives that
+        // reservation back though the first call may have executed.
+        let cfg = with(Config::reservations(), Variant::GiveBackInherited);
+        let last = shortest_counterexample(
+            "lifecycle, a refused retry gives back an inherited reservation",
+            || LifecycleModel::new(cfg.clone()),
+            EXECUTED_NEVER_REFUSED,
+        );
+        assert_eq!(last.executed[0], 1);
+    }
+
+    #[test]
+    fn a_give_back_without_the_fence_is_caught_booking_a_refund_that_holds_no_money() {
+        let cfg = with(Config::stale(), Variant::UnfencedGiveBack);
+        let last = shortest_counterexample(
+            "lifecycle, a give-back without the fence",
+            || LifecycleModel::new(cfg.clone()),
+            BOOKED_STEPS_HOLD_THEIR_MONEY,
+        );
+        assert!(last.rows[1..]
+            .iter()
+            .any(|r| r.status == Some(Status::Succeeded) && !r.out));
+    }
+
+    #[test]
+    fn in_inbox_mode_a_success_at_another_amount_is_taken_over_its_unsettled_failure() {
+        let checker = check("lifecycle, inbox", LifecycleModel::new(Config::inbox()));
+        assert_safe(
+            &checker,
+            &INVARIANTS,
+            &[
+                SOMETIMES_REPRICED_OVER_A_QUEUED_FAILURE,
+                SOMETIMES_REPRICED_OVER_A_FAILURE_IN_FLIGHT,
+                SOMETIMES_REPRICED_OVER_A_DEAD_FAILURE,
+            ],
+        );
+    }
+
+    #[test]
+    fn in_inbox_mode_a_payment_event_refused_at_the_accept_while_the_payment_is_unsettled_is_caught(
+    ) {
+        // Refused at the accept, the event is not even stored: a success
+        // refused over its queued failure is a credit lost once the PSP
+        // stops retrying (and a failure refused over a queued success, a
+        // decline never recorded).
+        let cfg = Config {
+            events: vec![ev(0, EventType::Backward, 1), ev(0, EventType::Forward, 2)],
+            ..with(Config::inbox(), Variant::MatchOnlyBookedFailure)
+        };
+        let last = shortest_counterexample(
+            "lifecycle, inbox, only a booked failure matches",
+            || LifecycleModel::new(cfg.clone()),
+            A_PAYMENT_EVENT_MATCHES_UNTIL_A_SUCCESS,
+        );
+        assert_eq!(last.rows[0].status, Some(Status::Queued));
+        assert!(last
+            .deliveries
+            .iter()
+            .any(|d| d.pc == Pc::Done(Answer::Mismatch)));
     }
 }

@@ -18,8 +18,12 @@
 //! | --- | --- | --- |
 //! | the lease + fence protocol (Redis) | `protocol.rs`, tests below | one payment, lease-store faults, inline and downstream routes |
 //! | the lease inside the write | `leased.rs` | the PostgreSQL backend's one-statement inline path: advisory try-lock, row lock, fence floor, resync rounds |
-//! | a payment's life | `lifecycle.rs` | statuses and moves out of settled ones, the money cap with several children and reversals, one `Idempotency-Key` per step |
-//! | the inbox | `inbox.rs` | take, rescue, settle under the take's lock, dead events, replay |
+//! | a payment's life | `lifecycle.rs` | statuses and moves out of settled ones, the money cap with several children and reversals, the reservations (kept by a timed-out call, given back by a refused call or a refund's failure, fenced against a stale run), one `Idempotency-Key` per step, the fingerprint rule with the inbox's accept |
+//! | the inbox | `inbox.rs` | take, rescue (an actor of its own), settle under the take's lock, dead events, replay |
+//!
+//! `props.rs` holds what several models check alike (one writer per token,
+//! `processed` after a commit, an entry per booked status) and the quiet run
+//! that stands for liveness, with its memo.
 //!
 //! Each file's module doc has its table of model steps → the code's
 //! functions: when a step changes, change the table and the model with it.
@@ -114,6 +118,15 @@
 //! | release without compare | two holders believing they hold the lease, and nothing else: the ledger stays right |
 //! | no resync | a payment that one more delivery cannot book after Redis lost its counter |
 //!
+//! The release is fenced like the writes: a holder whose lock ran out and
+//! was taken by another releases it (reachable: "a holder whose lock ran out
+//! releases while a newer holder has the lock"), and the compare-and-delete
+//! leaves the newer lock. Without the compare the newer lock goes and a
+//! third holder takes the lease beside the second, yet the fence keeps the
+//! ledger right: the lease is what keeps copies from working twice, the
+//! fence what keeps the books. (A release that gives money back is
+//! `store::Connection::release`, fenced by `fence = token`: `lifecycle.rs`.)
+//!
 //! The first and fourth say which guard does what: without the fence, the
 //! status guard still keeps the ledger to one entry but a holder whose lease
 //! ended commits over a newer holder's claim; without the status guard, the
@@ -152,14 +165,16 @@ mod harness;
 mod inbox;
 mod leased;
 mod lifecycle;
+mod props;
 mod protocol;
 
 use harness::{check, shortest_counterexample, violated};
 use protocol::{
     Answer, Config, FenceModel, Pc, Routes, Status, Variant, AT_MOST_ONE_ENTRY,
     EXCLUSIVE_LEASE_WITHOUT_FAULTS, INVARIANTS, NO_STALE_WRITE, ONE_MORE_DELIVERY_BOOKS_IT,
-    ONE_WRITER_PER_TOKEN, SOMETIMES_BOOKED, SOMETIMES_FENCE_REJECTS_A_STALE_HOLDER,
-    SOMETIMES_RESYNC_THEN_COMMIT, SOMETIMES_TOKEN_ISSUED_TWICE, SOMETIMES_WRITES_AFTER_LEASE_ENDED,
+    ONE_WRITER_PER_TOKEN, SOMETIMES_A_STALE_RELEASE_FINDS_A_NEWER_LOCK, SOMETIMES_BOOKED,
+    SOMETIMES_FENCE_REJECTS_A_STALE_HOLDER, SOMETIMES_RESYNC_THEN_COMMIT,
+    SOMETIMES_TOKEN_ISSUED_TWICE, SOMETIMES_WRITES_AFTER_LEASE_ENDED,
 };
 
 /// Asserts that no invariant has a counterexample and that the listed
@@ -179,6 +194,7 @@ fn the_protocol_never_books_twice_under_any_interleaving() {
         &[
             SOMETIMES_BOOKED,
             SOMETIMES_WRITES_AFTER_LEASE_ENDED,
+            SOMETIMES_A_STALE_RELEASE_FINDS_A_NEWER_LOCK,
             SOMETIMES_FENCE_REJECTS_A_STALE_HOLDER,
             SOMETIMES_TOKEN_ISSUED_TWICE,
             SOMETIMES_RESYNC_THEN_COMMIT,
@@ -199,6 +215,7 @@ fn the_inline_route_never_books_twice_under_any_interleaving() {
         &[
             SOMETIMES_BOOKED,
             SOMETIMES_WRITES_AFTER_LEASE_ENDED,
+            SOMETIMES_A_STALE_RELEASE_FINDS_A_NEWER_LOCK,
             SOMETIMES_TOKEN_ISSUED_TWICE,
         ],
     );
@@ -215,6 +232,7 @@ fn instances_that_disagree_about_the_route_never_book_twice() {
         &[
             SOMETIMES_BOOKED,
             SOMETIMES_WRITES_AFTER_LEASE_ENDED,
+            SOMETIMES_A_STALE_RELEASE_FINDS_A_NEWER_LOCK,
             SOMETIMES_FENCE_REJECTS_A_STALE_HOLDER,
             SOMETIMES_TOKEN_ISSUED_TWICE,
             SOMETIMES_RESYNC_THEN_COMMIT,
@@ -358,6 +376,7 @@ fn every_function_the_model_tables_name_exists_in_the_code() {
         "leased.rs",
         "lifecycle.rs",
         "inbox.rs",
+        "props.rs",
     ] {
         let text = std::fs::read_to_string(root.join("tests/model").join(file)).unwrap();
         let docs = text.lines().filter_map(|l| l.strip_prefix("//!"));

@@ -8,11 +8,15 @@
 //! holder or the lease store does can fall between two of them. See the table
 //! in `main.rs` for which function each step stands for.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 
 use stateright::{Model, Property};
+
+use crate::props::{self, Memo};
+pub use crate::props::{
+    ONE_MORE_DELIVERY_BOOKS_IT, ONE_WRITER_PER_TOKEN, PROCESSED_AFTER_COMMIT, SOMETIMES_BOOKED,
+    SOMETIMES_RESYNC_THEN_COMMIT,
+};
 
 /// Which protocol the model runs: the one in the code, or one with a guard
 /// removed, to show that the model notices when a guard is missing.
@@ -318,7 +322,7 @@ pub struct FenceModel {
     /// Answers of [`one_more_delivery_books_it`] by the only parts of the
     /// state that its fault-free run reads (row, counter, ledger): millions of
     /// states share a few dozen of them.
-    quiet_delivery: Mutex<HashMap<QuietKey, bool>>,
+    quiet_delivery: Memo<QuietKey>,
 }
 
 /// Row, counter, ledger entries, ledger writes.
@@ -328,7 +332,7 @@ impl FenceModel {
     pub fn new(cfg: Config) -> FenceModel {
         FenceModel {
             cfg,
-            quiet_delivery: Mutex::new(HashMap::new()),
+            quiet_delivery: Memo::new(),
         }
     }
 
@@ -605,17 +609,14 @@ impl Model for FenceModel {
             Property::always(AT_MOST_ONE_ENTRY, |_, s: &State| s.ledger_writes <= 1),
             Property::always(NO_STALE_WRITE, |_, s: &State| !s.stale_write),
             Property::always(ONE_WRITER_PER_TOKEN, |_, s: &State| {
-                let mut seen = 0u32;
-                s.holders.iter().all(|h| {
-                    let fresh = seen & h.wrote == 0;
-                    seen |= h.wrote;
-                    fresh
-                })
+                props::one_writer_per_token(s.holders.iter().map(|h| h.wrote))
             }),
             Property::always(PROCESSED_AFTER_COMMIT, |_, s: &State| {
-                s.holders
-                    .iter()
-                    .all(|h| h.answer() != Some(Answer::Processed) || h.committed)
+                props::processed_only_after_commit(
+                    s.holders
+                        .iter()
+                        .map(|h| (h.answer() == Some(Answer::Processed), h.committed)),
+                )
             }),
             Property::always(TWO_XX_ON_TERMINAL_ROW, |_, s: &State| {
                 s.holders
@@ -623,7 +624,7 @@ impl Model for FenceModel {
                     .all(|h| !h.answer().is_some_and(Answer::is_2xx) || s.row_terminal())
             }),
             Property::always(STATUS_MATCHES_LEDGER, |_, s: &State| {
-                s.ledger == u8::from(s.row_terminal())
+                props::entry_matches_status(s.row_terminal(), s.ledger)
             }),
             Property::always(EXCLUSIVE_LEASE_WITHOUT_FAULTS, |_, s: &State| {
                 s.data_losses > 0
@@ -649,6 +650,16 @@ impl Model for FenceModel {
                         .any(|b| a.token != 0 && a.token == b.token)
                 })
             }),
+            Property::sometimes(
+                SOMETIMES_A_STALE_RELEASE_FINDS_A_NEWER_LOCK,
+                |_, s: &State| {
+                    s.holders.iter().enumerate().any(|(h, holder)| {
+                        matches!(holder.pc, Pc::Release(_))
+                            && s.lock
+                                .is_some_and(|l| l.owner != h && s.holders[l.owner].in_lease())
+                    })
+                },
+            ),
             Property::sometimes(SOMETIMES_RESYNC_THEN_COMMIT, |_, s: &State| {
                 s.holders.iter().any(|h| h.resynced && h.committed)
             }),
@@ -659,22 +670,18 @@ impl Model for FenceModel {
 pub const AT_MOST_ONE_ENTRY: &str =
     "at most one ledger entry per payment and effect (counting writes a constraint refused)";
 pub const NO_STALE_WRITE: &str = "no write takes effect with a token lower than the row's fence";
-pub const ONE_WRITER_PER_TOKEN: &str = "no two holders write under the same token";
-pub const PROCESSED_AFTER_COMMIT: &str = "`processed` only after the holder's own commit";
 pub const TWO_XX_ON_TERMINAL_ROW: &str = "every 2xx answer stands on a terminal row";
 pub const STATUS_MATCHES_LEDGER: &str = "a succeeded row has its entry, any other row none";
 pub const EXCLUSIVE_LEASE_WITHOUT_FAULTS: &str =
     "without lease-store faults at most one holder believes it holds the lease";
-pub const ONE_MORE_DELIVERY_BOOKS_IT: &str =
-    "one more fault-free delivery books the payment exactly once";
 
-pub const SOMETIMES_BOOKED: &str = "the payment gets booked";
 pub const SOMETIMES_WRITES_AFTER_LEASE_ENDED: &str =
     "a holder is about to write after its lease ended";
 pub const SOMETIMES_FENCE_REJECTS_A_STALE_HOLDER: &str =
     "a holder that claimed is fence-rejected later";
 pub const SOMETIMES_TOKEN_ISSUED_TWICE: &str = "two holders hold the same token";
-pub const SOMETIMES_RESYNC_THEN_COMMIT: &str = "a holder resyncs its token and then commits";
+pub const SOMETIMES_A_STALE_RELEASE_FINDS_A_NEWER_LOCK: &str =
+    "a holder whose lock ran out releases while a newer holder has the lock";
 
 /// Every `always` property (safety, and liveness in its state form): the
 /// correct protocol must violate none.
@@ -702,12 +709,9 @@ fn one_more_delivery_books_it(model: &FenceModel, s: &State) -> bool {
         return s.booked_once();
     }
     let key = (s.row, s.counter, s.ledger, s.ledger_writes);
-    if let Some(&known) = model.quiet_delivery.lock().unwrap().get(&key) {
-        return known;
-    }
-    let books = quiet_delivery_books_it(model, s);
-    model.quiet_delivery.lock().unwrap().insert(key, books);
-    books
+    model
+        .quiet_delivery
+        .get_or(key, || quiet_delivery_books_it(model, s))
 }
 
 /// The fault-free run of [`one_more_delivery_books_it`], on every route the
@@ -726,19 +730,13 @@ fn quiet_delivery_books_it(model: &FenceModel, s: &State) -> bool {
             holders: vec![Holder::new(route)],
             ..s.clone()
         };
-        let mut ops = Vec::new();
-        for _ in 0..32 {
-            ops.clear();
-            model.holder_ops(&run, 0, &mut ops);
-            let happy = ops
-                .iter()
-                .copied()
-                .find(|op| !matches!(op, Op::GiveUp | Op::DownstreamFails));
-            match happy {
-                Some(op) => model.step(&mut run, 0, op),
-                None => break,
-            }
-        }
+        props::run_alone(
+            &mut run,
+            32,
+            |s, ops| model.holder_ops(s, 0, ops),
+            |op| matches!(op, Op::GiveUp | Op::DownstreamFails),
+            |s, op| model.step(s, 0, op),
+        );
         run.holders[0].answer() == Some(Answer::Processed) && run.booked_once()
     })
 }
