@@ -38,8 +38,8 @@ use crate::error::Error;
 use crate::lease::{Acquire, InlineLease, Lease, LeaseGuard, LeaseKey, LostReason};
 use crate::metrics::{DownstreamResult, InflightWait, Metrics};
 use crate::store::{
-    Applied, Claimed, Connection, Finalized, LeasedApply, ParentRefusal, PaymentRow, Store,
-    StoreError,
+    Applied, Claimed, Connection, Finalized, LeasedApply, ParentRefusal, PaymentRow, Reserved,
+    Store, StoreError,
 };
 use crate::telemetry::spans;
 use tracing::Instrument;
@@ -504,11 +504,11 @@ impl Processor {
                 Claimed::Claimed {
                     payment_id,
                     event,
-                    over_returned,
+                    reserved,
                 } => {
                     drop(conn);
                     let answer = self
-                        .call_and_finalize(downstream, guard, &event, payment_id, t, over_returned)
+                        .call_and_finalize(downstream, guard, &event, payment_id, t, reserved)
                         .await?;
                     Attempt::Answered(answer)
                 }
@@ -699,7 +699,7 @@ impl Processor {
         event: &CanonicalEvent,
         payment_id: i64,
         t: Transition,
-        over_returned: bool,
+        reserved: Reserved,
     ) -> Result<Outcome, Error> {
         let token = guard.token();
         tokio::select! {
@@ -711,11 +711,13 @@ impl Processor {
                 return Ok(self.lease_lost(guard, reason));
             }
             result = downstream.call(event, token) => if let Err(e) = result {
-                // A non-2xx says the step was not executed: the money the
+                // A non-2xx says this call was not executed: the money this
                 // claim reserved goes back. A timeout or a cut connection
                 // says nothing, and the step may have been executed: the
-                // reservation stays for the next delivery to finish.
-                if matches!(e, DownstreamError::Status { .. }) {
+                // reservation stays for the next delivery to finish. A
+                // reservation this claim took over from such a call is not
+                // its to give back (that call may have run): it stays too.
+                if reserved.here && matches!(e, DownstreamError::Status { .. }) {
                     self.release(payment_id, event, token, t)
                         .instrument(spans::give_back(token))
                         .await;
@@ -740,7 +742,7 @@ impl Processor {
                 .await?
             {
                 Finalized::Applied(status) => {
-                    if over_returned {
+                    if reserved.over_returned {
                         self.over_returned(event);
                     }
                     Ok(Outcome::Processed { token, status })

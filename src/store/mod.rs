@@ -139,11 +139,23 @@ pub enum Claimed {
     Claimed {
         payment_id: i64,
         event: CanonicalEvent,
-        /// The money this claim reserved took a dispute's payment past its amount.
-        over_returned: bool,
+        reserved: Reserved,
     },
     NotWritten(PaymentRow),
     Parent(ParentRefusal),
+}
+
+/// What a claim did with its payment's money.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// This claim reserved the money itself. False when nothing moves, and
+    /// when a claim before it (whose call timed out: the step may have been
+    /// executed) had reserved it already: that reservation is not this
+    /// claim's to give back on a refused call, and stays until the step is
+    /// booked or the PSP's failure of it gives it back.
+    pub here: bool,
+    /// The money this claim reserved took a dispute's payment past its amount.
+    pub over_returned: bool,
 }
 
 /// Result of [`Connection::finalize`].
@@ -555,7 +567,7 @@ impl Connection {
         t: Transition,
     ) -> Result<Claimed, StoreError> {
         let w = Write::new(ev, fingerprint, token, t);
-        let claimed = |row: &tokio_postgres::Row, over_returned| Claimed::Claimed {
+        let claimed = |row: &tokio_postgres::Row, reserved| Claimed::Claimed {
             payment_id: row.get(0),
             event: CanonicalEvent {
                 provider: ev.provider.clone(),
@@ -568,7 +580,7 @@ impl Connection {
                 merchant_reference: ev.merchant_reference.clone(),
                 metadata: ev.metadata.clone(),
             },
-            over_returned,
+            reserved,
         };
         let watch = self.0.watch();
         let Some(amount) = w.parent_move().filter(|&amount| amount > 0) else {
@@ -577,7 +589,7 @@ impl Connection {
                 .statement(self.0.query_opt(&stmt, &w.claim_params()))
                 .await?;
             return Ok(match row {
-                Some(row) => claimed(&row, false),
+                Some(row) => claimed(&row, Reserved::default()),
                 None => Claimed::NotWritten(reread(&*self.0, ev).await?),
             });
         };
@@ -587,10 +599,15 @@ impl Connection {
             tx.rollback().await?;
             return Ok(Claimed::NotWritten(reread(&*self.0, ev).await?));
         };
-        let mut over_returned = false;
+        let mut reserved = Reserved::default();
         if !row.get::<_, bool>(4) {
             match move_parent_money(&tx, ev, amount, w.uncapped()).await? {
-                Ok(over) => over_returned = over,
+                Ok(over) => {
+                    reserved = Reserved {
+                        here: true,
+                        over_returned: over,
+                    }
+                }
                 Err(refusal) => {
                     tx.rollback().await?;
                     return Ok(Claimed::Parent(refusal));
@@ -600,11 +617,12 @@ impl Connection {
             tx.execute(&stmt, &[&row.get::<_, i64>(0)]).await?;
         }
         watch.commit(tx.commit()).await?;
-        Ok(claimed(&row, over_returned))
+        Ok(claimed(&row, reserved))
     }
 
-    /// Gives back the money the claim of `payment_id` at `token` reserved,
-    /// when the downstream refused the step (it did not execute it): another
+    /// Gives back the money the claim of `payment_id` at `token` reserved
+    /// itself ([`Reserved::here`]), when the downstream refused the step (it
+    /// did not execute it): another
     /// refund may have it, and the next delivery of this one takes it again.
     /// True when given back; false when there was nothing to give back, the
     /// row is no longer ours, or the payment row was busy (the reservation

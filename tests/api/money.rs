@@ -763,6 +763,58 @@ async fn with_a_downstream_a_refund_that_fails_after_a_timed_out_call_gives_its_
     ctx.assert_audit_clean().await;
 }
 
+/// A retry that takes over a timed-out call's reservation and is refused
+/// by the downstream (the first call may still be running there: 409) does
+/// not give that reservation back: the first call may have executed the
+/// refund, so the cap stays held for it, another refund past the rest of the
+/// cap is refused, and the retry that finally goes through is booked.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_downstream_a_refused_retry_keeps_the_reservation_a_timed_out_call_left() {
+    let ctx = TestContext::new().await;
+    let downstream = MockDownstream::start().await;
+    let mut cfg = ctx.config();
+    cfg.downstream_url = Some(downstream.url());
+    cfg.downstream_timeout = Duration::from_millis(300);
+    let app = ctx.spawn(cfg).await;
+    send(
+        &app,
+        &event("payment.succeeded", "pay_inherited", 1000, None),
+    )
+    .await;
+    let out = "SELECT amount_out_minor FROM payments WHERE transaction_id = 'pay_inherited'";
+    let first = event(
+        "refund.succeeded",
+        "re_inherited",
+        600,
+        Some("pay_inherited"),
+    );
+    downstream.set_delay(Duration::from_secs(2));
+    assert_eq!(send(&app, &first).await.0, 503, "the call timed out");
+    assert_eq!(
+        ctx.count(out).await,
+        600,
+        "kept: the step may have been executed"
+    );
+    downstream.set_delay(Duration::ZERO);
+    downstream.set_status(409);
+    assert_eq!(
+        send(&app, &first).await.0,
+        503,
+        "the retry's call was refused"
+    );
+    assert_eq!(
+        ctx.count(out).await,
+        600,
+        "the timed-out call's reservation is not the refused retry's to give back"
+    );
+    downstream.set_status(200);
+    let other = event("refund.succeeded", "re_beyond", 700, Some("pay_inherited"));
+    assert_eq!(send(&app, &other).await, (422, "refund_rejected".into()));
+    assert_eq!(send(&app, &first).await, (200, "processed".into()));
+    assert_eq!(ctx.count(out).await, 600);
+    ctx.assert_audit_clean().await;
+}
+
 /// Inbox mode accepts what sync mode books: a failed payment's success at
 /// another amount, and the failure of a refund from before the lifecycle.
 #[tokio::test(flavor = "multi_thread")]

@@ -100,17 +100,19 @@
 //!   answer, and a refund's failure that settles the row first gives back
 //!   what the timed-out claim reserved.
 //!
-//! # Where the model is ahead of the code
+//! # A guard the model found
 //!
-//! `Variant::GiveBackInherited` is what the code does today: a retry's
-//! claim keeps the reservation of a claim whose call timed out, and when the
-//! retry's call is refused (a 409 for the first call still running at the
-//! downstream, a 503) `store::Connection::release` gives that reservation
-//! back, for its `WHERE fence = token AND reserved` matches the retry's
-//! token. The first call may have executed; another refund takes the cap,
-//! and the PSP's next retry is refused though the downstream executed it.
-//! The model gives back only what the refused call's own claim reserved
-//! (`Pc::Call { reserved }`), which is what the code should do.
+//! `Variant::GiveBackInherited` is what the code did until the model found
+//! it: a retry's claim keeps the reservation of a claim whose call timed
+//! out, and when the retry's call was refused (a 409 for the first call
+//! still running at the downstream, a 503) `store::Connection::release`
+//! gave that reservation back, for its `WHERE fence = token AND reserved`
+//! matches the retry's token. The first call may have executed; another
+//! refund took the cap, and the PSP's next retry was refused though the
+//! downstream executed it. The code now gives back only what the refused
+//! call's own claim reserved (`store::Reserved::here`; the model's
+//! `Pc::Call { reserved }`), tested by
+//! `money::with_a_downstream_a_refused_retry_keeps_the_reservation_a_timed_out_call_left`.
 //!
 //! # What the model leaves out
 //!
