@@ -77,13 +77,14 @@ use std::sync::Arc;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use super::fetch::ApiError;
 use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, req_object, req_str,
     Object,
 };
 use super::hmac;
 use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
-use super::scheme::{EventsApi, Item, Reject, Scheme};
+use super::scheme::{EventsApi, Item, Listed, Reject, Scheme, Window};
 use super::settings::{Secrets, Tolerance};
 use super::setup::Setup;
 use super::stripe_api::{Api, DEFAULT_API_URL};
@@ -207,6 +208,17 @@ impl Scheme for Stripe {
             Some(_) => EventsApi::Ready,
             None => EventsApi::NoCredentials,
         }
+    }
+
+    async fn list_events(&self, window: Window) -> Result<Vec<Listed>, ApiError> {
+        match &self.api {
+            Some(api) => api.events(window, BOOKED_TYPES).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn map_listed(&self, provider: &str, listed: &Listed) -> Result<Vec<Item>, Reject> {
+        parse_event(provider, &listed.body)
     }
 
     fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
@@ -336,6 +348,22 @@ pub fn signature_hex(secret: &str, timestamp: i64, body: &[u8]) -> String {
     let prefix = format!("{timestamp}.");
     hex::encode(hmac::sign(secret.as_bytes(), &[prefix.as_bytes(), body]))
 }
+
+/// The event types the mapping books (every other type is ignored without
+/// a look): what reconciliation asks Stripe's events API for (`types[]`).
+pub const BOOKED_TYPES: &[&str] = &[
+    "payment_intent.succeeded",
+    "payment_intent.payment_failed",
+    "charge.succeeded",
+    "charge.failed",
+    "charge.refunded",
+    "refund.created",
+    "refund.updated",
+    "refund.failed",
+    "charge.refund.updated",
+    "charge.dispute.funds_withdrawn",
+    "charge.dispute.funds_reinstated",
+];
 
 /// Maps a Stripe event (see the module docs) strictly: a handled type with a
 /// missing or ill-typed field is [`Reject::Invalid`]; a type we do not act on

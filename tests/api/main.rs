@@ -38,6 +38,7 @@ mod psp_checkout;
 mod psp_paddle;
 mod psp_razorpay;
 mod psp_square;
+mod reconcile;
 mod redis_ha;
 mod rsa_providers;
 mod schema;
