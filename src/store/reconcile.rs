@@ -212,3 +212,97 @@ impl Store {
         Ok(id)
     }
 }
+
+/// A recorded run, as the console lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub id: i64,
+    pub provider: String,
+    pub trigger: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub window_since: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub window_until: OffsetDateTime,
+    pub counts: Counts,
+    pub error: Option<String>,
+}
+
+/// A recorded finding, as the console lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FindingRow {
+    pub run_id: i64,
+    pub provider: String,
+    pub psp_event_id: String,
+    pub transaction_id: Option<String>,
+    pub result: String,
+    pub reason: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub found_at: OffsetDateTime,
+}
+
+impl Store {
+    /// The last `per_provider` runs of each provider, newest first.
+    pub async fn reconcile_runs(&self, per_provider: i64) -> Result<Vec<RunRow>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT id, provider, trigger, started_at, window_since, window_until, listed, known, \
+                 recovered, ignored, stale, refused, divergent, error FROM ( \
+                   SELECT *, row_number() OVER (PARTITION BY provider ORDER BY started_at DESC, id DESC) AS n \
+                   FROM reconcile_runs) r WHERE n <= $1 ORDER BY provider, started_at DESC, id DESC",
+                &[&per_provider],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| RunRow {
+                id: r.get(0),
+                provider: r.get(1),
+                trigger: r.get(2),
+                started_at: r.get(3),
+                window_since: r.get(4),
+                window_until: r.get(5),
+                counts: Counts {
+                    listed: r.get::<_, i32>(6).into(),
+                    known: r.get::<_, i32>(7).into(),
+                    recovered: r.get::<_, i32>(8).into(),
+                    ignored: r.get::<_, i32>(9).into(),
+                    stale: r.get::<_, i32>(10).into(),
+                    refused: r.get::<_, i32>(11).into(),
+                    divergent: r.get::<_, i32>(12).into(),
+                },
+                error: r.get(13),
+            })
+            .collect())
+    }
+
+    /// The newest `limit` findings of `result` (`recovered`, `divergent`, `refused`).
+    pub async fn reconcile_findings(
+        &self,
+        result: &str,
+        limit: i64,
+    ) -> Result<Vec<FindingRow>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT run_id, provider, psp_event_id, transaction_id, result, reason, found_at \
+                 FROM reconcile_findings WHERE result = $1 ORDER BY found_at DESC, id DESC LIMIT $2",
+                &[&result, &limit],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| FindingRow {
+                run_id: r.get(0),
+                provider: r.get(1),
+                psp_event_id: r.get(2),
+                transaction_id: r.get(3),
+                result: r.get(4),
+                reason: r.get(5),
+                found_at: r.get(6),
+            })
+            .collect())
+    }
+}

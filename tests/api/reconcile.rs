@@ -739,3 +739,57 @@ async fn check_config_says_which_providers_can_reconcile() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_the_last_runs_the_recovered_events_linked_to_their_payments_and_the_divergences(
+) {
+    use crate::helpers::console::{Browser, TokenFiles};
+    let ctx = TestContext::new().await;
+    let mock = MockPspApi::start().await;
+    let provider = stripe_provider(&mock);
+    let files = TokenFiles::new();
+    let cfg = files.enable(config(&ctx, vec![provider.clone()]));
+    let app = ctx.spawn(cfg.clone()).await;
+    let booked = stripe_payment("evt_c1", "pi_console_div", 1000, now() - 600);
+    assert_eq!(deliver_stripe(&app, &booked).await.result(), "processed");
+    mock.add_stripe(stripe_payment(
+        "evt_c2",
+        "pi_console_div",
+        4200,
+        now() - 500,
+    ));
+    mock.add_stripe(stripe_payment(
+        "evt_c3",
+        "pi_console_lost",
+        300,
+        now() - 400,
+    ));
+    let report = reconcile(&cfg, &provider, false).await;
+    assert_eq!(
+        (report.counts.recovered, report.counts.divergent),
+        (1, 1),
+        "{report:?}"
+    );
+
+    let mut b = Browser::new(&app.admin);
+    b.sign_in(&files.viewer).await;
+    let page = b.get("/console/reconcile").await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert!(
+        page.text
+            .contains("href=\"/console/payments/stripe/pi_console_lost\""),
+        "{}",
+        page.text
+    );
+    assert!(
+        page.text.contains("evt_c2") && page.text.contains("payload_mismatch"),
+        "{}",
+        page.text
+    );
+    let json = b.get_json("/console/reconcile").await.json();
+    assert_eq!(json["runs"][0]["provider"], "stripe");
+    assert_eq!(json["runs"][0]["counts"]["recovered"], 1);
+    assert_eq!(json["recovered"][0]["psp_event_id"], "evt_c3");
+    assert_eq!(json["divergent"][0]["transaction_id"], "pi_console_div");
+    app.stop().await;
+}
