@@ -269,9 +269,12 @@ impl Parts {
 
 /// `fencehook reconcile`'s runner: the rooms `serve` books with, built
 /// from the same configuration (the inbox, in inbox mode: its workers, in
-/// `serve` and `work`, book what a run stores), without listeners.
-pub fn reconciler(cfg: &Config) -> Result<crate::reconcile::Reconciler, AppError> {
+/// `serve` and `work`, book what a run stores), without listeners. The
+/// health is probed once, as `serve`'s sampler would have: with
+/// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`, bookings wait for a sample.
+pub async fn reconciler(cfg: &Config) -> Result<crate::reconcile::Reconciler, AppError> {
     let parts = Parts::build(cfg, Role::Serve, |p| p)?;
+    parts.health.probe().await;
     let inbox = parts.inbox_mode.then(|| parts.inbox(cfg));
     Ok(parts.reconciler(inbox))
 }

@@ -63,7 +63,7 @@ pub async fn run(args: &ReconcileArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return bad(&e),
     };
-    let reconciler = match fencehook::app::reconciler(&cfg) {
+    let reconciler = match fencehook::app::reconciler(&cfg).await {
         Ok(r) => r,
         Err(e) => return bad(&fencehook::report::chain(&e)),
     };

@@ -73,7 +73,7 @@ fn window_back(secs: i64) -> Window {
 }
 
 async fn reconcile(cfg: &Config, provider: &Provider, dry_run: bool) -> Report {
-    let reconciler = fencehook::app::reconciler(cfg).unwrap();
+    let reconciler = fencehook::app::reconciler(cfg).await.unwrap();
     reconciler
         .run(
             provider,
@@ -219,7 +219,7 @@ async fn a_webhook_racing_a_reconcile_run_books_once() {
     let provider = stripe_provider(&mock);
     let cfg = config(&ctx, vec![provider.clone()]);
     let app = ctx.spawn(cfg.clone()).await;
-    let reconciler = fencehook::app::reconciler(&cfg).unwrap();
+    let reconciler = fencehook::app::reconciler(&cfg).await.unwrap();
     let rounds = 12;
     let mut recovered_by_run = 0;
     for round in 0..rounds {
@@ -617,6 +617,15 @@ async fn scheduled_runs_on_two_instances_book_each_missed_event_once_and_resume_
             .await,
         0
     );
+    assert_eq!(
+        ctx.count(
+            "SELECT count(*) FROM reconcile_runs a JOIN reconcile_runs b ON a.provider = b.provider \
+             AND a.id < b.id AND a.started_at < b.finished_at AND b.started_at < a.finished_at"
+        )
+        .await,
+        0,
+        "one runner per provider at a time: no two runs overlap"
+    );
     let cursor: OffsetDateTime = ctx
         .db()
         .await
@@ -643,7 +652,10 @@ async fn scheduled_runs_on_two_instances_book_each_missed_event_once_and_resume_
     wait_for(
         "the new events booked after the restart",
         Duration::from_secs(60),
-        || async { ctx.entries().await == n + 2 },
+        || async {
+            ctx.entries().await == n + 2
+                && ctx.count("SELECT count(*) FROM reconcile_runs").await > runs_before
+        },
     )
     .await;
     c.stop().await;
