@@ -160,6 +160,7 @@ impl Parts {
             Metrics::new(&names)
         };
         metrics.count_span_drops_from(crate::telemetry::spans_dropped);
+        crate::reconcile::register_metrics(&metrics, &cfg.providers);
         let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
         let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
         let downstream = cfg
@@ -242,6 +243,12 @@ impl Parts {
                 setting::FENCEHOOK_RECONCILE_INTERVAL_SECS
             );
             return None;
+        }
+        // From the start on, a provider whose runs never complete is
+        // alerted on two intervals later, as one whose runs stopped would be.
+        let started = time::OffsetDateTime::now_utc().unix_timestamp() as f64;
+        for p in &providers {
+            self.metrics.reconcile_last_success(&p.name).set(started);
         }
         Some(crate::reconcile::Schedule {
             reconciler: self.reconciler(inbox),

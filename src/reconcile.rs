@@ -393,6 +393,35 @@ impl Reconciler {
     }
 }
 
+/// The results [`Reconciler`] counts events by.
+pub const RESULTS: &[&str] = &["known", "recovered", "ignored", "refused", "divergent"];
+/// The reasons a run fails by: the API's ([`crate::providers::ApiFailure`]) and the database.
+pub const ERROR_REASONS: &[&str] = &[
+    "credentials",
+    "rate_limited",
+    "timeout",
+    "unavailable",
+    "status",
+    "malformed",
+    "database",
+];
+
+/// Registers the reconciliation's series of every provider at start, the
+/// counters at zero (as every counter is) and the last-success gauge at 0
+/// ("never"; the alert reads only the ones above 0), so the dashboard and
+/// the alerts find them before a first run.
+pub fn register_metrics(metrics: &Metrics, providers: &[Provider]) {
+    for p in providers {
+        for result in RESULTS {
+            metrics.reconcile_events(&p.name, result).increment(0);
+        }
+        for reason in ERROR_REASONS {
+            metrics.reconcile_errors(&p.name, reason).increment(0);
+        }
+        metrics.reconcile_last_success(&p.name).increment(0.0);
+    }
+}
+
 fn failed(reason: &'static str, why: String) -> Ending {
     Ending::Failed { reason, why }
 }

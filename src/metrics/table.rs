@@ -166,7 +166,7 @@ metric_table! {
     RECONCILE_ERRORS_TOTAL = "fencehook_reconcile_errors_total", counter, [provider, reason],
         "Reconciliation runs that failed, by reason: credentials, rate_limited, timeout, unavailable, status, malformed (the PSP's API), database.";
     RECONCILE_LAST_SUCCESS_TIMESTAMP_SECONDS = "fencehook_reconcile_last_success_timestamp_seconds", gauge, [provider],
-        "When this process last completed a reconciliation run of the provider (Unix time; divergences included); absent until one does.";
+        "When this process last completed a reconciliation run of the provider (Unix time; divergences included); the start time while none has, with the schedule on; 0 without it.";
 }
 
 #[cfg(test)]

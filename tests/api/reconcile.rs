@@ -604,6 +604,24 @@ async fn scheduled_runs_on_two_instances_book_each_missed_event_once_and_resume_
         ctx.count("SELECT count(*) FROM reconcile_runs").await >= 3
     })
     .await;
+    let recovered = |app: &TestApp| {
+        app.metric(
+            "fencehook_reconcile_events_total",
+            &[("provider", "stripe"), ("result", "recovered")],
+        )
+    };
+    assert_eq!(
+        recovered(&a) + recovered(&b),
+        n as f64,
+        "counted once, by whichever booked"
+    );
+    let success = |app: &TestApp| {
+        app.metric(
+            "fencehook_reconcile_last_success_timestamp_seconds",
+            &[("provider", "stripe")],
+        )
+    };
+    assert!(success(&a) > 0.0 && success(&b) > 0.0);
     a.stop().await;
     b.stop().await;
     assert_eq!(
