@@ -83,6 +83,8 @@ pub struct App {
     prune: Option<Prune>,
     /// The delivery history's writer, unless `FENCEHOOK_DELIVERY_HISTORY` is false.
     history: Option<crate::history::Writer>,
+    /// The scheduled reconciliation, unless off.
+    schedule: Option<crate::reconcile::Schedule>,
 }
 
 /// What the scheduled prune needs ([`crate::inbox::prune_on_schedule`]).
@@ -158,6 +160,7 @@ impl Parts {
             Metrics::new(&names)
         };
         metrics.count_span_drops_from(crate::telemetry::spans_dropped);
+        crate::reconcile::register_metrics(&metrics, &cfg.providers);
         let store = Store::for_service(&cfg.db, cfg.lease.ttl)?;
         let lease = Lease::new(&cfg.lease, &cfg.db, metrics.clone())?;
         let downstream = cfg
@@ -203,6 +206,58 @@ impl Parts {
         })
     }
 
+    /// The reconciliation's runner, booking through its own delivery room
+    /// (the same store, processor, inbox and health as the webhooks').
+    fn reconciler(&self, inbox: Option<Arc<Inbox>>) -> crate::reconcile::Reconciler {
+        let deliveries = Deliveries::new(
+            self.store.clone(),
+            self.processor.clone(),
+            inbox,
+            self.metrics.clone(),
+            self.health.clone(),
+        );
+        crate::reconcile::Reconciler::new(
+            Arc::new(deliveries),
+            self.store.clone(),
+            self.metrics.clone(),
+        )
+    }
+
+    /// The scheduled reconciliation, when `FENCEHOOK_RECONCILE_INTERVAL_SECS`
+    /// is set and a provider has API credentials.
+    fn schedule(
+        &self,
+        cfg: &Config,
+        inbox: Option<Arc<Inbox>>,
+    ) -> Option<crate::reconcile::Schedule> {
+        let every = cfg.reconcile.interval?;
+        let providers: Vec<_> = cfg
+            .providers
+            .iter()
+            .filter(|p| p.events_api() == crate::providers::EventsApi::Ready)
+            .cloned()
+            .collect();
+        if providers.is_empty() {
+            tracing::warn!(
+                "{} is set, but no provider has API credentials: nothing to reconcile",
+                setting::FENCEHOOK_RECONCILE_INTERVAL_SECS
+            );
+            return None;
+        }
+        // From the start on, a provider whose runs never complete is
+        // alerted on two intervals later, as one whose runs stopped would be.
+        let started = time::OffsetDateTime::now_utc().unix_timestamp() as f64;
+        for p in &providers {
+            self.metrics.reconcile_last_success(&p.name).set(started);
+        }
+        Some(crate::reconcile::Schedule {
+            reconciler: self.reconciler(inbox),
+            providers,
+            cfg: cfg.reconcile.clone(),
+            every,
+        })
+    }
+
     /// The inbox of this configuration: workers book with the sync processor
     /// minus its in-flight wait, and own a taken event for one lease TTL past
     /// the last renewal of its lock (renewed every third of it, as the lease is),
@@ -217,6 +272,18 @@ impl Parts {
             cfg.lease.ttl,
         ))
     }
+}
+
+/// `fencehook reconcile`'s runner: the rooms `serve` books with, built
+/// from the same configuration (the inbox, in inbox mode: its workers, in
+/// `serve` and `work`, book what a run stores), without listeners. The
+/// health is probed once, as `serve`'s sampler would have: with
+/// `FENCEHOOK_REQUIRE_SYNC_REPLICATION`, bookings wait for a sample.
+pub async fn reconciler(cfg: &Config) -> Result<crate::reconcile::Reconciler, AppError> {
+    let parts = Parts::build(cfg, Role::Serve, |p| p)?;
+    parts.health.probe().await;
+    let inbox = parts.inbox_mode.then(|| parts.inbox(cfg));
+    Ok(parts.reconciler(inbox))
 }
 
 impl App {
@@ -245,6 +312,7 @@ impl App {
         let hangup = listen_for_sighup();
         let parts = Parts::build(&cfg, Role::Serve, processor_with)?;
         let inbox = parts.inbox_mode.then(|| parts.inbox(&cfg));
+        let schedule = parts.schedule(&cfg, inbox.clone());
         let Parts {
             metrics,
             store,
@@ -317,6 +385,7 @@ impl App {
             history: history_writer,
             inbox,
             workers,
+            schedule,
         })
     }
 
@@ -355,8 +424,11 @@ impl App {
             workers,
             providers_file,
             hangup,
+            schedule,
         } = self;
         let pruning = Prune::spawn(prune);
+        // On its own task: a stalled PSP API stalls the run, not a delivery.
+        let reconciling = schedule.map(|s| AbortOnDrop(tokio::spawn(s.run())));
         let drain = limits.drain;
         let reloads = tokio::spawn(reload_on_sighup(
             state.clone(),
@@ -379,6 +451,7 @@ impl App {
             Arc::new(move |req| crate::http::webhook::handle(state.clone(), req))
         };
         crate::http::serve(listener, handler, public_shutdown, limits).await;
+        drop(reconciling);
         // Workers finish (or abandon, fenced) their current attempt; every
         // accepted event is in the database for the next worker.
         let _ = workers_stop.send(true);
@@ -469,6 +542,7 @@ async fn reload_on_sighup(
 /// `fencehook work`: inbox workers alone, no listeners.
 pub struct Workers {
     hangup: Option<Signal>,
+    schedule: Option<crate::reconcile::Schedule>,
     prune: Option<Prune>,
     inbox: Arc<Inbox>,
     health: Arc<Health>,
@@ -485,8 +559,10 @@ impl Workers {
         }
         let parts = Parts::build(&cfg, Role::Work, |p| p)?;
         let inbox = parts.inbox(&cfg);
+        let schedule = parts.schedule(&cfg, Some(inbox.clone()));
         Ok(Workers {
             hangup,
+            schedule,
             prune: parts.prune,
             inbox,
             health: parts.health,
@@ -501,6 +577,7 @@ impl Workers {
         let upkeep = tokio::spawn(self.health.clone().upkeep());
         let hangups = tokio::spawn(ignore_sighup(self.hangup));
         let pruning = Prune::spawn(self.prune);
+        let reconciling = self.schedule.map(|s| AbortOnDrop(tokio::spawn(s.run())));
         let (stop, stopped) = watch::channel(false);
         let mut task = tokio::spawn(self.inbox.run(self.workers, stopped));
         tokio::select! {
@@ -513,6 +590,7 @@ impl Workers {
                 }
             }
         }
+        drop(reconciling);
         upkeep.abort();
         hangups.abort();
         if let Some(p) = pruning {

@@ -16,6 +16,7 @@ pub mod console;
 mod database;
 pub mod downstream;
 mod error;
+pub mod reconcile;
 mod redis;
 pub mod setting;
 mod traces;
@@ -192,6 +193,8 @@ pub struct ServeArgs {
     pub log: String,
     #[command(flatten)]
     pub inbox: InboxArgs,
+    #[command(flatten)]
+    pub reconcile: reconcile::ScheduleArgs,
     #[command(flatten)]
     pub console: console::ConsoleArgs,
     #[command(flatten)]
@@ -481,6 +484,8 @@ pub struct Config {
     /// `FENCEHOOK_DELIVERY_HISTORY`.
     pub delivery_history: bool,
     pub inbox: InboxConfig,
+    /// The scheduled reconciliation (off by default).
+    pub reconcile: reconcile::ReconcileConfig,
     /// The operator console (`/console` on the admin listener); off by default.
     pub console: console::ConsoleConfig,
     /// OpenTelemetry traces; `None`: off (no OTLP endpoint set).
@@ -518,6 +523,7 @@ impl ServeArgs {
         self.limits(&mut found);
         let providers = self.providers(providers_required, &mut found);
         let inbox = found.all(self.inbox.validate());
+        let reconcile = found.all(self.reconcile.validate());
         // `work` serves no console: its token files are not read there.
         let console = match providers_required {
             true => found.ok(self.console.validate()),
@@ -533,6 +539,7 @@ impl ServeArgs {
                 downstream_trust?,
                 providers?,
                 inbox?,
+                reconcile?,
                 console?,
                 traces?,
             ))
@@ -547,6 +554,7 @@ impl ServeArgs {
                 downstream_trust,
                 providers,
                 inbox,
+                reconcile,
                 console,
                 traces,
             )| {
@@ -575,6 +583,7 @@ impl ServeArgs {
                     require_sync_replication: self.require_sync_replication,
                     delivery_history: self.delivery_history,
                     inbox,
+                    reconcile,
                     console,
                     traces,
                 }

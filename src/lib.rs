@@ -24,6 +24,11 @@
 //! - [`console`]: the operator console on the admin listener (`/console`):
 //!   sign-in and roles, the pages (search, a payment's timeline, inbox events,
 //!   refusals) as HTML or JSON, and the replays, which are the CLI's.
+//! - [`reconcile`]: the PSP's record as the source of truth: a provider's
+//!   events listed through its PSP's API and handed to [`delivery`] as
+//!   webhooks of them would be (known, recovered, divergent), one runner
+//!   per provider across instances, on a schedule in `serve` and `work`
+//!   ([`store::reconcile`] owns its tables).
 //! - [`delivery`]: what happens to a verified delivery's items, whoever
 //!   verified them (the webhook handler; later, a PSP's events API):
 //!   ignored, quarantined (a batch item that cannot be booked), a refund
@@ -120,6 +125,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod processor;
 pub mod providers;
+pub mod reconcile;
 pub mod report;
 pub mod startup;
 pub mod store;

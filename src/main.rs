@@ -57,6 +57,10 @@ enum Command {
     /// keeping its rows, fingerprints and ledger; records the erasure. Exits
     /// 1 when nothing of the object is stored.
     Erase(tools::finance::EraseArgs),
+    /// List providers' events through their PSP's API and book those whose
+    /// webhook never arrived, exactly once; report what is known, recovered
+    /// and divergent. Exits 1 on a divergence, 2 on a configuration or API error.
+    Reconcile(tools::reconcile::ReconcileArgs),
     /// Sign and send one webhook as a standard, stripe, adyen, wechatpay,
     /// alipay or paypal provider would (for demos).
     Send(SendArgs),
@@ -178,6 +182,7 @@ async fn run(cli: Cli, unparsable: Vec<String>) -> ExitCode {
         Command::Prune(args) => exit(tools::ops::prune(&args).await),
         Command::Export(args) => exit(tools::finance::export(&args).await),
         Command::Erase(args) => exit(tools::finance::erase(&args).await),
+        Command::Reconcile(args) => tools::reconcile::run(&args).await,
         Command::Send(args) => exit(tools::send::send(&args).await.map(|(status, body)| {
             println!("{status} {body}");
             (200..300).contains(&status)

@@ -634,6 +634,35 @@ impl Metrics {
         Family::register(&self.inner.recorder, name)
     }
 
+    /// [`RECONCILE_EVENTS_TOTAL`]`{provider,result}` (once per run: the
+    /// series is looked up, not kept).
+    pub fn reconcile_events(&self, provider: &str, result: &'static str) -> Counter {
+        let values = vec![
+            SharedString::from(provider.to_owned()),
+            SharedString::const_str(result),
+        ];
+        register(&self.inner.recorder, RECONCILE_EVENTS_TOTAL, values)
+    }
+
+    /// [`RECONCILE_ERRORS_TOTAL`]`{provider,reason}`.
+    pub fn reconcile_errors(&self, provider: &str, reason: &'static str) -> Counter {
+        let values = vec![
+            SharedString::from(provider.to_owned()),
+            SharedString::const_str(reason),
+        ];
+        register(&self.inner.recorder, RECONCILE_ERRORS_TOTAL, values)
+    }
+
+    /// [`RECONCILE_LAST_SUCCESS_TIMESTAMP_SECONDS`]`{provider}`.
+    pub fn reconcile_last_success(&self, provider: &str) -> Gauge {
+        let values = vec![SharedString::from(provider.to_owned())];
+        register(
+            &self.inner.recorder,
+            RECONCILE_LAST_SUCCESS_TIMESTAMP_SECONDS,
+            values,
+        )
+    }
+
     /// A gauge whose label values are not an enum (or that has none).
     pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> Gauge {
         let names: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();

@@ -39,6 +39,7 @@ pub mod auth;
 pub mod model;
 pub mod pages;
 pub mod recent;
+pub mod reconcile;
 pub mod replay;
 pub mod timeline;
 pub mod views;

@@ -65,6 +65,9 @@ pub async fn route(
                 }
                 (&Method::GET, ["events"]) => events(console, &ask, &session).await,
                 (&Method::GET, ["refusals"]) => Ok(refusals(state, &ask, &session)),
+                (&Method::GET, ["reconcile"]) => {
+                    super::reconcile::page(console, &ask, &session).await
+                }
                 (&Method::POST, ["events", id, "replay"]) => {
                     replay::replay_one(console, &ask, &session, id).await
                 }

@@ -63,7 +63,7 @@ fn when_unix(secs: i64) -> String {
         .unwrap_or_default()
 }
 
-fn payment_href(provider: &str, transaction_id: &str) -> String {
+pub(super) fn payment_href(provider: &str, transaction_id: &str) -> String {
     format!(
         "/console/payments/{}/{}",
         encode_segment(provider),
@@ -76,7 +76,7 @@ fn badge(status: &str) -> Markup {
 }
 
 /// The page around every signed-in view.
-fn layout(session: Option<&Session>, title: &str, body: Markup) -> Markup {
+pub(super) fn layout(session: Option<&Session>, title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -96,6 +96,7 @@ fn layout(session: Option<&Session>, title: &str, body: Markup) -> Markup {
                             a href="/console/events?status=dead" { "Dead events" }
                             a href="/console/events" { "Inbox" }
                             a href="/console/refusals" { "Refusals" }
+                            a href="/console/reconcile" { "Reconciliation" }
                         }
                     }
                     @if let Some(s) = session {

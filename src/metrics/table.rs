@@ -163,6 +163,12 @@ metric_table! {
         "Fetches from a PSP's API while a delivery waits (Mollie's payments and refunds, the objects of Stripe's thin events), by provider and result: ok, not_found, error (another status, or no answer), timeout, busy (no fetch slot came free within the fetch timeout: not fetched, answered 503).";
     TRACE_SPANS_DROPPED_TOTAL = "fencehook_trace_spans_dropped_total", counter, [reason],
         "Finished trace spans not exported, by reason (queue_full, export_failed); 0 with tracing off.";
+    RECONCILE_EVENTS_TOTAL = "fencehook_reconcile_events_total", counter, [provider, result],
+        "Events the reconciliation listed from a PSP's API, by result: known (already booked), recovered (booked now: its webhook never arrived), ignored (stale included), refused, divergent (contradicts what is booked; nothing written).";
+    RECONCILE_ERRORS_TOTAL = "fencehook_reconcile_errors_total", counter, [provider, reason],
+        "Reconciliation runs that failed, by reason: credentials, rate_limited, timeout, unavailable, status, malformed (the PSP's API), database.";
+    RECONCILE_LAST_SUCCESS_TIMESTAMP_SECONDS = "fencehook_reconcile_last_success_timestamp_seconds", gauge, [provider],
+        "When this process last completed a reconciliation run of the provider (Unix time; divergences included); the start time while none has, with the schedule on; 0 without it.";
 }
 
 #[cfg(test)]

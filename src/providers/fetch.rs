@@ -157,28 +157,172 @@ impl Fetcher {
         &self,
         req: http::Request<Full<Bytes>>,
     ) -> Result<(http::StatusCode, Bytes), String> {
-        let answered = tokio::time::timeout(self.timeout, async {
+        let answered = self.exchange(req).await;
+        self.count(match &answered {
+            Ok((status, _, _)) if status.is_success() => FetchResult::Ok,
+            Ok((http::StatusCode::NOT_FOUND, _, _)) => FetchResult::NotFound,
+            Err(e) if e.starts_with(NO_ANSWER) => FetchResult::Timeout,
+            _ => FetchResult::Error,
+        });
+        answered.map(|(status, _, body)| (status, body))
+    }
+
+    /// A request of a run that lists a PSP's events (the reconciliation):
+    /// waits for a slot rather than refusing (nobody is waiting for an
+    /// answer), and retries what the PSP asks to be retried: a 429 after its
+    /// `Retry-After` (at most [`MAX_RETRY_AFTER`]), a 5xx, a timeout or a
+    /// failed connection after a doubling backoff; [`LIST_ATTEMPTS`] in all,
+    /// then the run fails. `make` builds the request afresh for each try.
+    pub async fn call_patiently(
+        &self,
+        make: impl Fn() -> Result<http::Request<Full<Bytes>>, String>,
+    ) -> Result<Bytes, ApiError> {
+        let mut backoff = LIST_BACKOFF;
+        let mut last = ApiError::new(ApiFailure::Unavailable, "not tried");
+        for attempt in 1..=LIST_ATTEMPTS {
+            let answer = {
+                let _slot =
+                    self.slots.acquire().await.map_err(|_| {
+                        ApiError::new(ApiFailure::Unavailable, "the fetcher is closed")
+                    })?;
+                self.exchange(make().map_err(|e| ApiError::new(ApiFailure::Malformed, e))?)
+                    .await
+            };
+            let wait = match answer {
+                Ok((status, _, body)) if status.is_success() => return Ok(body),
+                Ok((status, headers, _)) if status == http::StatusCode::TOO_MANY_REQUESTS => {
+                    last = ApiError::new(ApiFailure::RateLimited, format!("answered {status}"));
+                    retry_after(&headers).unwrap_or(backoff)
+                }
+                Ok((status, _, _)) if status.is_server_error() => {
+                    last = ApiError::new(ApiFailure::Unavailable, format!("answered {status}"));
+                    backoff
+                }
+                Ok((status, _, _))
+                    if matches!(status.as_u16(), 401 | 403) =>
+                {
+                    return Err(ApiError::new(
+                        ApiFailure::Credentials,
+                        format!("answered {status}: the API key (or client id and secret) is refused or lacks the permission"),
+                    ))
+                }
+                Ok((status, _, body)) => {
+                    let said = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+                    return Err(ApiError::new(ApiFailure::Status, format!("answered {status}: {said}")));
+                }
+                Err(e) => {
+                    let failure = if e.starts_with(NO_ANSWER) {
+                        ApiFailure::Timeout
+                    } else {
+                        ApiFailure::Unavailable
+                    };
+                    last = ApiError::new(failure, e);
+                    backoff
+                }
+            };
+            if attempt < LIST_ATTEMPTS {
+                tracing::warn!(failure = last.failure.as_str(), error = %last.why, attempt,
+                    wait_ms = wait.as_millis() as u64, "PSP API: retrying");
+                tokio::time::sleep(wait).await;
+                backoff = (backoff * 2).min(MAX_RETRY_AFTER);
+            }
+        }
+        Err(last)
+    }
+
+    /// The status, headers and body of `req`'s answer (see [`Fetcher::call`]).
+    async fn exchange(
+        &self,
+        req: http::Request<Full<Bytes>>,
+    ) -> Result<(http::StatusCode, http::HeaderMap, Bytes), String> {
+        tokio::time::timeout(self.timeout, async {
             let resp = self
                 .client
                 .request(req)
                 .await
                 .map_err(|e| crate::report::chain(&e))?;
             let status = resp.status();
+            let headers = resp.headers().clone();
             let body = Limited::new(resp.into_body(), self.max_bytes)
                 .collect()
                 .await
                 .map_err(|e| format!("reading the answer: {e}"))?
                 .to_bytes();
-            Ok((status, body))
+            Ok((status, headers, body))
         })
-        .await;
-        self.count(match &answered {
-            Ok(Ok((status, _))) if status.is_success() => FetchResult::Ok,
-            Ok(Ok((http::StatusCode::NOT_FOUND, _))) => FetchResult::NotFound,
-            Ok(_) => FetchResult::Error,
-            Err(_) => FetchResult::Timeout,
-        });
-        answered.map_err(|_| format!("no answer within {:?}", self.timeout))?
+        .await
+        .map_err(|_| format!("{NO_ANSWER} {:?}", self.timeout))?
+    }
+}
+
+/// How an error of a request that timed out begins.
+const NO_ANSWER: &str = "no answer within";
+
+/// Tries of one request of a listing run before the run fails.
+pub const LIST_ATTEMPTS: u32 = 4;
+/// The first wait after a failed try of a listing request; doubled each time.
+pub const LIST_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest a PSP's `Retry-After` (or the backoff) is waited for.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// `Retry-After` in seconds (the form PSPs' APIs send), at most
+/// [`MAX_RETRY_AFTER`].
+fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
+/// Why a PSP's API could not be read: the kind (a metric's `reason`) and
+/// what happened (never a secret).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {why}", failure.as_str())]
+pub struct ApiError {
+    pub failure: ApiFailure,
+    pub why: String,
+}
+
+impl ApiError {
+    pub fn new(failure: ApiFailure, why: impl Into<String>) -> ApiError {
+        ApiError {
+            failure,
+            why: why.into(),
+        }
+    }
+}
+
+/// The kinds of [`ApiError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiFailure {
+    /// 401 or 403: the credentials are the operator's to fix.
+    Credentials,
+    /// 429 on every try.
+    RateLimited,
+    /// No answer in time on the last try.
+    Timeout,
+    /// A 5xx or a failed connection on the last try.
+    Unavailable,
+    /// Another 4xx: the request is wrong for this API.
+    Status,
+    /// The answer is not the API's documented shape.
+    Malformed,
+}
+
+impl ApiFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiFailure::Credentials => "credentials",
+            ApiFailure::RateLimited => "rate_limited",
+            ApiFailure::Timeout => "timeout",
+            ApiFailure::Unavailable => "unavailable",
+            ApiFailure::Status => "status",
+            ApiFailure::Malformed => "malformed",
+        }
     }
 }
 

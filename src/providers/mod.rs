@@ -94,10 +94,13 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use self::fetch::{ApiError, ApiFailure};
 pub use self::fields::{check_currency, check_transaction_id};
 pub use self::file::load_file;
 use self::psp::Key;
-pub use self::scheme::{AckBody, EventsApi, Item, Reject, Scheme, Spec, TransmissionKey};
+pub use self::scheme::{
+    AckBody, EventsApi, Item, Listed, Reject, Scheme, Spec, TransmissionKey, Window,
+};
 pub use self::settings::SettingErrors;
 use self::setup::Setup;
 
@@ -187,6 +190,18 @@ macro_rules! registry {
             fn fetcher(&self) -> Option<&fetch::Fetcher> {
                 match self {
                     $(Configured::$kind(s) => s.fetcher(),)+
+                }
+            }
+
+            async fn list_events(&self, window: Window) -> Result<Vec<Listed>, ApiError> {
+                match self {
+                    $(Configured::$kind(s) => s.list_events(window).await,)+
+                }
+            }
+
+            fn map_listed(&self, provider: &str, listed: &Listed) -> Result<Vec<Item>, Reject> {
+                match self {
+                    $(Configured::$kind(s) => s.map_listed(provider, listed),)+
                 }
             }
 
@@ -500,6 +515,17 @@ impl Provider {
     /// count its fetches.
     pub fn fetcher(&self) -> Option<&fetch::Fetcher> {
         self.scheme.fetcher()
+    }
+
+    /// Every event its PSP's API lists in `window` that the mapping may
+    /// book, oldest first (see [`Scheme::list_events`]).
+    pub async fn list_events(&self, window: Window) -> Result<Vec<Listed>, ApiError> {
+        self.scheme.list_events(window).await
+    }
+
+    /// A listed event mapped as a delivery of it would be.
+    pub fn map_listed(&self, listed: &Listed) -> Result<Vec<Item>, Reject> {
+        self.scheme.map_listed(&self.name, listed)
     }
 
     /// PayPal: puts a certificate in the provider's cache as if fetched from
@@ -881,7 +907,7 @@ secrets = ["{ADYEN_KEY}"]
             ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nfuture_skew_secs = 86400", "future_skew_secs"),
             ("[providers.s]\nscheme = \"stripe\"\nsecrets = [\"whsec_x\"]\nmax_age_secs = 60", "max_age_secs"),
             ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"maybe\"", "confirm"),
-            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nclient_id = \"abc\"", "client_id"),
+            ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nclient_id = \"abc\"", "client_secret"),
             ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_secret = \"x\"", "client_id"),
             ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_id = \"abc\"", "client_secret"),
             ("[providers.s]\nscheme = \"paypal\"\nwebhook_id = \"WH-1\"\nconfirm = \"api\"\nclient_id = \"abc\"\nclient_secret = \"x\"\napi_url = \"https://api-m.paypal.com\"", "api_url"),

@@ -83,7 +83,7 @@ use time::OffsetDateTime;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::fetch::{check_base, Fetcher};
+use super::fetch::{check_base, ApiError, Fetcher};
 use super::fields::{
     self, check_currency, check_transaction_id, decimal_minor, invalid, opt, opt_str, req_object,
     req_str, signed_header, Object,
@@ -92,7 +92,7 @@ use super::keys::{CertificateInfo, RsaSigner};
 use super::paypal_api::{Api, ApiSettings, DEFAULT_API_URL};
 use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
 pub use super::scheme::TransmissionKey;
-use super::scheme::{Item, Reject, Scheme};
+use super::scheme::{self, EventsApi, Item, Listed, Reject, Scheme};
 use super::setup::{SettingError, Setup};
 use crate::domain::amount::minor_unit_exponent;
 use crate::domain::{CanonicalEvent, EventKind};
@@ -202,6 +202,10 @@ pub struct Paypal {
     fetcher: Arc<Fetcher>,
     /// `confirm = "api"`: each new event is fetched from PayPal's API first.
     confirm: Option<Arc<Api>>,
+    /// PayPal's API with the provider's credentials (`client_id`,
+    /// `client_secret`), whatever `confirm` says: the reconciliation lists
+    /// events with it.
+    api: Option<Arc<Api>>,
 }
 
 /// The certificates of one provider, by URL.
@@ -385,6 +389,7 @@ impl Paypal {
             cache: Arc::default(),
 
             confirm: None,
+            api: None,
             fetcher: Arc::new(
                 Fetcher::new(MAX_CONCURRENT_FETCHES, FETCH_TIMEOUT, MAX_CERT_BYTES)
                     .map_err(|e| ("cert_url_prefixes", e))?,
@@ -394,15 +399,23 @@ impl Paypal {
 
     /// Turns on the fetch-to-confirm mode (`confirm = "api"`, see `paypal_api`).
     pub fn with_api_confirm(mut self, settings: ApiSettings) -> Result<Paypal, SettingError> {
-        self.confirm = Some(Arc::new(Api::new(settings)?));
+        self.with_api(settings)?;
+        self.confirm = self.api.clone();
         Ok(self)
+    }
+
+    /// Gives the provider PayPal's API (for the reconciliation), without
+    /// confirming deliveries with it.
+    fn with_api(&mut self, settings: ApiSettings) -> Result<(), SettingError> {
+        self.api = Some(Arc::new(Api::new(settings)?));
+        Ok(())
     }
 
     /// Whether a configured prefix (or the API's URL) is reached without
     /// TLS (a local test server).
     pub fn allows_plain_http(&self) -> bool {
         self.prefixes.iter().any(|p| p.starts_with("http://"))
-            || self.confirm.as_ref().is_some_and(|c| c.allows_plain_http())
+            || self.api.as_ref().is_some_and(|c| c.allows_plain_http())
     }
 
     /// Whether events are confirmed with PayPal's API before booking.
@@ -548,17 +561,33 @@ impl Scheme for Paypal {
         )
         .map_err(|e| setup.setting(e))?;
         let p = match settings.confirm.as_deref().unwrap_or(CONFIRM_OFFLINE) {
-            CONFIRM_OFFLINE => {
-                let given = [
-                    (&api.0, "api_url"),
-                    (&api.1, "client_id"),
-                    (&api.2, "client_secret"),
-                ];
-                if let Some((_, name)) = given.iter().find(|(v, _)| v.is_some()) {
-                    return Err(setup.error(name, "only with confirm = \"api\""));
+            // Offline, the API's credentials serve the reconciliation alone:
+            // both or neither.
+            CONFIRM_OFFLINE => match api {
+                (None, None, None) => p,
+                (url, Some(client_id), Some(client_secret)) => {
+                    let mut p = p;
+                    p.with_api(ApiSettings {
+                        api_url: url.unwrap_or_else(|| DEFAULT_API_URL.to_owned()),
+                        client_id,
+                        client_secret,
+                    })
+                    .map_err(|e| setup.setting(e))?;
+                    p
                 }
-                p
-            }
+                (_, None, _) => {
+                    return Err(setup.error(
+                        "client_id",
+                        "required with client_secret or api_url (the REST app's client id)",
+                    ))
+                }
+                (_, Some(_), None) => {
+                    return Err(setup.error(
+                        "client_secret",
+                        "required with client_id (the REST app's secret)",
+                    ))
+                }
+            },
             CONFIRM_API => p
                 .with_api_confirm(ApiSettings {
                     api_url: api.0.unwrap_or_else(|| DEFAULT_API_URL.to_owned()),
@@ -625,6 +654,24 @@ impl Scheme for Paypal {
 
     fn confirms(&self) -> bool {
         self.confirms_with_api()
+    }
+
+    fn events_api(&self) -> EventsApi {
+        match self.api {
+            Some(_) => EventsApi::Ready,
+            None => EventsApi::NoCredentials,
+        }
+    }
+
+    async fn list_events(&self, window: scheme::Window) -> Result<Vec<Listed>, ApiError> {
+        match &self.api {
+            Some(api) => api.events(window).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn map_listed(&self, provider: &str, listed: &Listed) -> Result<Vec<Item>, Reject> {
+        Ok(vec![parse_event(provider, &listed.body)?])
     }
 
     /// In the fetch-to-confirm mode, checks `item` (what `body` mapped to)

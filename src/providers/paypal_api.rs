@@ -29,8 +29,11 @@ use http_body_util::Full;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::fetch::{check_base, Fetcher};
-use super::scheme::Reject;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use super::fetch::{check_base, ApiError, ApiFailure, Fetcher};
+use super::scheme::{Listed, Reject, Window};
 use super::setup::SettingError;
 
 /// PayPal's live REST API (sandbox: `https://api-m.sandbox.paypal.com/`).
@@ -58,8 +61,17 @@ pub struct Api {
     /// `Basic base64(client_id:client_secret)`; never logged.
     basic: String,
     fetcher: Fetcher,
+    /// The reconciliation's listing: one request at a time, patient.
+    lister: Fetcher,
     token: Mutex<Option<(String, Instant)>>,
 }
+
+/// Events per page of a listing.
+pub const LIST_PAGE: u32 = 100;
+/// The longest one listing request may take.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest listing page read.
+pub const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
 
 impl Api {
     pub fn new(s: ApiSettings) -> Result<Api, SettingError> {
@@ -84,6 +96,7 @@ impl Api {
             api_url: s.api_url,
             fetcher: Fetcher::new(MAX_CONCURRENT_CALLS, CALL_TIMEOUT, MAX_EVENT_BYTES)
                 .map_err(|e| ("api_url", e))?,
+            lister: Fetcher::new(1, LIST_TIMEOUT, MAX_PAGE_BYTES).map_err(|e| ("api_url", e))?,
             token: Mutex::new(None),
         })
     }
@@ -101,6 +114,62 @@ impl Api {
             .try_slot()
             .ok_or_else(|| unavailable("every call slot is in use".to_owned()))?;
         self.fetch_event(id).await
+    }
+
+    /// Every event created in `window`, oldest first:
+    /// `GET /v1/notifications/webhooks-events` with `start_time`, `end_time`
+    /// and `page_size`, following each page's `next` link (only on
+    /// `api_url`: the token is never sent elsewhere).
+    pub async fn events(&self, window: Window) -> Result<Vec<Listed>, ApiError> {
+        let rfc = |t: OffsetDateTime| {
+            t.format(&Rfc3339)
+                .map(|s| s.replace(':', "%3A").replace('+', "%2B"))
+                .map_err(|e| ApiError::new(ApiFailure::Malformed, e.to_string()))
+        };
+        let mut next = Some(format!(
+            "{}v1/notifications/webhooks-events?page_size={LIST_PAGE}&start_time={}&end_time={}",
+            self.api_url,
+            rfc(window.since)?,
+            rfc(window.until)?
+        ));
+        let mut listed = Vec::new();
+        while let Some(uri) = next.take() {
+            let token = self
+                .access_token()
+                .await
+                .map_err(|e| ApiError::new(ApiFailure::Credentials, e.to_string()))?;
+            let bearer = format!("Bearer {token}");
+            let body = self
+                .lister
+                .call_patiently(|| {
+                    http::Request::get(&uri)
+                        .header(http::header::AUTHORIZATION, &bearer)
+                        .header(http::header::ACCEPT, "application/json")
+                        .body(Full::new(Bytes::new()))
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+            let page: EventsPage = serde_json::from_slice(&body).map_err(|e| {
+                ApiError::new(
+                    ApiFailure::Malformed,
+                    format!("the events list: not PayPal's shape: {e}"),
+                )
+            })?;
+            for event in page.events {
+                listed.push(event.listed()?);
+            }
+            if let Some(link) = page.links.into_iter().find(|l| l.rel == "next") {
+                if !link.href.starts_with(&self.api_url) {
+                    return Err(ApiError::new(
+                        ApiFailure::Malformed,
+                        "the events list's next link leaves api_url",
+                    ));
+                }
+                next = Some(link.href);
+            }
+        }
+        listed.sort_by_key(|l| l.created);
+        Ok(listed)
     }
 
     /// `GET /v1/notifications/webhooks-events/{id}`; a token PayPal no
@@ -168,6 +237,49 @@ impl Api {
         req: http::Request<Full<Bytes>>,
     ) -> Result<(http::StatusCode, Bytes), Reject> {
         self.fetcher.call(req).await.map_err(unavailable)
+    }
+}
+
+/// A page of PayPal's events list.
+#[derive(serde::Deserialize)]
+struct EventsPage {
+    #[serde(default)]
+    events: Vec<ListedEvent>,
+    #[serde(default)]
+    links: Vec<Link>,
+}
+
+#[derive(serde::Deserialize)]
+struct Link {
+    href: String,
+    rel: String,
+}
+
+/// An event of a page: what the listing reads of it, and all of it.
+#[derive(serde::Deserialize)]
+struct ListedEvent {
+    id: String,
+    create_time: String,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ListedEvent {
+    fn listed(self) -> Result<Listed, ApiError> {
+        let created = OffsetDateTime::parse(&self.create_time, &Rfc3339).map_err(|_| {
+            ApiError::new(
+                ApiFailure::Malformed,
+                format!("event {}: create_time is not RFC 3339", self.id),
+            )
+        })?;
+        let mut whole = self.rest;
+        whole.insert("id".into(), self.id.clone().into());
+        whole.insert("create_time".into(), self.create_time.into());
+        Ok(Listed {
+            body: Bytes::from(serde_json::Value::Object(whole).to_string()),
+            id: self.id,
+            created,
+        })
     }
 }
 

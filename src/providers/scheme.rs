@@ -17,11 +17,12 @@
 
 use std::future::Future;
 
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::fetch::Fetcher;
+use super::fetch::{ApiError, Fetcher};
 use super::psp::{Credentials, Delivery, Key, Notice, PspError};
 use super::setup::Setup;
 use crate::domain::{CanonicalEvent, EventKind};
@@ -142,6 +143,22 @@ pub trait Scheme: Clone + Send + Sync + Sized + 'static {
     /// delivery waits, when it has one: the service counts its fetches.
     fn fetcher(&self) -> Option<&Fetcher> {
         None
+    }
+
+    /// Every event the PSP's API lists in `window` that the mapping may
+    /// book, oldest first. Only called when [`Scheme::events_api`] is
+    /// [`EventsApi::Ready`].
+    fn list_events(
+        &self,
+        _window: Window,
+    ) -> impl Future<Output = Result<Vec<Listed>, ApiError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// A listed event mapped as a delivery of it would be (the same
+    /// mapping, without the signature: the PSP's API said it).
+    fn map_listed(&self, _provider: &str, _listed: &Listed) -> Result<Vec<Item>, Reject> {
+        Err(Reject::Invalid("no events API".into()))
     }
 
     /// Puts a certificate in the provider's cache as if fetched from `url`;
@@ -299,6 +316,25 @@ impl EventsApi {
             EventsApi::Ready => "can reconcile",
         }
     }
+}
+
+/// A time window of the PSP's events, both ends included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub since: OffsetDateTime,
+    pub until: OffsetDateTime,
+}
+
+/// One event as a PSP's API lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The PSP's event id (Stripe's `evt_…`, PayPal's `WH-…`): what makes
+    /// it and a webhook of it one event.
+    pub id: String,
+    /// When the PSP created it.
+    pub created: OffsetDateTime,
+    /// The event's JSON, as a webhook of it carries it.
+    pub body: Bytes,
 }
 
 /// A verified item of a delivery.

@@ -80,14 +80,14 @@ use std::sync::Arc;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::fetch::Fetcher;
+use super::fetch::{ApiError, Fetcher};
 use super::fields::{
     self, amount_minor, check_currency, check_transaction_id, invalid, opt, req_object, req_str,
     Object,
 };
 use super::hmac;
 use super::psp::{self, Credentials, Delivery, Key, Notice, PspError, JSON};
-use super::scheme::{EventsApi, Item, Reject, Scheme};
+use super::scheme::{EventsApi, Item, Listed, Reject, Scheme, Window};
 use super::settings::{Secrets, Tolerance};
 use super::setup::Setup;
 use super::stripe_api::{Api, DEFAULT_API_URL};
@@ -218,6 +218,17 @@ impl Scheme for Stripe {
             Some(_) => EventsApi::Ready,
             None => EventsApi::NoCredentials,
         }
+    }
+
+    async fn list_events(&self, window: Window) -> Result<Vec<Listed>, ApiError> {
+        match &self.api {
+            Some(api) => api.events(window, BOOKED_TYPES).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn map_listed(&self, provider: &str, listed: &Listed) -> Result<Vec<Item>, Reject> {
+        parse_event(provider, &listed.body)
     }
 
     fn psp_event_id(_headers: &http::HeaderMap, body: &[u8]) -> Option<String> {
@@ -372,6 +383,22 @@ fn object_of(event_type: &str) -> Option<&'static str> {
 pub fn books(event_type: &str) -> bool {
     object_of(event_type).is_some()
 }
+
+/// The event types the mapping books (every other type is ignored without
+/// a look): what reconciliation asks Stripe's events API for (`types[]`).
+pub const BOOKED_TYPES: &[&str] = &[
+    "payment_intent.succeeded",
+    "payment_intent.payment_failed",
+    "charge.succeeded",
+    "charge.failed",
+    "charge.refunded",
+    "refund.created",
+    "refund.updated",
+    "refund.failed",
+    "charge.refund.updated",
+    "charge.dispute.funds_withdrawn",
+    "charge.dispute.funds_reinstated",
+];
 
 /// Maps a Stripe event (see the module docs) strictly: a handled type with a
 /// missing or ill-typed field is [`Reject::Invalid`]; a type we do not act on
@@ -809,6 +836,22 @@ mod tests {
     use super::*;
     use crate::providers::testing::arbitrary_json;
     use proptest::prelude::*;
+
+    /// What reconciliation asks Stripe for and what a thin event is fetched
+    /// for are one list of types.
+    #[test]
+    fn the_types_listed_are_the_types_thin_events_fetch_for() {
+        for t in BOOKED_TYPES {
+            assert!(books(t), "{t}");
+        }
+        for t in [
+            "payment_intent.created",
+            "customer.created",
+            "charge.captured",
+        ] {
+            assert!(!books(t) && !BOOKED_TYPES.contains(&t), "{t}");
+        }
+    }
 
     const STRIPE_KEYS: &[&str] = &[
         "id",

@@ -6,6 +6,16 @@
 //! `Debug` output, and a key published in Stripe's docs or fencehook's own
 //! files is refused like a published webhook secret (`Setup::api_key`).
 
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use super::fetch::{ApiError, ApiFailure, Fetcher};
+use super::scheme::{Listed, Window};
+
 /// Stripe's production API.
 pub const DEFAULT_API_URL: &str = "https://api.stripe.com";
 
@@ -13,12 +23,23 @@ pub const DEFAULT_API_URL: &str = "https://api.stripe.com";
 /// or test mode. A publishable key (`pk_`) reads nothing.
 const KEY_PREFIXES: [&str; 4] = ["sk_live_", "sk_test_", "rk_live_", "rk_test_"];
 
+/// Requests to Stripe's API in flight at once, per provider: one, so a
+/// run never competes with the merchant's own use of the key's rate limit.
+pub const IN_FLIGHT: usize = 1;
+/// The longest one request may take, connection included.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest page read (100 events of a few KiB each).
+pub const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
+/// Events per page: Stripe's largest.
+pub const PAGE: u32 = 100;
+
 /// One provider's access to Stripe's API.
 pub struct Api {
     /// Without a trailing `/`; paths are appended (`/v1/events`).
     url: String,
     /// `Bearer <api_key>`; never logged.
     bearer: String,
+    fetcher: Fetcher,
 }
 
 impl std::fmt::Debug for Api {
@@ -47,6 +68,8 @@ impl Api {
         Ok(Api {
             url: url.trim_end_matches('/').to_owned(),
             bearer: format!("Bearer {key}"),
+            fetcher: Fetcher::new(IN_FLIGHT, TIMEOUT, MAX_PAGE_BYTES)
+                .map_err(|e| ("api_url", e))?,
         })
     }
 
@@ -60,10 +83,108 @@ impl Api {
         &self.bearer
     }
 
+    /// Every event of `types` created in `window`, oldest first:
+    /// `GET /v1/events` with `created[gte]`/`created[lte]`, [`PAGE`] a page,
+    /// paged with `starting_after` (Stripe lists newest first). Every event
+    /// in the window, delivered or not (`delivery_success` is not asked):
+    /// an event whose webhook was answered 2xx is booked already and comes
+    /// back `known`, which costs a lookup and proves the booking.
+    pub async fn events(&self, window: Window, types: &[&str]) -> Result<Vec<Listed>, ApiError> {
+        let mut listed = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let uri = self.events_uri(window, types, after.as_deref());
+            let body = self
+                .fetcher
+                .call_patiently(|| {
+                    http::Request::get(&uri)
+                        .header(http::header::AUTHORIZATION, &self.bearer)
+                        .header(http::header::ACCEPT, "application/json")
+                        .body(Full::new(Bytes::new()))
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+            let page: Page = serde_json::from_slice(&body).map_err(|e| {
+                ApiError::new(
+                    ApiFailure::Malformed,
+                    format!("GET /v1/events: not Stripe's list: {e}"),
+                )
+            })?;
+            let last = page.data.last().map(|e| e.id.clone());
+            for event in page.data {
+                listed.push(event.listed()?);
+            }
+            match (page.has_more, last) {
+                (true, Some(last)) => after = Some(last),
+                _ => break,
+            }
+        }
+        listed.reverse();
+        Ok(listed)
+    }
+
+    fn events_uri(&self, window: Window, types: &[&str], after: Option<&str>) -> String {
+        use std::fmt::Write;
+        let mut uri = format!(
+            "{}/v1/events?limit={PAGE}&created%5Bgte%5D={}&created%5Blte%5D={}",
+            self.url,
+            window.since.unix_timestamp(),
+            window.until.unix_timestamp()
+        );
+        for t in types {
+            let _ = write!(uri, "&types%5B%5D={t}");
+        }
+        if let Some(after) = after {
+            let _ = write!(uri, "&starting_after={}", encode(after));
+        }
+        uri
+    }
+
     /// Whether the API is reached without TLS (a local test server).
     pub fn allows_plain_http(&self) -> bool {
         self.url.starts_with("http://")
     }
+}
+
+/// One page of `GET /v1/events`.
+#[derive(serde::Deserialize)]
+struct Page {
+    data: Vec<Event>,
+    has_more: bool,
+}
+
+/// An event of a page: what the listing reads of it, and all of it.
+#[derive(serde::Deserialize)]
+struct Event {
+    id: String,
+    created: i64,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, Value>,
+}
+
+impl Event {
+    fn listed(self) -> Result<Listed, ApiError> {
+        let created = OffsetDateTime::from_unix_timestamp(self.created).map_err(|_| {
+            ApiError::new(
+                ApiFailure::Malformed,
+                format!("event {}: created is out of range", self.id),
+            )
+        })?;
+        let mut whole = self.rest;
+        whole.insert("id".into(), Value::String(self.id.clone()));
+        whole.insert("created".into(), Value::from(self.created));
+        Ok(Listed {
+            body: Bytes::from(Value::Object(whole).to_string()),
+            id: self.id,
+            created,
+        })
+    }
+}
+
+/// An id as a query value: Stripe's ids are `[A-Za-z0-9_]`, anything else
+/// is percent-encoded.
+fn encode(id: &str) -> String {
+    percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 #[cfg(test)]
@@ -131,6 +252,34 @@ mod tests {
             assert_eq!(
                 p.exposures(),
                 ["provider `shop`: api_key: is an API key published in the PSP's docs or fencehook's own files, not your account's"],
+            );
+        }
+    }
+
+    /// `types[]` asks Stripe for exactly what the mapping books: each listed
+    /// type is mapped (refused here for its empty object, not ignored), and
+    /// a type left out is ignored without a look.
+    #[test]
+    fn the_types_asked_for_are_the_types_the_mapping_books() {
+        use crate::providers::stripe::{parse_event, BOOKED_TYPES};
+        use crate::providers::Item;
+        for t in BOOKED_TYPES {
+            let body =
+                format!(r#"{{"id":"evt_1","type":"{t}","created":1,"data":{{"object":{{}}}}}}"#);
+            assert!(parse_event("s", body.as_bytes()).is_err(), "{t} is mapped");
+        }
+        for t in [
+            "charge.dispute.created",
+            "customer.created",
+            "payment_intent.created",
+        ] {
+            let body = format!(r#"{{"id":"evt_1","type":"{t}","data":{{"object":{{}}}}}}"#);
+            assert!(
+                matches!(
+                    parse_event("s", body.as_bytes()).as_deref(),
+                    Ok([Item::Ignored { .. }])
+                ),
+                "{t}"
             );
         }
     }

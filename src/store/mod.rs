@@ -62,6 +62,7 @@ pub mod history;
 pub mod inbox;
 pub mod ledger;
 pub mod migrate;
+pub mod reconcile;
 pub mod record;
 mod sql;
 pub mod transmissions;

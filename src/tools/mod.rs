@@ -13,4 +13,5 @@ pub mod finance;
 pub mod load;
 pub mod migrate;
 pub mod ops;
+pub mod reconcile;
 pub mod send;

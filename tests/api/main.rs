@@ -39,6 +39,7 @@ mod psp_mollie;
 mod psp_paddle;
 mod psp_razorpay;
 mod psp_square;
+mod reconcile;
 mod redis_ha;
 mod rsa_providers;
 mod schema;

@@ -16,6 +16,7 @@ pub mod patroni;
 pub mod postgres;
 pub mod process;
 pub mod proxy;
+pub mod psp_api;
 pub mod psp_http;
 pub mod psp_sdk;
 pub mod redis_ha;
@@ -184,6 +185,7 @@ impl TestContext {
                 prune_interval: None,
                 idle_poll: Duration::from_secs(1),
             },
+            reconcile: Default::default(),
             console: Default::default(),
             traces: None,
         }
