@@ -75,6 +75,7 @@ pub mod mollie;
 pub mod paddle;
 pub mod paypal;
 pub mod paypal_api;
+mod paypal_certs;
 pub mod psp;
 mod published;
 pub mod razorpay;

@@ -91,7 +91,7 @@ use super::scheme::{EventsApi, Item, Listed, Reject, Scheme, Window};
 use super::settings::{Secrets, Tolerance};
 use super::setup::Setup;
 use super::stripe_api::{Api, DEFAULT_API_URL};
-use super::stripe_thin::{self, ThinEvents};
+use super::stripe_thin::{self, Snapshot, ThinEvents};
 use crate::domain::{CanonicalEvent, EventKind};
 
 /// The header Stripe signs with (HTTP header names are case-insensitive).
@@ -249,7 +249,10 @@ impl Scheme for Stripe {
         self.verify(headers, body, now)?;
         match stripe_thin::thin_event(body)? {
             None => parse_event(provider, body),
-            Some(thin) => self.thin.accept(provider, &thin).await,
+            Some(thin) => match self.thin.snapshot(&thin, books).await? {
+                Snapshot::NotBooked(event_type) => Ok(vec![Item::Ignored { event_type }]),
+                Snapshot::Event(snapshot) => parse_event(provider, &snapshot),
+            },
         }
     }
 

@@ -32,8 +32,7 @@ use time::OffsetDateTime;
 
 use super::fetch::Fetcher;
 use super::fields::{self, invalid, opt, req_object, req_str, Object};
-use super::scheme::{Item, Reject};
-use super::stripe::{books, parse_event};
+use super::scheme::Reject;
 use super::stripe_api::DEFAULT_API_URL;
 
 /// What `"object"` says of a thin event.
@@ -48,6 +47,15 @@ pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_OBJECT_BYTES: usize = 256 * 1024;
 /// The longest `related_object.url` read.
 const MAX_URL_CHARS: usize = 512;
+
+/// What a thin event stands for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Snapshot {
+    /// A type the mapping does not book (its name): nothing was fetched.
+    NotBooked(String),
+    /// The snapshot event (JSON) of its type, around the fetched object.
+    Event(Vec<u8>),
+}
 
 /// A provider's access to Stripe's API for its thin events.
 pub struct ThinEvents {
@@ -91,15 +99,18 @@ impl ThinEvents {
         self.access.as_ref().map(|(_, fetcher)| fetcher)
     }
 
-    /// The items of a verified thin `event`: ignored when its type (without
-    /// `v1.`) is not one the mapping books, else its object fetched and the
-    /// snapshot event it stands for mapped as Stripe's are.
-    pub async fn accept(&self, provider: &str, event: &Object) -> Result<Vec<Item>, Reject> {
+    /// What a verified thin `event` stands for: nothing to book when its
+    /// type (without `v1.`) is not one the mapping `books`, else its object
+    /// fetched and the snapshot event of its type around it, for the mapping
+    /// to read as Stripe's own.
+    pub async fn snapshot(
+        &self,
+        event: &Object,
+        books: fn(&str) -> bool,
+    ) -> Result<Snapshot, Reject> {
         let thin_type = req_str(event, "type", "type")?;
         let Some(event_type) = thin_type.strip_prefix("v1.").filter(|t| books(t)) else {
-            return Ok(vec![Item::Ignored {
-                event_type: thin_type.to_owned(),
-            }]);
+            return Ok(Snapshot::NotBooked(thin_type.to_owned()));
         };
         let id = req_str(event, "id", "id")?;
         let related = req_object(event, "related_object", "related_object")?;
@@ -120,7 +131,7 @@ impl ThinEvents {
             "created": created,
             "data": {"object": object},
         });
-        parse_event(provider, snapshot.to_string().as_bytes())
+        Ok(Snapshot::Event(snapshot.to_string().into_bytes()))
     }
 
     /// The URL `related_object.url` names: a path (appended to `api_url`)
@@ -234,9 +245,13 @@ mod tests {
         }
     }
 
-    fn keyless(event: &Object) -> Result<Vec<Item>, Reject> {
+    fn books(event_type: &str) -> bool {
+        event_type == "payment_intent.succeeded"
+    }
+
+    fn keyless(event: &Object) -> Result<Snapshot, Reject> {
         ThinEvents::keyless()
-            .accept("s", event)
+            .snapshot(event, books)
             .now_or_never()
             .expect("nothing is fetched without a key")
     }
@@ -264,10 +279,7 @@ mod tests {
             "v2.core.account.updated",
         ] {
             assert!(
-                matches!(
-                    keyless(&event(ignored, url)).as_deref(),
-                    Ok([Item::Ignored { .. }])
-                ),
+                matches!(keyless(&event(ignored, url)), Ok(Snapshot::NotBooked(_))),
                 "{ignored}"
             );
         }
