@@ -61,6 +61,11 @@ async fn name_standby(admin: &tokio_postgres::Client, standby: Option<&str>) {
         row.get::<_, String>(0) == expected
     })
     .await;
+    // Whether a commit waits is decided from shared memory the checkpointer
+    // updates when it handles the reload, after (and apart from) the
+    // backends: a checkpoint requested now runs after that handling, so once
+    // it returns every new commit sees the new setting.
+    admin.batch_execute("CHECKPOINT").await.unwrap();
 }
 
 /// Backends waiting for a synchronous standby, by application name.
