@@ -224,31 +224,35 @@ impl Parts {
     }
 
     /// The scheduled reconciliation, when `FENCEHOOK_RECONCILE_INTERVAL_SECS`
-    /// is set and a provider has API credentials.
+    /// is set. Each run reads `providers` as they are then: where SIGHUP
+    /// reloads them (`serve`), a provider given API credentials later is
+    /// reconciled from the next run on; where nothing reloads them
+    /// (`work`), no provider with credentials means nothing to schedule.
     fn schedule(
         &self,
         cfg: &Config,
         inbox: Option<Arc<Inbox>>,
+        providers: crate::providers::InForce,
+        reloaded: bool,
     ) -> Option<crate::reconcile::Schedule> {
         let every = cfg.reconcile.interval?;
-        let providers: Vec<_> = cfg
-            .providers
+        let ready = providers
+            .all()
             .iter()
-            .filter(|p| p.events_api() == crate::providers::EventsApi::Ready)
-            .cloned()
-            .collect();
-        if providers.is_empty() {
+            .any(|p| p.events_api() == crate::providers::EventsApi::Ready);
+        if !ready {
             tracing::warn!(
-                "{} is set, but no provider has API credentials: nothing to reconcile",
-                setting::FENCEHOOK_RECONCILE_INTERVAL_SECS
+                "{} is set, but no provider has API credentials: nothing to reconcile{}",
+                setting::FENCEHOOK_RECONCILE_INTERVAL_SECS,
+                if reloaded {
+                    " until a reload (SIGHUP) adds them"
+                } else {
+                    ""
+                }
             );
-            return None;
-        }
-        // From the start on, a provider whose runs never complete is
-        // alerted on two intervals later, as one whose runs stopped would be.
-        let started = time::OffsetDateTime::now_utc().unix_timestamp() as f64;
-        for p in &providers {
-            self.metrics.reconcile_last_success(&p.name).set(started);
+            if !reloaded {
+                return None;
+            }
         }
         Some(crate::reconcile::Schedule {
             reconciler: self.reconciler(inbox),
@@ -312,7 +316,10 @@ impl App {
         let hangup = listen_for_sighup();
         let parts = Parts::build(&cfg, Role::Serve, processor_with)?;
         let inbox = parts.inbox_mode.then(|| parts.inbox(&cfg));
-        let schedule = parts.schedule(&cfg, inbox.clone());
+        // One set of providers for the handlers and the scheduled runs:
+        // what SIGHUP reloads, both use.
+        let providers = crate::providers::InForce::new(cfg.providers.clone());
+        let schedule = parts.schedule(&cfg, inbox.clone(), providers.clone(), true);
         let Parts {
             metrics,
             store,
@@ -346,7 +353,7 @@ impl App {
             (crate::history::History::off(metrics.clone()), None)
         };
         let state = Arc::new(State::new(
-            cfg.providers,
+            providers,
             deliveries,
             metrics,
             health,
@@ -559,7 +566,9 @@ impl Workers {
         }
         let parts = Parts::build(&cfg, Role::Work, |p| p)?;
         let inbox = parts.inbox(&cfg);
-        let schedule = parts.schedule(&cfg, Some(inbox.clone()));
+        // `work` reloads nothing: its runs use the providers of its start.
+        let providers = crate::providers::InForce::new(cfg.providers.clone());
+        let schedule = parts.schedule(&cfg, Some(inbox.clone()), providers, false);
         Ok(Workers {
             hangup,
             schedule,

@@ -467,9 +467,9 @@ fn verdict_of(fate: Fate) -> Verdict {
 /// The scheduled runs of `serve` and `work`: what they run with.
 pub struct Schedule {
     pub reconciler: Reconciler,
-    /// The providers at start that can reconcile (a key added by SIGHUP is
-    /// used from the next start on).
-    pub providers: Vec<Provider>,
+    /// The providers in force, read at each run: one given API credentials
+    /// and reloaded (SIGHUP) is reconciled from the next run on.
+    pub providers: crate::providers::InForce,
     pub cfg: crate::config::reconcile::ReconcileConfig,
     pub every: Duration,
 }
@@ -483,9 +483,25 @@ impl Schedule {
     pub async fn run(self) {
         let mut tick = tokio::time::interval(self.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut scheduled = std::collections::HashSet::new();
         loop {
             tick.tick().await;
-            for provider in &self.providers {
+            for provider in self.providers.all() {
+                if provider.events_api() != EventsApi::Ready {
+                    continue;
+                }
+                if !scheduled.contains(&provider.name) {
+                    // From its first sight on, a provider whose runs never
+                    // complete is alerted on two intervals later, as one
+                    // whose runs stopped would be.
+                    let now = OffsetDateTime::now_utc().unix_timestamp() as f64;
+                    self.reconciler
+                        .metrics
+                        .reconcile_last_success(&provider.name)
+                        .set(now);
+                    scheduled.insert(provider.name.clone());
+                }
+                let provider = &*provider;
                 let Some(window) = self.window(provider).await else {
                     continue;
                 };

@@ -163,7 +163,8 @@ pub struct Moment {
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
     /// `created`, `updated`, `received`, `attempt_failed`, `replayed`,
-    /// `done`, `dead`, `ledger`, `delivery` (an answer a delivery was given).
+    /// `done`, `dead`, `ledger`, `delivery` (an answer a delivery was given),
+    /// `reconciled` (booked by a reconcile run: its webhook never arrived).
     pub what: &'static str,
     pub transaction_id: String,
     pub text: String,

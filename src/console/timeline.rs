@@ -1,6 +1,6 @@
 //! A payment's timeline: its rows created and changed, its events received
-//! and their attempts, the answers its deliveries were given, and its ledger entries with the fence that wrote each
-//! and the money out so far, in the order they happened.
+//! and their attempts, the answers its deliveries were given, its ledger entries with the fence that wrote each
+//! and the money out so far, and the events reconciliation booked (their webhook never arrived), in the order they happened.
 
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -132,6 +132,15 @@ pub fn timeline(found: &Inspection) -> Vec<Moment> {
             moment(d.answered_at, "delivery", &d.transaction_id, text),
         ));
     }
+    // What reconciliation booked: its webhook never arrived. Dated when the
+    // run was recorded, so it follows what the run booked.
+    for r in &found.recovered {
+        out.push((
+            r.found_at,
+            7,
+            moment(r.found_at, "reconciled", &r.transaction_id, r.describe()),
+        ));
+    }
     let mut ledger: Vec<_> = found.entries.iter().collect();
     ledger.sort_by_key(|e| e.created_at);
     let mut money_out: i64 = 0;
@@ -203,6 +212,7 @@ mod tests {
             children: vec![],
             // Listed out of time order: the timeline sorts them.
             deliveries: vec![],
+            recovered: vec![],
             entries: vec![
                 entry("dp", "dispute", -5000, "04", 2),
                 entry("pay", "credit", 10000, "01", 1),

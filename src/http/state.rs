@@ -1,9 +1,8 @@
 //! What the public listener's handlers share. Built by `App::build`; the HTTP
 //! edge reads it and never reaches back into the app.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -12,12 +11,13 @@ use super::log_sample::LogSampler;
 use crate::delivery::Deliveries;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::providers::Provider;
+use crate::providers::{InForce, Provider};
 
 pub struct State {
     /// The providers by name; replaced whole when SIGHUP re-reads the
-    /// providers file (a delivery keeps the provider it looked up).
-    providers: RwLock<Arc<HashMap<String, Arc<Provider>>>>,
+    /// providers file (a delivery keeps the provider it looked up). Shared
+    /// with the scheduled reconciliation ([`State::providers_in_force`]).
+    providers: InForce,
     /// Where verified items go to be booked (or stored, in inbox mode).
     pub deliveries: Deliveries,
     pub metrics: Metrics,
@@ -50,7 +50,7 @@ pub struct RequestLimits {
 
 impl State {
     pub fn new(
-        providers: Vec<Provider>,
+        providers: InForce,
         deliveries: Deliveries,
         metrics: Metrics,
         health: Arc<Health>,
@@ -63,7 +63,7 @@ impl State {
             max_inflight,
         } = limits;
         State {
-            providers: RwLock::new(Arc::new(by_name(providers, &metrics))),
+            providers: counting_fetches(providers, &metrics),
             deliveries,
             metrics,
             health,
@@ -94,17 +94,20 @@ impl State {
 
     /// The provider served at `/webhooks/{name}`.
     pub fn provider(&self, name: &str) -> Option<Arc<Provider>> {
-        self.providers
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned()
+        self.providers.get(name)
+    }
+
+    /// The providers in force, as a handle that sees each reload.
+    pub fn providers_in_force(&self) -> InForce {
+        self.providers.clone()
     }
 
     /// Replaces every provider at once (secret rotation without a restart).
     pub fn replace_providers(&self, providers: Vec<Provider>) {
-        let new = Arc::new(by_name(providers, &self.metrics));
-        *self.providers.write().unwrap_or_else(|e| e.into_inner()) = new;
+        for p in &providers {
+            count_fetches(p, &self.metrics);
+        }
+        self.providers.replace(providers);
     }
 
     /// Once the public listener is bound: before it, readiness fails (a
@@ -128,16 +131,17 @@ impl State {
     }
 }
 
-/// The providers by name, each one that fetches from its PSP counting its
-/// fetches into this service's metrics.
-fn by_name(providers: Vec<Provider>, metrics: &Metrics) -> HashMap<String, Arc<Provider>> {
+/// The providers, each one that fetches from its PSP counting its fetches
+/// into this service's metrics.
+fn counting_fetches(providers: InForce, metrics: &Metrics) -> InForce {
+    for p in providers.all() {
+        count_fetches(&p, metrics);
+    }
     providers
-        .into_iter()
-        .map(|p| {
-            if let Some(fetcher) = p.fetcher() {
-                fetcher.count_into(metrics.fetches(&p.name));
-            }
-            (p.name.clone(), Arc::new(p))
-        })
-        .collect()
+}
+
+fn count_fetches(p: &Provider, metrics: &Metrics) {
+    if let Some(fetcher) = p.fetcher() {
+        fetcher.count_into(metrics.fetches(&p.name));
+    }
 }

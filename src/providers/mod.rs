@@ -70,6 +70,7 @@ pub mod fetch;
 mod fields;
 mod file;
 mod hmac;
+mod in_force;
 pub mod keys;
 pub mod mollie;
 pub mod paddle;
@@ -98,6 +99,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use self::fetch::{ApiError, ApiFailure};
 pub use self::fields::{check_currency, check_transaction_id};
 pub use self::file::load_file;
+pub use self::in_force::InForce;
 use self::psp::Key;
 pub use self::scheme::{
     AckBody, EventsApi, Item, Listed, Reject, Scheme, Spec, TransmissionKey, Window,

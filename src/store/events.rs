@@ -285,6 +285,9 @@ pub struct Inspection {
     /// Its delivery history and its refunds' and disputes', oldest first
     /// (both modes: see [`crate::store::history`]).
     pub deliveries: Vec<super::history::DeliveryRow>,
+    /// Its events (and its refunds' and disputes') that reconciliation
+    /// booked because their webhook never arrived, with the run that did.
+    pub recovered: Vec<super::reconcile::RecoveredBy>,
 }
 
 impl Inspection {
@@ -353,12 +356,16 @@ impl Store {
             })
             .await?;
         let deliveries = self.deliveries(provider, transaction_id).await?;
+        let recovered = self
+            .recovered_by_reconcile(provider, transaction_id)
+            .await?;
         Ok(Inspection {
             row,
             children,
             entries,
             events,
             deliveries,
+            recovered,
         })
     }
 }

@@ -306,3 +306,69 @@ impl Store {
             .collect())
     }
 }
+
+/// An event of a transaction that a run booked because its webhook never
+/// arrived: what the payment timeline and `fencehook inspect` say of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveredBy {
+    pub psp_event_id: String,
+    pub transaction_id: String,
+    pub run_id: i64,
+    /// `scheduled` or `cli`.
+    pub trigger: String,
+    /// When the run that booked it was recorded.
+    #[serde(with = "time::serde::rfc3339")]
+    pub found_at: OffsetDateTime,
+}
+
+impl RecoveredBy {
+    /// How it reads on the payment timeline and in `fencehook inspect`.
+    pub fn describe(&self) -> String {
+        format!(
+            "event {} of {} booked by reconciliation ({} run #{}), not by a webhook",
+            self.psp_event_id, self.transaction_id, self.trigger, self.run_id
+        )
+    }
+}
+
+impl Store {
+    /// The events of `transaction_id` (and of its refunds and disputes)
+    /// booked by reconciliation, oldest first. Read from the run's findings,
+    /// not marked on the booking: the delivery path writes nothing more for
+    /// it. Before migration V17 there are none.
+    pub async fn recovered_by_reconcile(
+        &self,
+        provider: &str,
+        transaction_id: &str,
+    ) -> Result<Vec<RecoveredBy>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT f.psp_event_id, f.transaction_id, f.run_id, r.trigger, f.found_at \
+                 FROM reconcile_findings f JOIN reconcile_runs r ON r.id = f.run_id \
+                 WHERE f.provider = $1 AND f.result = 'recovered' AND (f.transaction_id = $2 \
+                   OR f.transaction_id IN (SELECT transaction_id FROM payments \
+                                           WHERE provider = $1 AND parent_transaction_id = $2)) \
+                 ORDER BY f.found_at, f.id",
+                &[&provider, &transaction_id],
+            )
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(rows
+            .iter()
+            .map(|r| RecoveredBy {
+                psp_event_id: r.get(0),
+                transaction_id: r.get(1),
+                run_id: r.get(2),
+                trigger: r.get(3),
+                found_at: r.get(4),
+            })
+            .collect())
+    }
+}

@@ -194,6 +194,16 @@ fn inspection_text(found: &Inspection, provider: &str, transaction_id: &str) -> 
             out.push_str(&format!("    {}\n", delivery_line(d)));
         }
     }
+    if !found.recovered.is_empty() {
+        out.push_str("  booked by reconciliation (no webhook arrived):\n");
+        for r in &found.recovered {
+            out.push_str(&format!(
+                "    {}  {}\n",
+                r.found_at.format(&Rfc3339).unwrap_or_default(),
+                r.describe()
+            ));
+        }
+    }
     out
 }
 
@@ -411,6 +421,7 @@ mod tests {
             entries: vec![],
             events: vec![],
             deliveries: vec![],
+            recovered: vec![],
         };
         let text = inspection_text(&found, "generic", "pay");
         assert!(
@@ -432,6 +443,7 @@ mod tests {
                 entries: vec![],
                 events: vec![],
                 deliveries: vec![],
+                recovered: vec![],
             };
             let text = inspection_text(&found, "generic", "pay");
             assert!(text.contains(&format!("succeeded  {shown}  (by")), "{text}");

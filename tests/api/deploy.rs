@@ -378,8 +378,8 @@ fn the_prometheus_config_loads_the_alert_rules_and_scrapes_the_admin_port_of_the
 
 /// The alert rules are checked by Prometheus's own tool, and their unit tests
 /// (deploy/alerts.test.yml: series in, alerts out) pass: each rule that
-/// pages for a refused provider, a silent one or the audit fires when it
-/// should and stays quiet when it should not.
+/// pages for a refused provider, a silent one, the audit or the
+/// reconciliation fires when it should and stays quiet when it should not.
 #[test]
 fn the_alert_rules_pass_promtool_and_their_unit_tests_cover_the_rules_that_page() {
     let promtool = find_program("promtool").expect(
@@ -419,6 +419,9 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests_cover_the_rules_that_page(
         "FencehookProviderSilent",
         "FencehookAuditViolations",
         "FencehookAuditStale",
+        "FencehookReconcileRecovered",
+        "FencehookReconcileDivergence",
+        "FencehookReconcileStale",
     ] {
         assert!(fired.contains(&rule), "{rule} is tested firing");
         assert!(quiet.contains(&rule), "{rule} is tested quiet");

@@ -823,3 +823,130 @@ async fn the_console_lists_the_last_runs_the_recovered_events_linked_to_their_pa
     assert_eq!(json["divergent"][0]["transaction_id"], "pi_console_div");
     app.stop().await;
 }
+
+/// `fencehook inspect`'s text for a stripe transaction.
+async fn inspect(ctx: &TestContext, tx: &str) -> String {
+    let url = ctx.database_url.clone();
+    let (code, out, err) = crate::helpers::process::fencehook_binary(
+        &["inspect", "--provider", "stripe", "--transaction-id", tx],
+        &[("DATABASE_URL", &url)],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payment_timeline_and_inspect_say_a_booking_came_from_reconciliation_and_a_webhooks_does_not(
+) {
+    use crate::helpers::console::{Browser, TokenFiles};
+    let ctx = TestContext::new().await;
+    let mock = MockPspApi::start().await;
+    let provider = stripe_provider(&mock);
+    let files = TokenFiles::new();
+    let cfg = files.enable(config(&ctx, vec![provider.clone()]));
+    let app = ctx.spawn(cfg.clone()).await;
+    let hooked = stripe_payment("evt_m1", "pi_marks_hook", 1000, now() - 600);
+    mock.add_stripe(hooked.clone());
+    assert_eq!(deliver_stripe(&app, &hooked).await.result(), "processed");
+    mock.add_stripe(stripe_payment("evt_m2", "pi_marks_lost", 300, now() - 400));
+    let report = reconcile(&cfg, &provider, false).await;
+    assert_eq!(
+        (report.counts.known, report.counts.recovered),
+        (1, 1),
+        "{report:?}"
+    );
+    let run_id = ctx.count("SELECT max(id) FROM reconcile_runs").await;
+
+    let mut b = Browser::new(&app.admin);
+    b.sign_in(&files.viewer).await;
+    let said = format!("evt_m2 of pi_marks_lost booked by reconciliation (cli run #{run_id})");
+    let lost = b.get("/console/payments/stripe/pi_marks_lost").await;
+    assert_eq!(lost.status, 200, "{}", lost.text);
+    assert!(lost.text.contains(&said), "{}", lost.text);
+    let json = b
+        .get_json("/console/payments/stripe/pi_marks_lost")
+        .await
+        .json();
+    let reconciled: Vec<&Value> = json["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["what"] == "reconciled")
+        .collect();
+    assert_eq!(reconciled.len(), 1, "{json}");
+    assert_eq!(json["recovered"][0]["run_id"], run_id);
+    assert_eq!(json["recovered"][0]["trigger"], "cli");
+    let hook = b.get("/console/payments/stripe/pi_marks_hook").await;
+    assert_eq!(hook.status, 200, "{}", hook.text);
+    assert!(!hook.text.contains("reconciliation"), "{}", hook.text);
+
+    let out = inspect(&ctx, "pi_marks_lost").await;
+    assert!(
+        out.contains("booked by reconciliation (no webhook arrived)"),
+        "{out}"
+    );
+    assert!(out.contains(&said), "{out}");
+    let out = inspect(&ctx, "pi_marks_hook").await;
+    assert!(!out.contains("reconciliation"), "{out}");
+    app.stop().await;
+}
+
+/// A provider started without `api_key` is not reconciled; once the key is
+/// added to the providers file and SIGHUP reloads it, the next scheduled
+/// run lists the PSP's events and books the missed ones — no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_added_and_reloaded_by_sighup_is_used_by_the_next_scheduled_run() {
+    use crate::helpers::process::ServeProcess;
+    let ctx = TestContext::new().await;
+    let mock = MockPspApi::start().await;
+    for i in 0..3 {
+        mock.add_stripe(stripe_payment(
+            &format!("evt_h{i}"),
+            &format!("pi_hup{i}"),
+            700,
+            now() - 600 + i,
+        ));
+    }
+    let dir = std::env::temp_dir().join(format!("fencehook-reconcile-hup-{}", ctx.prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("providers.toml");
+    std::fs::write(
+        &file,
+        format!("[providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"{STRIPE_SECRET}\"]\n"),
+    )
+    .unwrap();
+    let env = vec![
+        ("DATABASE_URL", ctx.database_url.clone()),
+        ("REDIS_URL", ctx.redis_url.clone()),
+        ("FENCEHOOK_REDIS_KEY_PREFIX", ctx.prefix.clone()),
+        ("FENCEHOOK_PROVIDERS", file.display().to_string()),
+        ("FENCEHOOK_RECONCILE_INTERVAL_SECS", "1".into()),
+        ("FENCEHOOK_RECONCILE_SETTLE_SECS", "0".into()),
+    ];
+    let p = ServeProcess::start(&env).await;
+    wait_for(
+        "the start said no provider has credentials",
+        Duration::from_secs(10),
+        || async { !p.log_lines("no provider has API credentials").is_empty() },
+    )
+    .await;
+    assert_eq!(ctx.count("SELECT count(*) FROM reconcile_runs").await, 0);
+
+    std::fs::write(&file, stripe_table(&mock.url())).unwrap();
+    p.signal("HUP");
+    wait_for(
+        "the next scheduled run books the missed events",
+        Duration::from_secs(30),
+        || async { ctx.entries().await == 3 },
+    )
+    .await;
+    assert!(
+        ctx.count(
+            "SELECT count(*) FROM reconcile_runs WHERE trigger = 'scheduled' AND recovered = 3"
+        )
+        .await
+            == 1
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
