@@ -29,10 +29,11 @@ pub const CAPACITY: usize = 8192;
 const BATCH: usize = 1000;
 /// How long the writer lets rows gather after the first of a batch. The
 /// rows are read by people, for whom a tenth of a second is nothing; each
-/// batch costs the service about 9,000 instructions and PostgreSQL a commit
-/// whatever its size, so a batch per 5 ms (one or two rows at a few hundred
-/// deliveries a second) cost about 9,000 instructions a delivery, and one
-/// per 100 ms a few hundred (docs/benchmarks.md).
+/// batch costs the service several thousand instructions and PostgreSQL a
+/// commit whatever its size: a batch per 5 ms (one or two rows at a few
+/// hundred deliveries a second) cost the writer about 9,200 instructions a
+/// delivery, one per 100 ms about 2,600, most of it per row
+/// (docs/benchmarks.md).
 const GATHER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Where the handler records answered items; `off` records nothing.
