@@ -21,8 +21,10 @@
 # Environment (optional): BENCH_BASELINE (a git ref; default: the commit docs/benchmarks.md names as
 # the last measured release; "none" to count this tree's build alone), BENCH_INSTR_WARMUP (default
 # 300), BENCH_INSTR_DELIVERIES (default 2000), BENCH_INSTR_CONCURRENCY (default 4), BENCH_INSTR_BIN
-# (a fencehook binary to count instead of building this tree; BENCH_INSTR_LABEL names it), PG_URL,
-# REDIS_URL, CARGO, CARGO_TARGET_DIR.
+# (a fencehook binary to count instead of building this tree; BENCH_INSTR_LABEL names it),
+# BENCH_INSTR_SERVE_ENV (VAR=VALUE words added to both instances' environment, e.g. an OTLP endpoint
+# and OTEL_TRACES_SAMPLER=always_on to count what tracing costs), PG_URL, REDIS_URL, CARGO,
+# CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +36,7 @@ cd "$(dirname "$0")/.."
 WARMUP=${BENCH_INSTR_WARMUP:-300}
 DELIVERIES=${BENCH_INSTR_DELIVERIES:-2000}
 CONCURRENCY=${BENCH_INSTR_CONCURRENCY:-4}
+read -ra SERVE_ENV <<<"${BENCH_INSTR_SERVE_ENV:-}"
 BASELINE=${BENCH_BASELINE:-$(baseline_default)}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -123,7 +126,7 @@ for name in "${names[@]}"; do
     FENCEHOOK_LOG=warn,fencehook=info,fencehook::http::webhook=warn \
     FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_GENERIC_SECRET=$SECRET FENCEHOOK_ALLOW_PUBLISHED_SECRETS=true \
     FENCEHOOK_LEASE_BACKEND=redis FENCEHOOK_REDIS_KEY_PREFIX="instr-$STAMP-$name" \
-    DATABASE_URL="$(db_url "$name")" REDIS_URL="$REDIS_URL" \
+    DATABASE_URL="$(db_url "$name")" REDIS_URL="$REDIS_URL" "${SERVE_ENV[@]}" \
     valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.$name.out" \
     "$bin" serve 2>"$log" &
   SERVER_PID=$!

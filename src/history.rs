@@ -5,8 +5,8 @@
 //! Off the delivery path: the handler hands each row to a bounded channel
 //! ([`History::record`], never waiting) and one background task
 //! ([`History::spawn`]) drains it: after the first row of a batch it lets
-//! the rows of the deliveries in flight gather for a few milliseconds, then
-//! writes them all in one multi-row insert. A delivery therefore pays for a channel send, not for
+//! the rows of the next tenth of a second gather, then writes them all in
+//! one multi-row insert. A delivery therefore pays for a channel send, not for
 //! a round trip to PostgreSQL; under load the batches grow and the inserts
 //! per delivery fall. A row the channel has no room for, or whose batch the
 //! database refuses, is lost, never waited for: counted in
@@ -27,8 +27,14 @@ use crate::store::Store;
 pub const CAPACITY: usize = 8192;
 /// Rows in one insert, at most.
 const BATCH: usize = 1000;
-/// How long the writer lets rows gather after the first of a batch.
-const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+/// How long the writer lets rows gather after the first of a batch. The
+/// rows are read by people, for whom a tenth of a second is nothing; each
+/// batch costs the service several thousand instructions and PostgreSQL a
+/// commit whatever its size: a batch per 5 ms (one or two rows at a few
+/// hundred deliveries a second) cost the writer about 9,200 instructions a
+/// delivery, one per 100 ms about 2,600, most of it per row
+/// (docs/benchmarks.md).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Where the handler records answered items; `off` records nothing.
 #[derive(Clone)]
