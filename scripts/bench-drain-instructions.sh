@@ -62,7 +62,7 @@ trap 'exit 143' TERM
 
 "$BIN" migrate --create-database --database-url "$DB_URL" >"$OUT/migrate.log" 2>&1 ||
   die "migrate: $(tail -n 3 "$OUT/migrate.log")"
-common=(FENCEHOOK_LOG_FORMAT=json FENCEHOOK_LOG=warn,fencehook=info,fencehook::http::webhook=warn
+common=(FENCEHOOK_LOG_FORMAT=json "FENCEHOOK_LOG=warn,fencehook=info,fencehook::http::webhook=warn"
   FENCEHOOK_MIGRATE_ON_START=false FENCEHOOK_MODE=inbox FENCEHOOK_REDIS_KEY_PREFIX="drain-$STAMP"
   DATABASE_URL="$DB_URL" REDIS_URL="$REDIS_URL")
 
