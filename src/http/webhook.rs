@@ -260,14 +260,13 @@ struct Named(Option<(String, Option<String>, &'static str)>);
 
 impl Named {
     fn of(item: &Item) -> Named {
-        Named(match item {
-            Item::Event(ev) | Item::CancelOrRefund(ev) => Some((
+        Named(item.event().map(|ev| {
+            (
                 ev.transaction_id.clone(),
                 ev.parent_transaction_id.clone(),
                 ev.event_type.as_str(),
-            )),
-            Item::Ignored { .. } | Item::Unmappable { .. } => None,
-        })
+            )
+        }))
     }
 }
 

@@ -371,6 +371,18 @@ pub enum Item {
     },
 }
 
+impl Item {
+    /// The canonical event the item carries, whatever the fenced path then
+    /// decides it is (an Adyen `CANCEL_OR_REFUND` is one); `None` for an item
+    /// that never reaches it.
+    pub fn event(&self) -> Option<&CanonicalEvent> {
+        match self {
+            Item::Event(ev) | Item::CancelOrRefund(ev) => Some(ev),
+            Item::Ignored { .. } | Item::Unmappable { .. } => None,
+        }
+    }
+}
+
 /// Why a delivery was refused before anything was written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Reject {
