@@ -72,7 +72,7 @@ const DOWNSTREAM_DELAY: Duration = Duration::from_millis(20);
 /// Inbox mode: longest wait after the load for the workers to finish.
 const DRAIN_WAIT: Duration = Duration::from_secs(90);
 /// A Stripe life starts this often (the generic ones every 25 ms).
-const STRIPE_EVERY: Duration = Duration::from_millis(100);
+const STRIPE_EVERY: Duration = Duration::from_millis(250);
 /// The share of Stripe events whose webhooks the PSP never sends.
 const FORGOTTEN: f64 = 0.2;
 /// How often each instance runs a scheduled reconcile: several runs while
