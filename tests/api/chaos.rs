@@ -27,6 +27,17 @@
 //! (with 1000 attempts and the downstream back up, none may die), and the
 //! same ledger and audit checks as sync mode.
 //!
+//! A share of the lives goes through a `stripe` provider, and the PSP
+//! "forgets" some of their webhooks: each Stripe event is put in a mock of
+//! Stripe's events API (the PSP's record) and delivered like the rest,
+//! except a seeded [`FORGOTTEN`] share that is never delivered. The
+//! instances reconcile on a schedule (every [`RECONCILE_INTERVAL_SECS`]) while
+//! the faults fire, and one `fencehook reconcile` runs after the load; then
+//! every event the PSP holds must be booked exactly once (one row per
+//! transaction, the ledger as its events say), the forgotten ones included.
+//! The Stripe lives draw from a randomness of their own, so a seed's generic
+//! lives and fault schedule are the same as without them.
+//!
 //! `CHAOS_LEASE_BACKEND=postgres` runs the instances on the PostgreSQL lease
 //! backend, and `CHAOS_DOWNSTREAM=off` without a downstream service: both
 //! together exercise the lease taken inside the write. The Redis faults still
@@ -41,10 +52,17 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use fencehook::providers::psp::Notice;
+use fencehook::providers::stripe;
+use serde_json::{json, Value};
+
 use crate::helpers::downstream::MockDownstream;
-use crate::helpers::process::{deliver_to, PrivateRedis, ServeProcess};
+use crate::helpers::process::{
+    deliver_stripe_to, deliver_to, fencehook_tool, PrivateRedis, ServeProcess,
+};
 use crate::helpers::proxy::FaultProxy;
-use crate::helpers::{expected_net, payment, socket_of, Reply, TestContext};
+use crate::helpers::psp_api::{MockPspApi, STRIPE_KEY};
+use crate::helpers::{expected_net, now, payment, socket_of, Reply, TestContext, SECRET};
 
 const INSTANCES: usize = 3;
 const DUPLICATES: usize = 4;
@@ -53,6 +71,18 @@ const TTL_MS: u64 = 1000;
 const DOWNSTREAM_DELAY: Duration = Duration::from_millis(20);
 /// Inbox mode: longest wait after the load for the workers to finish.
 const DRAIN_WAIT: Duration = Duration::from_secs(90);
+/// A Stripe life starts this often (the generic ones every 25 ms).
+const STRIPE_EVERY: Duration = Duration::from_millis(250);
+/// The share of Stripe events whose webhooks the PSP never sends.
+const FORGOTTEN: f64 = 0.2;
+/// How often each instance runs a scheduled reconcile: several runs while
+/// the faults fire.
+const RECONCILE_INTERVAL_SECS: u64 = 2;
+/// The `stripe` provider's endpoint secret.
+const STRIPE_SECRET: &str = "whsec_fencehook_chaos_stripe_endpoint_secret";
+/// Longest the final `fencehook reconcile` waits for a scheduled run that
+/// holds the provider.
+const RECONCILE_BUSY_WAIT: Duration = Duration::from_secs(120);
 
 /// `CHAOS_MODE`: how the instances answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +110,15 @@ impl Mode {
     }
 }
 
+/// One event the PSP holds: in its events API, delivered as a webhook
+/// unless forgotten.
+struct PspEvent {
+    id: String,
+    transaction_id: String,
+    event_type: String,
+    forgotten: bool,
+}
+
 #[derive(Default)]
 struct History {
     /// Every answer, per (transaction, event type).
@@ -88,6 +127,8 @@ struct History {
     expected_net: HashMap<String, i64>,
     faults: BTreeMap<&'static str, usize>,
     log: Vec<String>,
+    /// What the PSP (Stripe) holds, in the order it took them.
+    psp: Vec<PspEvent>,
 }
 
 struct Env {
@@ -101,6 +142,10 @@ struct Env {
     lease_backend: String,
     /// `CHAOS_DOWNSTREAM`: `on` (the default) or `off` (the inline path).
     downstream_on: bool,
+    /// Stripe's events API: the PSP's record.
+    psp: MockPspApi,
+    /// The providers file: `generic` and `stripe` (with API credentials).
+    providers: std::path::PathBuf,
 }
 
 impl Env {
@@ -129,6 +174,15 @@ impl Env {
                 "FENCEHOOK_LOG",
                 "warn,fencehook=info,fencehook::http::webhook=warn".to_owned(),
             ),
+            ("FENCEHOOK_PROVIDERS", self.providers.display().to_string()),
+            (
+                "FENCEHOOK_RECONCILE_INTERVAL_SECS",
+                RECONCILE_INTERVAL_SECS.to_string(),
+            ),
+            // The whole run, from the first scheduled run on.
+            ("FENCEHOOK_RECONCILE_LOOKBACK_SECS", "3600".to_owned()),
+            // Runs race webhooks still on their way, as they may.
+            ("FENCEHOOK_RECONCILE_SETTLE_SECS", "1".to_owned()),
         ];
         if !self.downstream_on {
             env.retain(|(name, _)| *name != "FENCEHOOK_DOWNSTREAM_URL");
@@ -149,6 +203,22 @@ impl Env {
             ]);
         }
         env
+    }
+
+    /// Writes the providers file: the generic provider the load signs for,
+    /// and a Stripe one that can reconcile against the mock.
+    fn write_providers(path: &std::path::Path, psp: &MockPspApi) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            path,
+            format!(
+                "[providers.generic]\nscheme = \"standard\"\nsecrets = [\"{SECRET}\"]\n\n\
+                 [providers.stripe]\nscheme = \"stripe\"\nsecrets = [\"{STRIPE_SECRET}\"]\n\
+                 api_key = \"{STRIPE_KEY}\"\napi_url = \"{}\"\n",
+                psp.url()
+            ),
+        )
+        .unwrap();
     }
 }
 
@@ -188,6 +258,11 @@ async fn chaos() {
     let pg_proxy = FaultProxy::start(socket_of(&ctx.database_url)).await;
     let downstream = MockDownstream::start().await;
     downstream.set_delay(DOWNSTREAM_DELAY);
+    let psp = MockPspApi::start().await;
+    let providers = std::env::temp_dir()
+        .join(format!("fh-chaos-{}", ctx.prefix))
+        .join("providers.toml");
+    Env::write_providers(&providers, &psp);
     let env = Arc::new(Env {
         mode,
         ctx,
@@ -197,6 +272,8 @@ async fn chaos() {
         downstream,
         lease_backend: lease_backend.to_owned(),
         downstream_on,
+        psp,
+        providers,
     });
 
     let mut procs = Vec::new();
@@ -224,48 +301,78 @@ async fn chaos() {
             let mut deliveries = Vec::new();
             let mut t = 0usize;
             while Instant::now() < load_end {
-                let events = life(t, &mut load_rng);
-                {
-                    let mut h = history.lock().unwrap();
-                    for (tx, net) in expected_net(&events) {
-                        h.expected_net.insert(tx, net);
-                    }
-                }
+                let events = life(Names::GENERIC, t, &mut load_rng);
+                expect(&history, &events);
                 for (n, e) in events.into_iter().enumerate() {
                     let copies = if n == 0 { DUPLICATES } else { 2 };
                     let delay = Duration::from_millis(load_rng.gen_range(0..300));
                     for _ in 0..copies {
                         let first = load_rng.gen_range(0..INSTANCES);
-                        let (bases, history, e) = (bases.clone(), history.clone(), e.clone());
-                        let key = (
-                            e["transaction_id"].as_str().unwrap().to_owned(),
-                            e["event_type"].as_str().unwrap().to_owned(),
-                        );
-                        deliveries.push(tokio::spawn(async move {
-                            tokio::time::sleep(delay).await;
-                            let mut i = first;
-                            loop {
-                                let base = bases.read().unwrap()[i % INSTANCES].clone();
-                                let r = deliver_to(&base, &e).await;
-                                let done = r.status == 200;
-                                history
-                                    .lock()
-                                    .unwrap()
-                                    .answers
-                                    .entry(key.clone())
-                                    .or_default()
-                                    .push(r);
-                                if done || Instant::now() >= settle_end {
-                                    return;
-                                }
-                                i += 1; // a PSP retry may land on another instance
-                                tokio::time::sleep(Duration::from_millis(200)).await;
-                            }
-                        }));
+                        let (bases, history) = (bases.clone(), history.clone());
+                        let delivery = Delivery {
+                            key: key_of(&e),
+                            webhook: Webhook::Generic(e.clone()),
+                        };
+                        deliveries.push(tokio::spawn(
+                            delivery.until_200(bases, history, first, delay, settle_end),
+                        ));
                     }
                 }
                 t += 1;
                 tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            for d in deliveries {
+                let _ = d.await;
+            }
+        })
+    };
+
+    // The Stripe lives, from a randomness of their own: each event goes
+    // into the PSP's record, then out as k webhooks like the rest, unless
+    // the PSP forgets it.
+    let stripe_load = {
+        let (bases, history, env) = (bases.clone(), history.clone(), env.clone());
+        let mut psp_rng = StdRng::seed_from_u64(seed ^ 0x0057_219e);
+        tokio::spawn(async move {
+            let mut deliveries = Vec::new();
+            let mut t = 0usize;
+            while Instant::now() < load_end {
+                let events = life(Names::STRIPE, t, &mut psp_rng);
+                expect(&history, &events);
+                for (n, e) in events.into_iter().enumerate() {
+                    let id = format!("evt_chaos_{t}_{n}");
+                    let event = stripe::event_of(&notice_of(&e), &id, now()).unwrap();
+                    env.psp.add_stripe(event.clone());
+                    let forgotten = psp_rng.gen_bool(FORGOTTEN);
+                    let key = key_of(&e);
+                    history.lock().unwrap().psp.push(PspEvent {
+                        id,
+                        transaction_id: key.0.clone(),
+                        event_type: key.1.clone(),
+                        forgotten,
+                    });
+                    if forgotten {
+                        continue;
+                    }
+                    let copies = if n == 0 { DUPLICATES } else { 2 };
+                    let delay = Duration::from_millis(psp_rng.gen_range(0..300));
+                    for _ in 0..copies {
+                        let first = psp_rng.gen_range(0..INSTANCES);
+                        let delivery = Delivery {
+                            key: key.clone(),
+                            webhook: Webhook::Stripe(event.clone()),
+                        };
+                        deliveries.push(tokio::spawn(delivery.until_200(
+                            bases.clone(),
+                            history.clone(),
+                            first,
+                            delay,
+                            settle_end,
+                        )));
+                    }
+                }
+                t += 1;
+                tokio::time::sleep(STRIPE_EVERY).await;
             }
             for d in deliveries {
                 let _ = d.await;
@@ -389,9 +496,13 @@ async fn chaos() {
         h.log.push(format!("  t={at:6.1}s  {name}{detail}"));
     }
     load.await.unwrap();
+    stripe_load.await.unwrap();
 
-    // Inbox mode: every delivery has its answer; now the workers finish
-    // what was accepted.
+    // Every delivery has its answer; one reconcile after the faults books
+    // whatever the scheduled ones did not get to (deterministically).
+    let final_run = final_reconcile(&env).await;
+
+    // Inbox mode: the workers finish what was accepted (and reconciled).
     let drain = match mode {
         Mode::Sync => None,
         Mode::Inbox => Some(wait_for_drain(&env.ctx).await),
@@ -449,6 +560,7 @@ async fn chaos() {
             ));
         }
     }
+    violations.extend(psp_violations(&env, &h.psp, &events, &final_run).await);
     if mode == Mode::Inbox {
         // With 1000 attempts and the downstream up at the end, nothing may
         // die; nothing may be left over either.
@@ -515,6 +627,7 @@ async fn chaos() {
     for (k, v) in &by_status {
         println!("    {k:<28}{v:>8}");
     }
+    print_reconcile(&env.ctx, &h.psp, &final_run).await;
     println!("  faults injected:");
     for (k, v) in &h.faults {
         println!("    {k:<28}{v:>8}");
@@ -584,6 +697,236 @@ async fn chaos() {
     );
 }
 
+/// The webhooks the load sends.
+#[derive(Clone)]
+enum Webhook {
+    /// A generic payload, to `/webhooks/generic`.
+    Generic(Value),
+    /// A Stripe event, signed, to `/webhooks/stripe`.
+    Stripe(Value),
+}
+
+impl Webhook {
+    async fn to(&self, base: &str) -> Reply {
+        match self {
+            Webhook::Generic(e) => deliver_to(base, e).await,
+            Webhook::Stripe(e) => deliver_stripe_to(base, "stripe", e, STRIPE_SECRET).await,
+        }
+    }
+}
+
+/// One copy of an event's webhook, its answers kept under `key`.
+struct Delivery {
+    /// (transaction, event type).
+    key: (String, String),
+    webhook: Webhook,
+}
+
+impl Delivery {
+    /// Sends it after `delay` to instance `first`, then again every 200 ms,
+    /// each time to the next instance (a PSP's retry may land on another),
+    /// until it is answered 200 or `settle_end` passes.
+    async fn until_200(
+        self,
+        bases: Arc<RwLock<Vec<String>>>,
+        history: Arc<Mutex<History>>,
+        first: usize,
+        delay: Duration,
+        settle_end: Instant,
+    ) {
+        tokio::time::sleep(delay).await;
+        let mut i = first;
+        loop {
+            let base = bases.read().unwrap()[i % INSTANCES].clone();
+            let r = self.webhook.to(&base).await;
+            let done = r.status == 200;
+            history
+                .lock()
+                .unwrap()
+                .answers
+                .entry(self.key.clone())
+                .or_default()
+                .push(r);
+            if done || Instant::now() >= settle_end {
+                return;
+            }
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// (transaction, event type) of a generic payload.
+fn key_of(e: &Value) -> (String, String) {
+    (
+        e["transaction_id"].as_str().unwrap().to_owned(),
+        e["event_type"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Records what each object's ledger must come to after `events`.
+fn expect(history: &Mutex<History>, events: &[Value]) {
+    let mut h = history.lock().unwrap();
+    for (tx, net) in expected_net(events) {
+        h.expected_net.insert(tx, net);
+    }
+}
+
+/// The generic payload `e` as the notice a PSP's event is made of.
+fn notice_of(e: &Value) -> Notice {
+    Notice {
+        transaction_id: e["transaction_id"].as_str().unwrap().to_owned(),
+        amount: e["amount"].as_i64().unwrap(),
+        currency: e["currency"].as_str().unwrap().to_owned(),
+        event_type: e["event_type"].as_str().unwrap().to_owned(),
+        payment_transaction_id: e["payment_transaction_id"].as_str().map(str::to_owned),
+    }
+}
+
+/// The `fencehook reconcile` run after the load.
+struct FinalRun {
+    code: i32,
+    /// Its `--json` line for `stripe`.
+    report: Value,
+    /// How often it found a scheduled run holding the provider first.
+    busy: usize,
+}
+
+/// Runs `fencehook reconcile --provider stripe` with the instances'
+/// settings, again while a scheduled run holds the provider (at most
+/// [`RECONCILE_BUSY_WAIT`]).
+async fn final_reconcile(env: &Env) -> FinalRun {
+    let started = Instant::now();
+    let mut busy = 0;
+    loop {
+        let (code, out, err) = fencehook_tool(
+            &["reconcile", "--provider", "stripe", "--json"],
+            &env.serve_env(),
+        )
+        .await;
+        let report: Value = out
+            .lines()
+            .next()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| json!({"status": "no output", "error": err}));
+        if report["status"] == "busy" && started.elapsed() < RECONCILE_BUSY_WAIT {
+            busy += 1;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
+        return FinalRun { code, report, busy };
+    }
+}
+
+/// Every event the PSP holds is booked exactly once: the final reconcile
+/// completed without a divergence, each of its transactions has one row, of
+/// the `stripe` provider, booked (`succeeded` or `failed`), and in inbox
+/// mode each event is stored. (Its ledger is checked with the rest.)
+async fn psp_violations(
+    env: &Env,
+    psp: &[PspEvent],
+    events: &HashMap<(String, String), String>,
+    run: &FinalRun,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    if run.code != 0 || run.report["status"] != "completed" {
+        violations.push(format!(
+            "the final reconcile exited {}: {}",
+            run.code, run.report
+        ));
+    }
+    // transaction → (provider, status) of each of its rows.
+    let mut rows: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for r in env
+        .ctx
+        .db()
+        .await
+        .query("SELECT transaction_id, provider, status FROM payments", &[])
+        .await
+        .unwrap()
+    {
+        rows.entry(r.get(0)).or_default().push((r.get(1), r.get(2)));
+    }
+    for e in psp {
+        let how = if e.forgotten {
+            "forgotten"
+        } else {
+            "delivered"
+        };
+        let (tx, event_type) = (&e.transaction_id, &e.event_type);
+        match rows.get(tx).map(Vec::as_slice).unwrap_or_default() {
+            [(provider, status)]
+                if provider == "stripe" && (status == "succeeded" || status == "failed") => {}
+            other => violations.push(format!(
+                "{tx} {event_type} ({}, {how}): the PSP holds it, its rows are {other:?}",
+                e.id
+            )),
+        }
+        if env.mode == Mode::Inbox && !events.contains_key(&(tx.clone(), event_type.clone())) {
+            violations.push(format!(
+                "{tx} {event_type} ({}, {how}): the PSP holds it, no event is stored",
+                e.id
+            ));
+        }
+    }
+    violations
+}
+
+/// What the PSP held, and what the reconciliation recovered: by the
+/// scheduled runs during the faults, and by the final run.
+async fn print_reconcile(ctx: &TestContext, psp: &[PspEvent], run: &FinalRun) {
+    let forgotten: std::collections::HashSet<&str> = psp
+        .iter()
+        .filter(|e| e.forgotten)
+        .map(|e| e.id.as_str())
+        .collect();
+    let db = ctx.db().await;
+    // trigger → (runs, failed runs, recovered, recovered that were forgotten)
+    let mut by: BTreeMap<String, (i64, i64, i64, usize)> = BTreeMap::new();
+    for r in db
+        .query(
+            "SELECT trigger, count(*), count(*) FILTER (WHERE error IS NOT NULL),
+                    coalesce(sum(recovered), 0)::bigint
+               FROM reconcile_runs GROUP BY trigger",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        by.insert(r.get(0), (r.get(1), r.get(2), r.get(3), 0));
+    }
+    for r in db
+        .query(
+            "SELECT r.trigger, f.psp_event_id FROM reconcile_findings f
+               JOIN reconcile_runs r ON r.id = f.run_id WHERE f.result = 'recovered'",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let (trigger, id): (String, String) = (r.get(0), r.get(1));
+        if forgotten.contains(id.as_str()) {
+            by.entry(trigger).or_default().3 += 1;
+        }
+    }
+    println!(
+        "  stripe events the PSP holds {:>6}  ({} forgotten: never delivered)",
+        psp.len(),
+        forgotten.len()
+    );
+    for (trigger, (runs, failed, recovered, of_forgotten)) in &by {
+        println!(
+            "    {trigger:<9} runs {runs:>4} ({failed} failed)  recovered {recovered:>5} ({of_forgotten} forgotten, {} late webhooks)",
+            *recovered - *of_forgotten as i64
+        );
+    }
+    let r = &run.report;
+    println!(
+        "    final reconcile: exit {}, {} (after {} busy), listed {} known {} recovered {} ignored {} refused {} divergent {}",
+        run.code, r["status"], run.busy, r["listed"], r["known"], r["recovered"], r["ignored"], r["refused"], r["divergent"]
+    );
+}
+
 /// Inbox mode: waits (at most [`DRAIN_WAIT`]) until no event is queued or
 /// processing. Returns how long it waited and whether the inbox drained.
 async fn wait_for_drain(ctx: &TestContext) -> (Duration, bool) {
@@ -602,12 +945,36 @@ async fn wait_for_drain(ctx: &TestContext) -> (Duration, bool) {
     }
 }
 
+/// How a life's transactions are named: `{payment}_{tag}_{t}` for the
+/// payment, `re_{tag}_{t}` and `dp_{tag}_{t}` for its children.
+#[derive(Clone, Copy)]
+struct Names {
+    payment: &'static str,
+    tag: &'static str,
+}
+
+impl Names {
+    const GENERIC: Names = Names {
+        payment: "tx",
+        tag: "chaos",
+    };
+    /// Stripe's own prefix for a PaymentIntent; a tag of their own.
+    const STRIPE: Names = Names {
+        payment: "pi",
+        tag: "chaos_stripe",
+    };
+}
+
 /// The events of one payment's life, in a random order: a payment (5 %
 /// failed for good, 10 % failed before it succeeds), and for a fifth of them
 /// a partial refund, sometimes a second one that fails, sometimes a dispute
 /// that may be reinstated. Children never take more than the payment.
-fn life(t: usize, rng: &mut StdRng) -> Vec<serde_json::Value> {
-    let pay = format!("tx_chaos_{t}");
+fn life(names: Names, t: usize, rng: &mut StdRng) -> Vec<serde_json::Value> {
+    let Names {
+        payment: prefix,
+        tag,
+    } = names;
+    let pay = format!("{prefix}_{tag}_{t}");
     let amount = rng.gen_range(4..100_000);
     let child = |event_type: &str, tx: String, amount: i64| {
         let mut e = payment(&tx, amount);
@@ -629,14 +996,14 @@ fn life(t: usize, rng: &mut StdRng) -> Vec<serde_json::Value> {
     }
     if rng.gen_bool(0.2) {
         let quarter = amount / 4;
-        events.push(child("refund.succeeded", format!("re_chaos_{t}"), quarter));
+        events.push(child("refund.succeeded", format!("re_{tag}_{t}"), quarter));
         if rng.gen_bool(0.5) {
-            let tx = format!("re_chaos_{t}_b");
+            let tx = format!("re_{tag}_{t}_b");
             events.push(child("refund.succeeded", tx.clone(), quarter));
             events.push(child("refund.failed", tx, quarter));
         }
         if rng.gen_bool(0.5) {
-            let tx = format!("dp_chaos_{t}");
+            let tx = format!("dp_{tag}_{t}");
             events.push(child("dispute.funds_withdrawn", tx.clone(), quarter));
             if rng.gen_bool(0.5) {
                 events.push(child("dispute.funds_reinstated", tx, quarter));

@@ -322,6 +322,31 @@ pub async fn deliver_signed(base: &str, payload: &serde_json::Value, secret: &st
         .header("webhook-signature", sig)
         .body(http_body_util::Full::new(bytes::Bytes::from(body)))
         .unwrap();
+    send_for_reply(req).await
+}
+
+/// Signs a Stripe event with the endpoint secret `secret` (as Stripe does,
+/// now) and posts it to `{base}/webhooks/{provider}`. Transport errors (a
+/// killed process) come back as status 0.
+pub async fn deliver_stripe_to(
+    base: &str,
+    provider: &str,
+    event: &serde_json::Value,
+    secret: &str,
+) -> Reply {
+    let body = event.to_string();
+    let sig = fencehook::providers::stripe::sign(secret, super::now(), body.as_bytes()).unwrap();
+    let req = hyper::Request::post(format!("{base}/webhooks/{provider}"))
+        .header("content-type", "application/json")
+        .header("stripe-signature", sig)
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    send_for_reply(req).await
+}
+
+/// Sends `req` (30 s at most) and reads its answer; status 0 when there is
+/// none.
+async fn send_for_reply(req: hyper::Request<http_body_util::Full<bytes::Bytes>>) -> Reply {
     match tokio::time::timeout(Duration::from_secs(30), client().request(req)).await {
         Ok(Ok(resp)) => {
             let status = resp.status().as_u16();
@@ -472,6 +497,23 @@ pub fn is_stopped(pid: u32) -> bool {
         any = true;
     }
     any
+}
+
+/// Runs `fencehook <args>` with only `env` of the settings (as
+/// [`ServeProcess::start`] does: none of the test runner's own); (exit code,
+/// stdout, stderr).
+pub async fn fencehook_tool(args: &[&str], env: &[(&str, String)]) -> (i32, String, String) {
+    let mut cmd = clean_env(Command::new(env!("CARGO_BIN_EXE_fencehook")));
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+    let out = cmd.output().await.expect("the fencehook binary runs");
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        super::log::echo(args.first().unwrap_or(&""), None, line);
+    }
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Runs the `fencehook` binary; (exit code, stdout, stderr).
