@@ -290,6 +290,7 @@ mod tests {
         "whsec_shop_endpoint_secret_old_0123456789",
         "whsec_0123456789abcdef0123456789abcdef",
         "whsec_fencehook_stripe_integration_secret",
+        "whsec_fencehook_chaos_stripe_endpoint_secret",
         "whsec_fencehook_stripe_secret_before_the_roll",
         "whsec_test_secret_for_fencehook_unit_tests",
         "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
