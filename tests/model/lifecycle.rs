@@ -110,7 +110,7 @@
 //! matches the retry's token. The first call may have executed; another
 //! refund took the cap, and the PSP's next retry was refused though the
 //! downstream executed it. The code now gives back only what the refused
-//! call's own claim reserved (`store::Reserved::here`; the model's
+//! call's own claim reserved (`store::Reserved`, its `here`; the model's
 //! `Pc::Call { reserved }`), tested by
 //! `money::with_a_downstream_a_refused_retry_keeps_the_reservation_a_timed_out_call_left`.
 //!
