@@ -46,7 +46,7 @@ use crate::health::Health;
 use crate::inbox::Inbox;
 use crate::metrics::{Metrics, QuarantineReason, RejectReason};
 use crate::processor::{Outcome, Processor};
-use crate::providers::{Item, Provider, Reject};
+use crate::providers::{Item, Provider, Reject, TransmissionKey};
 use crate::store::inbox::Accepted;
 use crate::store::transmissions::Transmission;
 use crate::store::Store;
@@ -382,6 +382,20 @@ impl Deliveries {
         let Some(key) = provider.transmission(headers, body) else {
             return Ok(());
         };
+        // Boxed: its statements and the PSP's API call make a future of a few
+        // KB, which every delivery's future would carry (and copy at each
+        // await) for the few schemes that bind a transmission.
+        Box::pin(self.bind(provider, key, body, accepted)).await
+    }
+
+    /// [`Deliveries::admit`] for a delivery with a transmission id.
+    async fn bind(
+        &self,
+        provider: &Provider,
+        key: TransmissionKey,
+        body: &[u8],
+        accepted: &Result<Vec<Item>, Reject>,
+    ) -> Result<(), Refusal> {
         let unavailable = |e: crate::store::StoreError, what: &str| {
             let e = Error::from(e);
             tracing::error!(provider = %provider.name, kind = e.kind(),

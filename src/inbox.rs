@@ -124,6 +124,45 @@ struct Pending {
 struct Batcher {
     store: Store,
     slots: Arc<Semaphore>,
+    wakes: Arc<Wakes>,
+}
+
+/// Whether the trigger that wakes an event waiting for its payment (V11) is
+/// known to be on: V18 leaves it off on a database that has held no event,
+/// and this process switches it on before it stores its first one.
+#[derive(Default)]
+struct Wakes {
+    on: AtomicBool,
+    /// When switching it on last failed: tried again a minute later.
+    failed_at: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Wakes {
+    async fn switch_on(&self, store: &Store) {
+        if self.on.load(Ordering::Acquire) {
+            return;
+        }
+        {
+            let failed_at = self.failed_at.lock().expect("not poisoned");
+            if failed_at.is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
+                return;
+            }
+        }
+        match store.switch_on_payment_wakes().await {
+            Ok(switched) => {
+                if switched {
+                    tracing::info!("switched on the trigger that wakes inbox events waiting for their payment (off on a database no inbox had used)");
+                }
+                self.on.store(true, Ordering::Release);
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::report::chain(&e),
+                    "could not switch on the trigger that wakes inbox events waiting for their payment: \
+                     until it is on they are looked at again after their pause (up to a minute); tried again in a minute");
+                *self.failed_at.lock().expect("not poisoned") = Some(std::time::Instant::now());
+            }
+        }
+    }
 }
 
 impl Batcher {
@@ -140,7 +179,9 @@ impl Batcher {
                 }
             }
             let store = self.store.clone();
+            let wakes = self.wakes.clone();
             tokio::spawn(async move {
+                wakes.switch_on(&store).await;
                 write_accepts(&store, batch).await;
                 drop(slot);
             });
@@ -215,6 +256,7 @@ impl Inbox {
             Batcher {
                 store: store.clone(),
                 slots: Arc::new(Semaphore::new(ACCEPTS_IN_FLIGHT)),
+                wakes: Arc::default(),
             }
             .run(queue),
         );

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use ::metrics::Gauge;
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -363,9 +364,11 @@ where
                 }
                 let request = InRequest::start(conn.clone());
                 let close = request.number >= max_requests || born.elapsed() >= max_age;
-                let fut = handler(req);
-                async move {
-                    let mut resp = fut.await;
+                // A combinator, not an `async move` block around `.await`: that
+                // would keep the handler's future twice in its state (the
+                // captured one and the awaited one), and hyper moves this
+                // future whole at every request.
+                handler(req).map(move |mut resp| {
                     if close {
                         // hyper closes the connection once this answer is written.
                         resp.headers_mut().insert(
@@ -375,7 +378,7 @@ where
                     }
                     drop(request);
                     Ok::<_, Infallible>(resp)
-                }
+                })
             }
         });
         let io = HeadLimited {

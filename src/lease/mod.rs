@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -97,15 +98,17 @@ impl Lease {
     /// response timeout, the lease pool's wait is this same bound), so a
     /// caller with less time left (the heartbeat near expiry) can pass a
     /// shorter `budget` and be sure it is the one that applies.
-    async fn bounded<T>(
+    ///
+    /// A combinator, not an `async fn`: one that awaits the future it was
+    /// given keeps it twice in its state, and every future around a lease
+    /// call grew by that much (copied whole at each await).
+    fn bounded<T>(
         &self,
         budget: Duration,
         fut: impl std::future::Future<Output = Result<T, LeaseError>>,
-    ) -> Result<T, LeaseError> {
-        match tokio::time::timeout(budget, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(LeaseError::Timeout(budget)),
-        }
+    ) -> impl std::future::Future<Output = Result<T, LeaseError>> {
+        tokio::time::timeout(budget, fut)
+            .map(move |r| r.unwrap_or(Err(LeaseError::Timeout(budget))))
     }
 
     /// One atomic acquisition with a new owner UUID. On success a heartbeat

@@ -220,7 +220,9 @@ impl Scheme for Mollie {
         _now: i64,
     ) -> Result<Vec<Item>, Reject> {
         match notified(body)? {
-            Notified::Payment(id) => self.api.payment(provider, &id).await,
+            // Boxed: the fetch's future is a few KB, and every provider's
+            // delivery future is as large as the largest scheme's accept.
+            Notified::Payment(id) => Box::pin(self.api.payment(provider, &id)).await,
             Notified::Other(prefix) => Ok(vec![Item::Ignored {
                 event_type: format!("{prefix} notification"),
             }]),

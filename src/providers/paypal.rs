@@ -354,17 +354,21 @@ impl Paypal {
     async fn certificate(&self, url: &str) -> Result<(Arc<CertificateInfo>, Cell), Reject> {
         let cell = self.cache.cell(url, Instant::now())?;
         let got = cell
-            .get_or_try_init(|| async {
-                // Deliveries that waited on this cell while its fetch failed
-                // each try in turn (the cell stays empty): the failure was
-                // remembered meanwhile, so they do not fetch again.
-                if let Some(reject) = self.cache.remembered(url, Instant::now()) {
-                    return Err(FetchError::Remembered(reject));
-                }
-                // Not waited for: a delivery that would queue behind other
-                // fetches is answered 503 at once (PayPal retries).
-                let _slot = self.fetcher.try_slot().ok_or(FetchError::Busy)?;
-                fetch(&self.fetcher, url).await.map_err(FetchError::Failed)
+            // Boxed: the fetch's future is a few KB, and every provider's
+            // delivery future is as large as the largest scheme's accept.
+            .get_or_try_init(|| {
+                Box::pin(async {
+                    // Deliveries that waited on this cell while its fetch failed
+                    // each try in turn (the cell stays empty): the failure was
+                    // remembered meanwhile, so they do not fetch again.
+                    if let Some(reject) = self.cache.remembered(url, Instant::now()) {
+                        return Err(FetchError::Remembered(reject));
+                    }
+                    // Not waited for: a delivery that would queue behind other
+                    // fetches is answered 503 at once (PayPal retries).
+                    let _slot = self.fetcher.try_slot().ok_or(FetchError::Busy)?;
+                    fetch(&self.fetcher, url).await.map_err(FetchError::Failed)
+                })
             })
             .await
             .cloned();

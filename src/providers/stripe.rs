@@ -249,7 +249,9 @@ impl Scheme for Stripe {
         self.verify(headers, body, now)?;
         match stripe_thin::thin_event(body)? {
             None => parse_event(provider, body),
-            Some(thin) => match self.thin.snapshot(&thin, books).await? {
+            // Boxed: the fetch's future is a few KB, and every delivery's
+            // future (snapshot or not) would be as large.
+            Some(thin) => match Box::pin(self.thin.snapshot(&thin, books)).await? {
                 Snapshot::NotBooked(event_type) => Ok(vec![Item::Ignored { event_type }]),
                 Snapshot::Event(snapshot) => parse_event(provider, &snapshot),
             },

@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Object;
+use futures_util::FutureExt;
 
 use super::StoreError;
 
@@ -172,47 +173,56 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    // These build the bounded future from combinators, not as `async fn`s:
+    // an `async fn` that awaits a future it was given keeps that future
+    // twice in its state (the argument, and the awaited copy), and these
+    // wrap every statement of a delivery, so a few KB were added to each
+    // future around them and copied whole at every await.
+
     /// Awaits an explicit `COMMIT` for at most the bound.
-    pub(crate) async fn commit<T>(
-        &self,
-        commit: impl Future<Output = Result<T, tokio_postgres::Error>>,
-    ) -> Result<T, StoreError> {
-        self.within(self.commits.0.bound, commit).await
+    pub(crate) fn commit<'a, T: 'a>(
+        &'a self,
+        commit: impl Future<Output = Result<T, tokio_postgres::Error>> + 'a,
+    ) -> impl Future<Output = Result<T, StoreError>> + 'a {
+        self.within(self.commits.0.bound, commit)
     }
 
     /// Awaits a statement that commits by itself (outside a transaction) for
     /// at most twice the bound: the server cancels the statement past its
     /// timeout, never its commit.
-    pub(crate) async fn statement<T>(
-        &self,
-        statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
-    ) -> Result<T, StoreError> {
-        self.within(self.commits.0.bound * 2, statement).await
+    pub(crate) fn statement<'a, T: 'a>(
+        &'a self,
+        statement: impl Future<Output = Result<T, tokio_postgres::Error>> + 'a,
+    ) -> impl Future<Output = Result<T, StoreError>> + 'a {
+        self.within(self.commits.0.bound * 2, statement)
     }
 
-    async fn within<T>(
-        &self,
+    fn within<'a, T: 'a>(
+        &'a self,
         bound: Duration,
-        commit: impl Future<Output = Result<T, tokio_postgres::Error>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(bound, commit).await {
+        commit: impl Future<Output = Result<T, tokio_postgres::Error>> + 'a,
+    ) -> impl Future<Output = Result<T, StoreError>> + 'a {
+        tokio::time::timeout(bound, commit).map(move |answered| match answered {
             Ok(answered) => Ok(answered?),
-            Err(_) => {
-                // The future is dropped, the commit is not: it was sent, and
-                // the connection's task reads its answer whenever it comes.
-                if !self.waited.swap(true, Ordering::AcqRel) {
-                    let before = self.commits.0.waiting.fetch_add(1, Ordering::AcqRel);
-                    if before == 0 {
-                        tracing::warn!(
-                            bound_ms = bound.as_millis() as u64,
-                            "a commit has not answered within its bound (PostgreSQL waits for a \
-                             synchronous standby, or cannot write): its delivery is answered 503 and \
-                             new writes are refused until it answers; it is not cancelled"
-                        );
-                    }
-                }
-                Err(StoreError::CommitWaiting { bound })
+            Err(_) => Err(self.passed(bound)),
+        })
+    }
+
+    /// A commit has not answered within `bound`: the future is dropped, the
+    /// commit is not (it was sent, and the connection's task reads its
+    /// answer whenever it comes).
+    fn passed(&self, bound: Duration) -> StoreError {
+        if !self.waited.swap(true, Ordering::AcqRel) {
+            let before = self.commits.0.waiting.fetch_add(1, Ordering::AcqRel);
+            if before == 0 {
+                tracing::warn!(
+                    bound_ms = bound.as_millis() as u64,
+                    "a commit has not answered within its bound (PostgreSQL waits for a \
+                     synchronous standby, or cannot write): its delivery is answered 503 and \
+                     new writes are refused until it answers; it is not cancelled"
+                );
             }
         }
+        StoreError::CommitWaiting { bound }
     }
 }

@@ -332,6 +332,8 @@ SELECT i.n,
   FROM input i ORDER BY i.n";
 
 const NOTIFY: &str = "SELECT pg_notify('fencehook_inbox', '')";
+const WAKES_OFF: &str = "SELECT 1 FROM pg_trigger
+    WHERE tgrelid = 'payments'::regclass AND tgname = 'payments_wake_waiting' AND tgenabled = 'D'";
 
 /// The part of [`TAKE`] and [`DONE`] (a `WITH` query) that lets their
 /// commit return before the WAL is flushed (`synchronous_commit = off` for
@@ -899,6 +901,31 @@ impl Store {
         let stmt = client.prepare_cached(NOTIFY).await?;
         client.watch().statement(client.execute(&stmt, &[])).await?;
         Ok(())
+    }
+
+    /// Switches on the trigger that wakes the events waiting for a payment
+    /// once it is booked (V11), which V18 leaves off on a database that has
+    /// held no event: sync mode alone then pays nothing for it. Returns
+    /// whether it was off. Switching it on takes the `payments` table's lock
+    /// for a moment (waiting at most 2 s for the writes in flight), once. Its
+    /// commit does not wait for a synchronous standby (it is no money, and
+    /// the accept behind it has its own bound): a failover that loses it
+    /// leaves waiting events to their pause until an instance starts again.
+    pub async fn switch_on_payment_wakes(&self) -> Result<bool, StoreError> {
+        let mut client = self.writer().await?;
+        if client.query_opt(WAKES_OFF, &[]).await?.is_none() {
+            return Ok(false);
+        }
+        let watch = client.watch();
+        let tx = client.transaction().await?;
+        tx.batch_execute(
+            "SET LOCAL lock_timeout = '2s';
+             SET LOCAL synchronous_commit = local;
+             ALTER TABLE payments ENABLE TRIGGER payments_wake_waiting",
+        )
+        .await?;
+        watch.commit(tx.commit()).await?;
+        Ok(true)
     }
 
     /// Events queued, being processed, and dead.

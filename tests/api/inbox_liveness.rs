@@ -523,6 +523,80 @@ async fn an_accept_racing_another_payload_of_the_same_object_is_answered_payload
     );
 }
 
+/// Whether the trigger that wakes events waiting for their payment is on.
+async fn wakes_on(ctx: &TestContext) -> bool {
+    ctx.count(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'payments'::regclass
+            AND tgname = 'payments_wake_waiting' AND tgenabled = 'O'",
+    )
+    .await
+        == 1
+}
+
+/// Sync mode pays nothing for the inbox's wake-ups: on a database no inbox
+/// has used the trigger is off (V18) and sync bookings leave it off; the
+/// first accept of an inbox instance switches it on before its event is
+/// stored, and a sync instance's booking then wakes what waits (the test
+/// below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wake_trigger_is_off_until_an_inbox_instance_first_accepts() {
+    let ctx = TestContext::new().await;
+    assert!(!wakes_on(&ctx).await, "off on a new database");
+    let sync = ctx.spawn(ctx.config()).await;
+    assert_eq!(
+        sync.deliver(&payment("pay_off", 1000)).await.result(),
+        "processed"
+    );
+    assert!(!wakes_on(&ctx).await, "a sync booking leaves it off");
+    let inbox = ctx.spawn(ctx.inbox_config(0)).await;
+    assert!(
+        !wakes_on(&ctx).await,
+        "an inbox start that accepted nothing leaves it off"
+    );
+    assert_eq!(
+        inbox
+            .deliver(&refund_of("pay_on", "re_on", 300))
+            .await
+            .result(),
+        "accepted"
+    );
+    assert!(wakes_on(&ctx).await, "on once an inbox accepted an event");
+    assert_eq!(
+        ctx.count("SELECT count(*) FROM events WHERE transaction_id = 're_on'")
+            .await,
+        1
+    );
+}
+
+/// A database that has held events keeps the trigger on through V18: an
+/// inbox fleet that upgrades does not lose its wake-ups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_that_held_events_keeps_the_wake_trigger_on_through_the_migration() {
+    let ctx = TestContext::at_version(17).await;
+    assert!(wakes_on(&ctx).await, "on before V18");
+    let inbox = ctx.spawn(ctx.inbox_config(0)).await;
+    assert_eq!(
+        inbox
+            .deliver(&refund_of("pay_held", "re_held", 300))
+            .await
+            .result(),
+        "accepted"
+    );
+    inbox.stop().await;
+    fencehook::store::migrate::run(
+        &ctx.database_url,
+        fencehook::store::migrate::MissingDatabase::Refuse,
+    )
+    .await
+    .expect("migrated to the latest");
+    assert!(wakes_on(&ctx).await, "still on after V18");
+    let fresh = TestContext::new().await;
+    assert!(
+        !wakes_on(&fresh).await,
+        "and off on a database with no event"
+    );
+}
+
 /// A refund waiting for its payment (far into its pause) is woken when a
 /// sync instance books the payment, not at the end of its pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
