@@ -75,6 +75,8 @@ pub struct App {
     /// The health sampler, likewise running from the build on (and stopped
     /// with the app, also when it is dropped unrun).
     upkeep: AbortOnDrop,
+    /// With a console: the build of its indexes, when they are missing.
+    _console_indexes: Option<AbortOnDrop>,
     /// The public listener's bounds.
     limits: Limits,
     /// `FENCEHOOK_ALLOW_PUBLISHED_SECRETS`, for the file re-read on SIGHUP.
@@ -374,6 +376,9 @@ impl App {
                 tracing::info!(?applied, "migrations applied");
             }
         }
+        let console_indexes = state
+            .console()
+            .map(|_| AbortOnDrop(tokio::spawn(build_console_indexes(cfg.db.url.clone()))));
         // Test seam (`test-support`): `FAILPOINTS=before_public_bind=sleep(8000)`
         // holds the start here, the admin listener up and the schema current.
         fail::fail_point!("before_public_bind");
@@ -386,6 +391,7 @@ impl App {
             listener,
             admin,
             upkeep,
+            _console_indexes: console_indexes,
             limits,
             allow_published_secrets,
             prune,
@@ -423,6 +429,7 @@ impl App {
             listener,
             admin,
             upkeep,
+            _console_indexes,
             limits,
             allow_published_secrets,
             prune,
@@ -654,6 +661,43 @@ fn schema_needed(cfg: &Config) -> i32 {
 }
 
 /// Aborts a task when dropped: a build that fails halfway leaves nothing running.
+/// Builds the console's indexes when they are missing (see
+/// [`crate::store::console::build_indexes`]); tried again every five minutes
+/// while it fails (the database down, or a role that may not create them:
+/// said once, with the statements to run by hand).
+async fn build_console_indexes(url: String) {
+    let mut said = false;
+    loop {
+        match crate::store::console::build_indexes(&url).await {
+            Ok(built) => {
+                if !built.is_empty() {
+                    tracing::info!(
+                        ?built,
+                        "built the console's indexes of payments (CONCURRENTLY)"
+                    );
+                }
+                return;
+            }
+            Err(e) if !said => {
+                said = true;
+                let statements: Vec<String> = crate::store::console::INDEXES
+                    .iter()
+                    .map(|(name, covers)| {
+                        format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {covers}")
+                    })
+                    .collect();
+                tracing::warn!(error = %crate::report::chain(&e), ?statements,
+                    "could not build the console's indexes: its searches read more rows without them; \
+                     tried again every 5 minutes, or run the statements as the table's owner");
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::report::chain(&e), "the console's indexes: not built yet")
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(300)).await;
+    }
+}
+
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {

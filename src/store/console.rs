@@ -14,7 +14,8 @@
 //!   found by a loose scan of the unique key (one index probe per provider);
 //! - a transaction id or a prefix: one range of
 //!   `payments_console_transaction_idx` (byte order), at most
-//!   [`PREFIX_CAP`] ids read; past it the page says so;
+//!   [`PREFIX_CAP`] ids read; past it the page says so (both indexes are
+//!   built by the instance that serves the console, [`build_indexes`]);
 //! - inbox events of one status: that status's own partial index (V5, V7);
 //!   a provider filter looks through the newest [`EVENT_SCAN_CAP`] of them.
 //!
@@ -26,6 +27,57 @@ use time::OffsetDateTime;
 use super::inbox::{event_row, EventRow, EVENT_COLUMNS};
 use super::record::{payment_record, PaymentRecord};
 use super::{Store, StoreError};
+
+/// The console's two indexes of `payments` (V12) and what each covers. V18
+/// leaves them out of a new database, so that an instance without a console
+/// writes each payment with two index entries fewer; an instance that serves
+/// the console builds them ([`build_indexes`]).
+pub const INDEXES: [(&str, &str); 2] = [
+    (
+        "payments_console_status_idx",
+        "ON payments (provider, status, created_at, id)",
+    ),
+    (
+        "payments_console_transaction_idx",
+        "ON payments (transaction_id text_pattern_ops)",
+    ),
+];
+
+/// Builds the console's indexes that are missing, or were left invalid by
+/// a build that failed, with `CREATE INDEX CONCURRENTLY` (writes go on
+/// meanwhile), on a connection of its own without a statement timeout.
+/// Returns the names it built; nothing when both are there.
+pub async fn build_indexes(url: &str) -> Result<Vec<&'static str>, StoreError> {
+    let client = super::audit::connect(url).await?;
+    client.batch_execute("SET statement_timeout = 0").await?;
+    let mut built = Vec::new();
+    for (name, covers) in INDEXES {
+        let valid: Option<bool> = client
+            .query_opt(
+                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                  WHERE c.relname = $1 AND pg_table_is_visible(c.oid)",
+                &[&name],
+            )
+            .await?
+            .map(|r| r.get(0));
+        match valid {
+            Some(true) => continue,
+            Some(false) => {
+                client
+                    .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"))
+                    .await?
+            }
+            None => {}
+        }
+        client
+            .batch_execute(&format!(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {covers}"
+            ))
+            .await?;
+        built.push(name);
+    }
+    Ok(built)
+}
 
 /// Largest page of any console list.
 pub const MAX_PAGE: i64 = 200;

@@ -1193,6 +1193,64 @@ async fn a_changed_token_file_signs_its_sessions_out_once_sighup_rereads_it() {
     Browser::new(&server.admin).sign_in(&rotated).await;
 }
 
+/// How many of the console's indexes of `payments` are there and valid.
+async fn console_indexes(ctx: &TestContext) -> i64 {
+    ctx.count(
+        "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+          WHERE c.relname IN ('payments_console_status_idx', 'payments_console_transaction_idx')
+            AND i.indisvalid",
+    )
+    .await
+}
+
+/// An instance without a console writes payments without the console's two
+/// index entries: a new database has no such index, an instance without a
+/// console leaves it so, and one that serves the console builds both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_indexes_are_built_by_an_instance_that_serves_the_console() {
+    let ctx = TestContext::new().await;
+    assert_eq!(console_indexes(&ctx).await, 0, "none on a new database");
+    let plain = ctx.spawn(ctx.config()).await;
+    assert_eq!(
+        plain.deliver(&payment("tx_plain", 1000)).await.result(),
+        "processed"
+    );
+    assert_eq!(
+        console_indexes(&ctx).await,
+        0,
+        "an instance without a console builds none"
+    );
+    let files = TokenFiles::new();
+    let _console = ctx.spawn(files.enable(ctx.config())).await;
+    wait_for(
+        "both console indexes built",
+        Duration::from_secs(30),
+        || async { console_indexes(&ctx).await == 2 },
+    )
+    .await;
+}
+
+/// A database with payments keeps the console's indexes through the
+/// migration that leaves them out of new ones (a console may read them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_with_payments_keeps_the_console_indexes_through_the_migration() {
+    let ctx = TestContext::at_version(17).await;
+    assert_eq!(console_indexes(&ctx).await, 2);
+    let app = ctx.spawn(ctx.config()).await;
+    assert_eq!(
+        app.deliver(&payment("tx_kept", 1000)).await.result(),
+        "processed"
+    );
+    app.stop().await;
+    fencehook::store::migrate::run(
+        &ctx.database_url,
+        fencehook::store::migrate::MissingDatabase::Refuse,
+    )
+    .await
+    .expect("migrated to the latest");
+    assert_eq!(console_indexes(&ctx).await, 2, "kept");
+}
+
 /// Boxed query parameters, for one EXPLAIN each.
 type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
 
@@ -1210,7 +1268,7 @@ async fn on_a_million_payments_every_search_is_an_index_scan_reading_about_a_pag
          -- A bulk load, as a restore would do it: the inbox's wake-up trigger
          -- (nothing waits here) off, V12's indexes built after the rows.
          ALTER TABLE payments DISABLE TRIGGER payments_wake_waiting;
-         DROP INDEX payments_console_status_idx, payments_console_transaction_idx;
+         DROP INDEX IF EXISTS payments_console_status_idx, payments_console_transaction_idx;
          INSERT INTO payments (provider, transaction_id, kind, event_type, amount_minor, currency,
                                fingerprint, status, fence, created_at, updated_at)
          SELECT CASE WHEN i % 50 = 0 THEN 'stripe' ELSE 'generic' END, 'tx_' || i, 'payment',
