@@ -1242,12 +1242,7 @@ async fn a_database_with_payments_keeps_the_console_indexes_through_the_migratio
         "processed"
     );
     app.stop().await;
-    fencehook::store::migrate::run(
-        &ctx.database_url,
-        fencehook::store::migrate::MissingDatabase::Refuse,
-    )
-    .await
-    .expect("migrated to the latest");
+    ctx.migrate_to_latest().await;
     assert_eq!(console_indexes(&ctx).await, 2, "kept");
 }
 

@@ -583,12 +583,7 @@ async fn a_database_that_held_events_keeps_the_wake_trigger_on_through_the_migra
         "accepted"
     );
     inbox.stop().await;
-    fencehook::store::migrate::run(
-        &ctx.database_url,
-        fencehook::store::migrate::MissingDatabase::Refuse,
-    )
-    .await
-    .expect("migrated to the latest");
+    ctx.migrate_to_latest().await;
     assert!(wakes_on(&ctx).await, "still on after V18");
     let fresh = TestContext::new().await;
     assert!(

@@ -108,6 +108,17 @@ impl TestContext {
         ctx
     }
 
+    /// Applies the migrations after the version the database is at (see
+    /// [`TestContext::at_version`]).
+    pub async fn migrate_to_latest(&self) {
+        fencehook::store::migrate::run(
+            &self.database_url,
+            fencehook::store::migrate::MissingDatabase::Refuse,
+        )
+        .await
+        .expect("migrated to the latest");
+    }
+
     /// A context whose database does not exist yet (its name is free);
     /// the first one of a test process sweeps a crashed run's databases.
     async fn unmigrated() -> TestContext {
