@@ -209,8 +209,11 @@ fi
 
 say "== (e) tracing: Redis leases, k=1, off then on (100 % sampled, to a local sink that discards) =="
 # The sink: an OTLP/HTTP endpoint that reads each export and answers 200 (keep-alive), as a
-# collector that keeps up would. Its port is the first line it prints.
-python3 - >"$OUT/otlp-sink.port" 2>"$OUT/otlp-sink.log" <<'EOF' &
+# collector that keeps up would. Its port is the first line it prints. The file is emptied here,
+# not by the redirection (that runs in the child): a run after another read the earlier run's
+# port, or an empty line, before the child truncated it, and exported to nothing.
+: >"$OUT/otlp-sink.port"
+python3 - >>"$OUT/otlp-sink.port" 2>"$OUT/otlp-sink.log" <<'EOF' &
 import http.server
 class Sink(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -228,7 +231,7 @@ EOF
 SINK_PID=$!
 PIDS+=("$SINK_PID")
 deadline=$((SECONDS + 10))
-until [[ -s $OUT/otlp-sink.port ]]; do
+until [[ $(head -n1 "$OUT/otlp-sink.port") =~ ^[0-9]+$ ]]; do
   ((SECONDS < deadline)) || die "the OTLP sink did not start: $(cat "$OUT/otlp-sink.log")"
   sleep 0.1
 done
