@@ -660,7 +660,6 @@ fn schema_needed(cfg: &Config) -> i32 {
     crate::store::migrate::min_schema_version(cfg.downstream_url.is_some(), paypal)
 }
 
-/// Aborts a task when dropped: a build that fails halfway leaves nothing running.
 /// Builds the console's indexes when they are missing (see
 /// [`crate::store::console::build_indexes`]); tried again every five minutes
 /// while it fails (the database down, or a role that may not create them:
@@ -698,6 +697,7 @@ async fn build_console_indexes(url: String) {
     }
 }
 
+/// Aborts a task when dropped: a build that fails halfway leaves nothing running.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
