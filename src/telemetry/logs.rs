@@ -4,9 +4,11 @@
 //! the trace and a trace's span to its log lines.
 
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use opentelemetry::trace::TraceContextExt;
-use tracing::{Event, Subscriber};
+use tracing::dispatcher::WeakDispatch;
+use tracing::{Dispatch, Event, Subscriber};
 use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
 use tracing_subscriber::fmt::FmtContext;
 use tracing_subscriber::registry::LookupSpan;
@@ -35,7 +37,13 @@ pub(super) fn layer(kind: LogFormat, traced: bool) -> LogLayer {
     match (kind, traced) {
         (LogFormat::Text, _) => base.boxed(),
         (LogFormat::Json, false) => base.json().event_format(json()).boxed(),
-        (LogFormat::Json, true) => base.json().event_format(TraceIds(json())).boxed(),
+        (LogFormat::Json, true) => {
+            let dispatch = Arc::new(OnceLock::new());
+            base.json()
+                .event_format(TraceIds(json(), dispatch.clone()))
+                .and_then(DispatchOf(dispatch))
+                .boxed()
+        }
     }
 }
 
@@ -44,9 +52,22 @@ fn format() -> format::Format {
 }
 
 /// A JSON event format with `trace_id` and `span_id` first when the line is
-/// written inside a traced span (the OpenTelemetry context the tracing
-/// layer activates on entering it).
-pub(super) struct TraceIds<F>(pub(super) F);
+/// written inside a traced span. The span is the subscriber's current one,
+/// asked of the subscriber itself ([`DispatchOf`]): the tracing layer does not
+/// attach an OpenTelemetry context at every entry of a span (that cost a
+/// traced delivery about a tenth of its instructions), and inside a
+/// subscriber's callback `Span::current()` answers nothing under a scoped
+/// subscriber.
+pub(super) struct TraceIds<F>(pub(super) F, pub(super) Arc<OnceLock<WeakDispatch>>);
+
+/// Keeps the subscriber this layer was registered with, for [`TraceIds`].
+pub(super) struct DispatchOf(pub(super) Arc<OnceLock<WeakDispatch>>);
+
+impl<S: Subscriber> Layer<S> for DispatchOf {
+    fn on_register_dispatch(&self, subscriber: &Dispatch) {
+        let _ = self.0.set(subscriber.downgrade());
+    }
+}
 
 impl<S, N, F> FormatEvent<S, N> for TraceIds<F>
 where
@@ -60,7 +81,13 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let cx = opentelemetry::Context::current();
+        let cx = self.1.get().and_then(WeakDispatch::upgrade).and_then(|d| {
+            let current = d.current_span();
+            tracing_opentelemetry::get_otel_context(current.id()?, &d)
+        });
+        let Some(cx) = cx else {
+            return self.0.format_event(ctx, writer, event);
+        };
         let span = cx.span();
         let ids = span.span_context();
         if !ids.is_valid() {
@@ -109,6 +136,7 @@ mod tests {
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
         let lines = Lines::default();
         let writer = lines.clone();
+        let dispatch = Arc::new(OnceLock::new());
         let log = tracing_subscriber::fmt::layer()
             .json()
             .event_format(TraceIds(
@@ -117,10 +145,14 @@ mod tests {
                     .flatten_event(true)
                     .with_current_span(false)
                     .with_span_list(false),
+                dispatch.clone(),
             ))
             .with_writer(move || writer.clone())
+            .and_then(DispatchOf(dispatch))
             .with_filter(tracing_subscriber::filter::filter_fn(|m| m.is_event()));
+        // As the service installs it: no OpenTelemetry context attached on entry.
         let otel = tracing_opentelemetry::layer()
+            .with_context_activation(false)
             .with_tracer(opentelemetry::trace::TracerProvider::tracer(&provider, "t"));
         let subscriber = tracing_subscriber::registry().with(log).with(otel);
         tracing::subscriber::with_default(subscriber, || {
