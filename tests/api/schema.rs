@@ -272,3 +272,86 @@ async fn this_release_books_on_the_schema_before_the_domains_in_both_modes() {
     assert_eq!(ctx.entries().await, 3, "credit, debit, inbox credit");
     ctx.assert_audit_clean().await;
 }
+
+/// V19 swaps the money rules of `payments` and `ledger_entries` for rules
+/// that call one function each (cheaper to check in every write): rows
+/// written before it stay as they were, no table is rewritten, and a write
+/// that breaks a rule still names the rule it breaks.
+#[tokio::test]
+async fn the_money_rules_migration_keeps_every_row_and_every_rule_name() {
+    let ctx = TestContext::at_version(18).await;
+    let db = ctx.db().await;
+    db.batch_execute(GOOD_PAYMENT).await.unwrap();
+    db.batch_execute(
+        "UPDATE payments SET amount_out_minor = 200 WHERE transaction_id = 'pay_good';
+         INSERT INTO payments (provider, transaction_id, kind, parent_transaction_id, event_type,
+                               amount_minor, currency, fingerprint, status, fence, reserved)
+         VALUES ('generic', 're_good', 'refund', 'pay_good', 'refund.succeeded', 200, 'EUR',
+                 'fp', 'processing', 2, true);",
+    )
+    .await
+    .unwrap();
+    let before = table_files(&ctx).await;
+    ctx.migrate_to_latest().await;
+    assert_eq!(table_files(&ctx).await, before, "a table was rewritten");
+    let rules = |table: &'static str| {
+        let ctx = &ctx;
+        async move {
+            ctx.db()
+                .await
+                .query(
+                    "SELECT conname::text FROM pg_constraint
+                      WHERE conrelid = $1::text::regclass AND contype = 'c' ORDER BY 1",
+                    &[&table],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(rules("payments").await, ["payments_money_rules"]);
+    assert_eq!(
+        rules("ledger_entries").await,
+        ["ledger_entries_sign_fits_effect"]
+    );
+    assert_eq!(
+        ctx.count(
+            "SELECT count(*) FROM payments
+              WHERE (transaction_id = 'pay_good' AND amount_out_minor = 200 AND NOT reserved)
+                 OR (transaction_id = 're_good' AND reserved AND amount_out_minor = 0)"
+        )
+        .await,
+        2,
+        "both rows as written"
+    );
+    assert_eq!(ctx.entries().await, 1, "the credit");
+    for (sql, rule) in [
+        (
+            "UPDATE payments SET amount_out_minor = -1 WHERE transaction_id = 'pay_good'",
+            "payments_amount_out_not_negative",
+        ),
+        (
+            "UPDATE payments SET amount_out_minor = 5 WHERE transaction_id = 're_good'",
+            "payments_only_payments_pay_out",
+        ),
+        (
+            "UPDATE payments SET reserved = true WHERE transaction_id = 'pay_good'",
+            "payments_only_refunds_and_disputes_reserve",
+        ),
+        (
+            "UPDATE payments SET parent_transaction_id = 'pay_other' WHERE transaction_id = 'pay_good'",
+            "payments_payment_has_no_parent",
+        ),
+        (
+            "UPDATE ledger_entries SET amount_minor = -500 WHERE effect = 'credit'",
+            "ledger_entries_sign_fits_effect",
+        ),
+    ] {
+        let e = db.batch_execute(sql).await.expect_err(sql);
+        let db_error = e.as_db_error().expect("a database error");
+        assert_eq!(db_error.code().code(), "23514", "{sql}: {db_error}");
+        assert_eq!(db_error.constraint(), Some(rule), "{sql}: {db_error}");
+    }
+}
