@@ -42,7 +42,6 @@ use crate::store::{
     Store, StoreError,
 };
 use crate::telemetry::spans;
-use tracing::Instrument;
 
 /// The answer for one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,7 +244,7 @@ impl Processor {
     }
 
     pub async fn process(&self, ev: &CanonicalEvent) -> Result<Outcome, Error> {
-        let row = self.lookup(ev).instrument(spans::fast_path()).await?;
+        let row = spans::leaf(spans::fast_path(), self.lookup(ev)).await?;
         self.process_after(ev, row).await
     }
 
@@ -286,10 +285,7 @@ impl Processor {
         } = holding
         {
             let token = guard.token();
-            guard
-                .release()
-                .instrument(spans::lease_release(token))
-                .await;
+            spans::leaf(spans::lease_release(token), guard.release()).await;
         }
         result
     }
@@ -369,7 +365,7 @@ impl Processor {
     /// in-flight wait starts again, for a payment row busy under it.
     async fn acquire(&self, key: &LeaseKey, wait: &mut InflightWaiting) -> Result<Acquire, Error> {
         let span = spans::lease_acquire();
-        let acquired = self.lease.acquire(key).instrument(span.clone()).await?;
+        let acquired = spans::leaf(span.clone(), self.lease.acquire(key)).await?;
         let token = match &acquired {
             Acquire::Acquired(guard) => Some(guard.token()),
             Acquire::Held { .. } => None,
@@ -423,10 +419,11 @@ impl Processor {
             ControlFlow::Continue(ready) => ready,
         };
         let started = Instant::now();
-        let written = conn
-            .apply_leased(ev, fp, fence_floor, t)
-            .instrument(spans::commit_leased())
-            .await?;
+        let written = spans::leaf(
+            spans::commit_leased(),
+            conn.apply_leased(ev, fp, fence_floor, t),
+        )
+        .await?;
         Ok(match written {
             LeasedApply::Held { remaining } => {
                 inline.held_by_other();
@@ -480,11 +477,7 @@ impl Processor {
         }
         let token = guard.token();
         Ok(match &self.downstream {
-            None => match conn
-                .apply(ev, fp, token, t)
-                .instrument(spans::commit(token))
-                .await?
-            {
+            None => match spans::leaf(spans::commit(token), conn.apply(ev, fp, token, t)).await? {
                 Applied::Committed {
                     status,
                     over_returned,
@@ -496,29 +489,27 @@ impl Processor {
                     t,
                 },
             },
-            Some(downstream) => match conn
-                .claim(ev, fp, token, t)
-                .instrument(spans::claim(token))
-                .await?
-            {
-                Claimed::Claimed {
-                    payment_id,
-                    event,
-                    reserved,
-                } => {
-                    drop(conn);
-                    let answer = self
-                        .call_and_finalize(downstream, guard, &event, payment_id, t, reserved)
-                        .await?;
-                    Attempt::Answered(answer)
+            Some(downstream) => {
+                match spans::leaf(spans::claim(token), conn.claim(ev, fp, token, t)).await? {
+                    Claimed::Claimed {
+                        payment_id,
+                        event,
+                        reserved,
+                    } => {
+                        drop(conn);
+                        let answer = self
+                            .call_and_finalize(downstream, guard, &event, payment_id, t, reserved)
+                            .await?;
+                        Attempt::Answered(answer)
+                    }
+                    Claimed::Parent(refusal) => self.refused(ev, refusal),
+                    Claimed::NotWritten(row) => Attempt::NotWritten {
+                        lease: HeldLease::Around(guard),
+                        row,
+                        t,
+                    },
                 }
-                Claimed::Parent(refusal) => self.refused(ev, refusal),
-                Claimed::NotWritten(row) => Attempt::NotWritten {
-                    lease: HeldLease::Around(guard),
-                    row,
-                    t,
-                },
-            },
+            }
         })
     }
 
@@ -718,9 +709,8 @@ impl Processor {
                 // reservation this claim took over from such a call is not
                 // its to give back (that call may have run): it stays too.
                 if reserved.here && matches!(e, DownstreamError::Status { .. }) {
-                    self.release(payment_id, event, token, t)
-                        .instrument(spans::give_back(token))
-                        .await;
+                    let give_back = self.release(payment_id, event, token, t);
+                    spans::leaf(spans::give_back(token), give_back).await;
                 }
                 return Err(e.into());
             },
@@ -736,11 +726,8 @@ impl Processor {
                 hook(event).await;
             }
             failpoint_before_finalize();
-            return match conn
-                .finalize(payment_id, event, token, t)
-                .instrument(spans::finalize(token))
-                .await?
-            {
+            let finalize = conn.finalize(payment_id, event, token, t);
+            return match spans::leaf(spans::finalize(token), finalize).await? {
                 Finalized::Applied(status) => {
                     if reserved.over_returned {
                         self.over_returned(event);

@@ -15,12 +15,29 @@
 //! With tracing off no layer wants these spans: each macro below is a
 //! disabled callsite, and recording into its span does nothing.
 
+use std::future::Future;
+
+use futures_util::FutureExt;
 use tracing::field::Empty;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::propagation;
 use crate::domain::CanonicalEvent;
+
+/// `fut` as the whole of the leaf span `span`: the span is open from its
+/// making until `fut` is done, and never entered. `Instrument` enters a span
+/// and exits it at every poll of its future, and with tracing on each entry
+/// and exit costs the subscriber a lookup of the span (its exit also stamps
+/// an end time); a leaf — a single statement, a lease call — has no span
+/// below it to parent, so it needs neither. A log line written inside one
+/// carries the ids of the span around it.
+pub fn leaf<F: Future>(span: Span, fut: F) -> impl Future<Output = F::Output> {
+    fut.map(move |out| {
+        drop(span);
+        out
+    })
+}
 
 /// `POST /webhooks/{provider}`, the server span of one delivery: its parent
 /// is the request's `traceparent`, when it carries a valid one.

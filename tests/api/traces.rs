@@ -198,6 +198,36 @@ async fn a_delivery_with_a_traceparent_yields_its_spans_under_that_trace_and_the
             );
         }
     }
+    // Each step lasts while its work does, inside the item's span, one
+    // after the other in the order they run (the steps' spans are never
+    // entered: each ends when its work is done).
+    let steps: Vec<_> = [
+        "fencehook.fast_path",
+        "fencehook.lease.acquire",
+        "fencehook.claim",
+        "POST",
+        "fencehook.finalize",
+        "fencehook.lease.release",
+    ]
+    .iter()
+    .map(|name| named(&spans, name)[0])
+    .collect();
+    for (step, next) in steps.iter().zip(steps.iter().skip(1)) {
+        assert!(
+            step.end <= next.start,
+            "{} ends before {} starts",
+            step.name,
+            next.name
+        );
+    }
+    for step in &steps {
+        assert!(step.start < step.end, "{} lasts", step.name);
+        assert!(
+            process.start <= step.start && step.end <= process.end,
+            "{} within the item's span",
+            step.name
+        );
+    }
     let call = named(&spans, "POST")[0];
     assert_eq!(call.trace_id, TRACE_ID);
     assert_eq!(call.kind, 3, "a client span");

@@ -37,6 +37,9 @@ pub struct ReceivedSpan {
     pub resource: HashMap<String, String>,
     /// OTLP's status code: 0 unset, 1 ok, 2 error.
     pub status: i32,
+    /// When it started and ended, ns since the Unix epoch.
+    pub start: u64,
+    pub end: u64,
 }
 
 impl ReceivedSpan {
@@ -200,6 +203,8 @@ fn flatten(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {
                         .collect(),
                     resource: resource.clone(),
                     status: s.status.map_or(0, |st| st.code),
+                    start: s.start_time_unix_nano,
+                    end: s.end_time_unix_nano,
                 });
             }
         }
