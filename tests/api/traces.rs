@@ -429,6 +429,47 @@ async fn a_dead_collector_changes_no_answer_and_its_lost_spans_are_counted() {
         .is_empty());
 }
 
+/// A collector that throttles (429 with `Retry-After`) makes the exporter
+/// wait before it retries; the wait must not hold the thread the deliveries
+/// run on. The instance runs on one runtime thread, so an exporter that
+/// slept that thread would leave every delivery unanswered until its
+/// first wait (8 s) was over.
+#[tokio::test]
+async fn a_throttling_collector_holds_up_no_delivery_while_the_exporter_waits_to_retry() {
+    let ctx = TestContext::new().await;
+    let throttling = Collector::throttling().await;
+    let app = ServeProcess::start(&env(
+        &ctx,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", throttling.endpoint()),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "20000".to_owned()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50".to_owned()),
+            ("TOKIO_WORKER_THREADS", "1".to_owned()),
+        ],
+    ))
+    .await;
+    let first = deliver(&app.base, &payment("pay_throttled_0", 100), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    wait_for(
+        "an export refused with 429",
+        Duration::from_secs(20),
+        || async { !throttling.content_types().is_empty() },
+    )
+    .await;
+    // The exporter now waits 8 s to retry; deliveries go on meanwhile.
+    for i in 1..=5 {
+        let p = payment(&format!("pay_throttled_{i}"), 100);
+        let sent = tokio::time::timeout(Duration::from_secs(3), deliver(&app.base, &p, &[]))
+            .await
+            .expect("answered while the exporter waits to retry");
+        assert_eq!(
+            (sent.status, sent.body["result"].as_str()),
+            (200, Some("processed"))
+        );
+    }
+    assert_eq!(ctx.payments().await, 6);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_collector_holds_up_no_delivery_drops_and_counts_spans_and_bounds_the_shutdown() {
     let ctx = TestContext::new().await;

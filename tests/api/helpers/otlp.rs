@@ -110,6 +110,56 @@ impl Collector {
         }
     }
 
+    /// A collector that answers every export 429 with `Retry-After: 8` (a
+    /// throttling one: the exporter waits 8 s before it retries, then
+    /// longer); each export's content type is recorded, no span.
+    pub async fn throttling() -> Collector {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let content_types = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let types = content_types.clone();
+            async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let types = types.clone();
+                    tokio::spawn(async move {
+                        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                            let types = types.clone();
+                            async move {
+                                let content_type = req
+                                    .headers()
+                                    .get("content-type")
+                                    .and_then(|v| v.to_str().ok())
+                                    .unwrap_or("")
+                                    .to_owned();
+                                let _ = req.into_body().collect().await;
+                                types.lock().unwrap().push(content_type);
+                                let resp = hyper::Response::builder()
+                                    .status(429)
+                                    .header("retry-after", "8")
+                                    .body(Full::new(Bytes::new()))
+                                    .unwrap();
+                                Ok::<_, Infallible>(resp)
+                            }
+                        });
+                        let _ = http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+            }
+        });
+        Collector {
+            addr,
+            spans: Default::default(),
+            content_types,
+            task,
+        }
+    }
+
     /// A collector that accepts connections and never reads or answers.
     pub async fn stalled() -> Collector {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
