@@ -212,6 +212,11 @@ async fn a_delivery_with_a_traceparent_yields_its_spans_under_that_trace_and_the
     .iter()
     .map(|name| named(&spans, name)[0])
     .collect();
+    let verify = named(&spans, "fencehook.verify")[0];
+    assert!(
+        verify.start < verify.end && verify.end <= process.start,
+        "the check lasts, and ends before the item is processed"
+    );
     for (step, next) in steps.iter().zip(steps.iter().skip(1)) {
         assert!(
             step.end <= next.start,
