@@ -1,7 +1,8 @@
 //! A small OTLP/HTTP trace receiver (an outside party, so a stand-in is
 //! fair): decodes `http/protobuf` and `http/json` exports into the
-//! protocol's own types and keeps the spans; or, stalled, takes connections
-//! and never answers, as a collector that hangs does.
+//! protocol's own types and keeps the spans; or, throttling, answers every
+//! export 429 with `Retry-After`; or, stalled, takes connections and never
+//! answers, as a collector that hangs does.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -59,49 +60,23 @@ pub struct Collector {
 impl Collector {
     /// A collector that answers every export 200.
     pub async fn start() -> Collector {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let spans = Arc::new(Mutex::new(Vec::new()));
         let content_types = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn({
-            let (spans, types) = (spans.clone(), content_types.clone());
-            async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        continue;
-                    };
-                    let (spans, types) = (spans.clone(), types.clone());
-                    tokio::spawn(async move {
-                        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                            let (spans, types) = (spans.clone(), types.clone());
-                            async move {
-                                let content_type = req
-                                    .headers()
-                                    .get("content-type")
-                                    .and_then(|v| v.to_str().ok())
-                                    .unwrap_or("")
-                                    .to_owned();
-                                let body = req.into_body().collect().await.unwrap().to_bytes();
-                                let status = match decode(&content_type, &body) {
-                                    Some(request) => {
-                                        spans.lock().unwrap().extend(flatten(request));
-                                        types.lock().unwrap().push(content_type);
-                                        200
-                                    }
-                                    None => 400,
-                                };
-                                let mut resp = hyper::Response::new(Full::new(Bytes::new()));
-                                *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
-                                Ok::<_, Infallible>(resp)
-                            }
-                        });
-                        let _ = http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
+        let kept = spans.clone();
+        let (addr, task) = serve(content_types.clone(), move |content_type, body| {
+            let status = match decode(content_type, &body) {
+                Some(request) => {
+                    kept.lock().unwrap().extend(flatten(request));
+                    200
                 }
-            }
-        });
+                None => 400,
+            };
+            hyper::Response::builder()
+                .status(status)
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        })
+        .await;
         Collector {
             addr,
             spans,
@@ -114,44 +89,15 @@ impl Collector {
     /// throttling one: the exporter waits 8 s before it retries, then
     /// longer); each export's content type is recorded, no span.
     pub async fn throttling() -> Collector {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let content_types = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn({
-            let types = content_types.clone();
-            async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        continue;
-                    };
-                    let types = types.clone();
-                    tokio::spawn(async move {
-                        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                            let types = types.clone();
-                            async move {
-                                let content_type = req
-                                    .headers()
-                                    .get("content-type")
-                                    .and_then(|v| v.to_str().ok())
-                                    .unwrap_or("")
-                                    .to_owned();
-                                let _ = req.into_body().collect().await;
-                                types.lock().unwrap().push(content_type);
-                                let resp = hyper::Response::builder()
-                                    .status(429)
-                                    .header("retry-after", "8")
-                                    .body(Full::new(Bytes::new()))
-                                    .unwrap();
-                                Ok::<_, Infallible>(resp)
-                            }
-                        });
-                        let _ = http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
-                }
-            }
-        });
+        let (addr, task) = serve(content_types.clone(), |_, _| {
+            hyper::Response::builder()
+                .status(429)
+                .header("retry-after", "8")
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        })
+        .await;
         Collector {
             addr,
             spans: Default::default(),
@@ -218,6 +164,52 @@ impl Drop for Collector {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Answers every request on a new local port with `answer(content type,
+/// body)`, after recording its content type in `types` (for a decoded
+/// export only: see [`Collector::start`]).
+async fn serve<A>(
+    types: Arc<Mutex<Vec<String>>>,
+    answer: A,
+) -> (SocketAddr, tokio::task::JoinHandle<()>)
+where
+    A: Fn(&str, Bytes) -> hyper::Response<Full<Bytes>> + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = Arc::new(answer);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (types, answer) = (types.clone(), answer.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let (types, answer) = (types.clone(), answer.clone());
+                    async move {
+                        let content_type = req
+                            .headers()
+                            .get("content-type")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned();
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let resp = answer(&content_type, body);
+                        if resp.status() != 400 {
+                            types.lock().unwrap().push(content_type);
+                        }
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
 }
 
 fn decode(content_type: &str, body: &[u8]) -> Option<ExportTraceServiceRequest> {
