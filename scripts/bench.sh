@@ -18,7 +18,9 @@
 #       (every trace sampled, exported over OTLP/HTTP to a local sink that discards it);
 #   (f) against a baseline commit (BENCH_BASELINE): its release build, from a git worktree of its
 #       own (cached by commit, scripts/bench-ref.sh), and this one, Redis leases at k = 1,
-#       interleaved A B A B in the same minutes: both rates, their ratio and both CPU per delivery;
+#       interleaved A B B A B A … in the same minutes (each pair in the other order than the one
+#       before, so that a machine slowing or speeding up through the run favours neither build):
+#       both rates, their ratio and both CPU per delivery;
 #       a regression is a ratio below 1 whatever the machine's disk does;
 #   (g) instructions per delivery of both builds, counted by callgrind
 #       (scripts/bench-instructions.sh): a figure that does not move with the machine at all.
@@ -194,7 +196,9 @@ done
 if [[ $BASELINE != none ]]; then
   say "== (f) against $BASELINE ($REF_SHA): Redis leases, k=1, ${DURATION}s each, $AB_PAIRS interleaved pairs =="
   for ((pair = 1; pair <= AB_PAIRS; pair++)); do
-    for build in ref head; do
+    order=(ref head)
+    ((pair % 2)) || order=(head ref)
+    for build in "${order[@]}"; do
       bin=$BIN
       [[ $build == ref ]] && bin=$REF_OUT_BIN
       start_serve "ab-$build-$pair" "$bin" redis

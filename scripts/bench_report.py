@@ -137,7 +137,7 @@ md = ["# Benchmarks\n",
       "- (e) Redis leases at k = 1 as in (b), tracing off then on: `OTEL_EXPORTER_OTLP_ENDPOINT` "
       "to a local OTLP/HTTP sink that reads and discards every export, `OTEL_TRACES_SAMPLER=always_on`",
       "- (f) the baseline commit's release build (`BENCH_BASELINE`, built in a git worktree of its own) and "
-      "this one, Redis leases at k = 1 as in (b), interleaved A B A B; both driven by this build's "
+      "this one, Redis leases at k = 1 as in (b), interleaved A B B A B A … (each pair in the other order than the one before); both driven by this build's "
       "`fencehook load`",
       "- (g) instructions per delivery: `scripts/bench-instructions.sh` (`make bench-instructions`), "
       "`serve` under `valgrind --tool=callgrind`, counters zeroed after a warm-up "
