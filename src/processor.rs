@@ -370,7 +370,7 @@ impl Processor {
             Acquire::Acquired(guard) => Some(guard.token()),
             Acquire::Held { .. } => None,
         };
-        spans::lease_acquired(&span, token);
+        spans::lease_acquired(span, token);
         if token.is_some() {
             if wait.waited {
                 tracing::debug!(transaction_id = %key.transaction_id, "previous holder let go; took over");

@@ -210,9 +210,7 @@ async fn deliver(state: &State, provider: &Provider, req: Request<Incoming>) -> 
         (accepted, admitted)
     };
     let (accepted, admitted) = spans::leaf(verify.clone(), checks).await;
-    spans::verified(&verify, &accepted, admitted.is_ok());
-    // Ends here: the span was never entered, and its end is its closing.
-    drop(verify);
+    spans::verified(verify, &accepted, admitted.is_ok());
     if let Err(refusal) = admitted {
         return not_admitted(refusal);
     }

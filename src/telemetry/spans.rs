@@ -98,8 +98,8 @@ pub fn verify(provider: &str) -> Span {
 }
 
 /// What the verification found: whether the delivery verified and mapped,
-/// and into how many items.
-pub fn verified<T, E>(span: &Span, accepted: &Result<Vec<T>, E>, gate_passed: bool) {
+/// and into how many items. The span ends here, as [`lease_acquired`]'s.
+pub fn verified<T, E>(span: Span, accepted: &Result<Vec<T>, E>, gate_passed: bool) {
     match accepted {
         Ok(items) => {
             span.record("fencehook.verified", gate_passed);
@@ -203,7 +203,9 @@ pub fn lease_acquire() -> Span {
 }
 
 /// What an acquire got: the token, or `None` when another holder has it.
-pub fn lease_acquired(span: &Span, token: Option<i64>) {
+/// The span ends here (a step's span is never entered: it ends when its
+/// last handle goes).
+pub fn lease_acquired(span: Span, token: Option<i64>) {
     match token {
         Some(token) => {
             span.record("fencehook.lease.result", "acquired");
