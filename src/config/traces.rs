@@ -42,6 +42,14 @@ pub struct TraceArgs {
         hide_env_values = true
     )]
     pub headers: Option<String>,
+    /// More headers for trace exports, the same form; a name in both
+    /// takes this one's value. Never logged.
+    #[arg(
+        long = "otel-exporter-otlp-traces-headers",
+        env = setting::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+        hide_env_values = true
+    )]
+    pub traces_headers: Option<String>,
     /// Bound on one export (ms), retries included.
     #[arg(
         long = "otel-exporter-otlp-timeout",
@@ -173,20 +181,14 @@ impl TraceArgs {
             }
         };
         let sampler = sampler(&self.sampler, self.sampler_arg.as_deref())?;
-        let headers = match &self.headers {
-            Some(h) => key_values(h).map_err(|e| bad(setting::OTEL_EXPORTER_OTLP_HEADERS, e))?,
-            None => Vec::new(),
-        };
-        for (name, value) in &headers {
-            // Never the value in the message: it is usually an API key.
-            if http::HeaderName::from_bytes(name.as_bytes()).is_err()
-                || http::HeaderValue::from_str(value).is_err()
-            {
-                return Err(bad(
-                    setting::OTEL_EXPORTER_OTLP_HEADERS,
-                    format!("`{name}` is not a valid header name, or its value not a header value"),
-                ));
-            }
+        let mut headers =
+            header_list(self.headers.as_deref(), setting::OTEL_EXPORTER_OTLP_HEADERS)?;
+        for (name, value) in header_list(
+            self.traces_headers.as_deref(),
+            setting::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+        )? {
+            headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&name));
+            headers.push((name, value));
         }
         let resource_attributes = match &self.resource_attributes {
             Some(a) => key_values(a).map_err(|e| bad(setting::OTEL_RESOURCE_ATTRIBUTES, e))?,
@@ -293,6 +295,29 @@ fn sampler(name: &str, arg: Option<&str>) -> Result<Sampler, ConfigError> {
 
 /// `key=value,key=value` with percent-encoded values (the W3C Baggage form
 /// both `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_RESOURCE_ATTRIBUTES` use).
+/// The headers `text` (of `name`) lists, each a valid HTTP header; an error
+/// never shows a value (usually an API key).
+fn header_list(
+    text: Option<&str>,
+    name: &'static str,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    let headers = key_values(text).map_err(|e| bad(name, e))?;
+    for (header, value) in &headers {
+        if http::HeaderName::from_bytes(header.as_bytes()).is_err()
+            || http::HeaderValue::from_str(value).is_err()
+        {
+            return Err(bad(
+                name,
+                format!("`{header}` is not a valid header name, or its value not a header value"),
+            ));
+        }
+    }
+    Ok(headers)
+}
+
 /// Errors name the key, never a value (a header's is usually a secret).
 fn key_values(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
@@ -422,5 +447,34 @@ mod tests {
         assert!(!e.to_string().contains("topsecret"), "{e}");
         let e = refused(&["--otel-resource-attributes", "novalue"]);
         assert_eq!(e.setting, "OTEL_RESOURCE_ATTRIBUTES");
+    }
+
+    #[test]
+    fn trace_headers_add_to_the_headers_and_win_on_a_name_in_both() {
+        let cfg = args(&[
+            "--otel-exporter-otlp-endpoint",
+            "http://c:4318",
+            "--otel-exporter-otlp-headers",
+            "x-api-key=general,x-team=payments",
+            "--otel-exporter-otlp-traces-headers",
+            "X-Api-Key=for-traces,x-extra=1",
+        ])
+        .validate()
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            cfg.headers,
+            vec![
+                ("x-team".to_owned(), "payments".to_owned()),
+                ("X-Api-Key".to_owned(), "for-traces".to_owned()),
+                ("x-extra".to_owned(), "1".to_owned()),
+            ]
+        );
+        let e = refused(&[
+            "--otel-exporter-otlp-traces-headers",
+            "x-key=top\nsecret%0A",
+        ]);
+        assert_eq!(e.setting, "OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+        assert!(!e.to_string().contains("secret"), "{e}");
     }
 }

@@ -10,11 +10,13 @@
 //! reads the same with tracing on or off, save the `trace_id`/`span_id` a
 //! JSON line gains inside a traced delivery (`telemetry/logs.rs`).
 //!
-//! Export: [`export`] (a bounded queue, one tokio task, drops counted).
+//! Export: [`export`] (a bounded queue, one tokio task, drops counted),
+//! to the collector in protobuf by [`otlp`] (in JSON by the SDK's exporter).
 //! W3C trace context in and out: [`propagation`].
 
 pub mod export;
 mod logs;
+mod otlp;
 pub mod propagation;
 pub mod spans;
 
@@ -213,32 +215,41 @@ impl<S: Subscriber> Filter<S> for OwnSpans {
 /// behind the batching queue.
 fn tracer_provider(cfg: &TraceConfig) -> Result<(SdkTracerProvider, export::Flusher), String> {
     let resource = resource(cfg);
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(export::CollectorClient::new(cfg.timeout)?)
-        .with_endpoint(cfg.endpoint.to_string())
-        .with_protocol(match cfg.protocol {
-            OtlpProtocol::Protobuf => opentelemetry_otlp::Protocol::HttpBinary,
-            OtlpProtocol::Json => opentelemetry_otlp::Protocol::HttpJson,
-        })
-        .with_timeout(cfg.timeout)
-        .with_headers(cfg.headers.iter().cloned().collect())
-        .build()
-        .map_err(|e| format!("{}: {e}", setting::OTEL_EXPORTER_OTLP_ALL))?;
-    exporter.set_resource(&resource);
+    let client = export::CollectorClient::new(cfg.timeout)?;
     let drops = DROPS.get_or_init(Default::default).clone();
-    let (batcher, flusher) = export::batcher(
-        exporter,
-        export::BatchSettings {
-            max_queue_size: cfg.max_queue_size,
-            max_export_batch_size: cfg.max_export_batch_size,
-            schedule_delay: cfg.schedule_delay,
-            // The exporter's own bound covers its retries; a little more
-            // for encoding, so that this one fires only if that one did not.
-            export_timeout: cfg.timeout + Duration::from_millis(500),
-        },
-        drops,
-    );
+    let settings = export::BatchSettings {
+        max_queue_size: cfg.max_queue_size,
+        max_export_batch_size: cfg.max_export_batch_size,
+        schedule_delay: cfg.schedule_delay,
+        // The exporter's own bound covers its retries; a little more
+        // for encoding, so that this one fires only if that one did not.
+        export_timeout: cfg.timeout + Duration::from_millis(500),
+    };
+    let (batcher, flusher) = match cfg.protocol {
+        OtlpProtocol::Protobuf => {
+            let mut exporter = otlp::ProtobufExporter::new(
+                client,
+                cfg.endpoint.clone(),
+                &cfg.headers,
+                cfg.timeout,
+            );
+            exporter.set_resource(&resource);
+            export::batcher(exporter, settings, drops)
+        }
+        OtlpProtocol::Json => {
+            let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(client)
+                .with_endpoint(cfg.endpoint.to_string())
+                .with_protocol(opentelemetry_otlp::Protocol::HttpJson)
+                .with_timeout(cfg.timeout)
+                .with_headers(cfg.headers.iter().cloned().collect())
+                .build()
+                .map_err(|e| format!("{}: {e}", setting::OTEL_EXPORTER_OTLP_ALL))?;
+            exporter.set_resource(&resource);
+            export::batcher(exporter, settings, drops)
+        }
+    };
     let provider = SdkTracerProvider::builder()
         .with_span_processor(batcher)
         .with_sampler(sampler(cfg.sampler))
