@@ -14,8 +14,9 @@
 #       workers) draining what was accepted (the drain rate); and, at a steady 500 deliveries/s
 #       with serve's own 4 workers, how long from accept to booked (the lag percentiles);
 #   (d) memory per idle keep-alive connection: 1,000 of them opened on one instance;
-#   (e) what tracing costs: Redis leases at k = 1 with OpenTelemetry tracing off, then on
-#       (every trace sampled, exported over OTLP/HTTP to a local sink that discards it);
+#   (e) what tracing costs: Redis leases at k = 1 with OpenTelemetry tracing off and on (every
+#       trace sampled, exported over OTLP/HTTP to a local sink that discards it), interleaved in
+#       pairs as (f) (off on, on off, ...): both rates, their ratio, both CPU per delivery;
 #   (f) against a baseline commit (BENCH_BASELINE): its release build, from a git worktree of its
 #       own (cached by commit, scripts/bench-ref.sh), and this one, Redis leases at k = 1,
 #       interleaved A B B A B A … in the same minutes (each pair in the other order than the one
@@ -32,13 +33,15 @@
 # Environment (optional): BENCH_DURATION (s per fencehook run, default 15), BENCH_PGBENCH_SECS
 # (s per pgbench run, default 8), BENCH_CONCURRENCY (load concurrency, default 32), BENCH_BASELINE
 # (a git ref; default: the commit docs/benchmarks.md names as the last measured release; "none"
-# leaves out (f) and (g)), BENCH_AB_PAIRS (A B pairs in (f), default 2), BENCH_INSTR_* (see
+# leaves out (f) and (g)), BENCH_AB_PAIRS (A B pairs in (f), default 2), BENCH_TRACE_PAIRS (off/on
+# pairs in (e), default BENCH_AB_PAIRS), BENCH_INSTR_* (see
 # scripts/bench-instructions.sh), PG_URL, REDIS_URL, CARGO, CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${BENCH_DURATION:-15}
 AB_PAIRS=${BENCH_AB_PAIRS:-2}
+TRACE_PAIRS=${BENCH_TRACE_PAIRS:-$AB_PAIRS}
 PGBENCH_SECS=${BENCH_PGBENCH_SECS:-8}
 CONCURRENCY=${BENCH_CONCURRENCY:-32}
 DRAIN_WORKERS=8    # fencehook work draining the accepted backlog (each up to 16 events in flight)
@@ -68,6 +71,7 @@ rm -f "$OUT"/*.json "$OUT"/*.txt
 BASELINE=${BENCH_BASELINE:-$(baseline_default)}
 [[ -n $BASELINE ]] || die "no baseline commit: set BENCH_BASELINE (a git ref, or none)"
 [[ $AB_PAIRS =~ ^[1-9][0-9]*$ ]] || die "BENCH_AB_PAIRS must be a positive integer (got '$AB_PAIRS')"
+[[ $TRACE_PAIRS =~ ^[1-9][0-9]*$ ]] || die "BENCH_TRACE_PAIRS must be a positive integer (got '$TRACE_PAIRS')"
 # The other builds first: the service build is the one left in target/release.
 if [[ $BASELINE != none ]]; then
   ref_build "$BASELINE"
@@ -211,7 +215,7 @@ if [[ $BASELINE != none ]]; then
   while read -r line; do say "   $line"; done <"$OUT/ab.txt"
 fi
 
-say "== (e) tracing: Redis leases, k=1, off then on (100 % sampled, to a local sink that discards) =="
+say "== (e) tracing: Redis leases, k=1, off and on (100 % sampled, to a local sink that discards), $TRACE_PAIRS interleaved pairs =="
 # The sink: an OTLP/HTTP endpoint that reads each export and answers 200 (keep-alive), as a
 # collector that keeps up would. Its port is the first line it prints. The file is emptied here,
 # not by the redirection (that runs in the child): a run after another read the earlier run's
@@ -240,17 +244,23 @@ until [[ $(head -n1 "$OUT/otlp-sink.port") =~ ^[0-9]+$ ]]; do
   sleep 0.1
 done
 SINK_PORT=$(head -n1 "$OUT/otlp-sink.port")
-for tracing in off on; do
-  extra=()
-  [[ $tracing == on ]] && extra=(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SINK_PORT" OTEL_TRACES_SAMPLER=always_on)
-  start_serve "traces-$tracing" "$BIN" redis "${extra[@]}"
-  drive "traces-$tracing" 1
-  dropped=$(curl -s "http://127.0.0.1:$INSTANCE_ADMIN_PORT/metrics" |
-    awk '/^fencehook_trace_spans_dropped_total/ {n += $2} END {print n + 0}')
-  echo "{\"spans_dropped\": $dropped}" >"$OUT/traces-$tracing.json"
-  stop_serve
-  drop_db "traces-$tracing"
+for ((pair = 1; pair <= TRACE_PAIRS; pair++)); do
+  order=(off on)
+  ((pair % 2)) || order=(on off)
+  for tracing in "${order[@]}"; do
+    extra=()
+    [[ $tracing == on ]] && extra=(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SINK_PORT" OTEL_TRACES_SAMPLER=always_on)
+    start_serve "traces-$tracing-$pair" "$BIN" redis "${extra[@]}"
+    drive "traces-$tracing-$pair" 1
+    dropped=$(curl -s "http://127.0.0.1:$INSTANCE_ADMIN_PORT/metrics" |
+      awk '/^fencehook_trace_spans_dropped_total/ {n += $2} END {print n + 0}')
+    echo "{\"spans_dropped\": $dropped}" >"$OUT/traces-$tracing-$pair.json"
+    stop_serve
+    drop_db "traces-$tracing-$pair"
+  done
 done
+python3 scripts/bench_report.py --traces "$OUT" "$TRACE_PAIRS" >"$OUT/traces.txt"
+while read -r line; do say "   $line"; done <"$OUT/traces.txt"
 kill -TERM "$SINK_PID" 2>/dev/null || true
 
 say "== (c) inbox: accepting ${DURATION}s with no workers, then fencehook work draining =="
@@ -333,7 +343,7 @@ fi
 # ---------------------------------------------------------------- report
 MACHINE="$(nproc) cores ($(sed -nE 's/^model name\s*: (.*)/\1/p' /proc/cpuinfo | head -1)), $(free -g | awk '/^Mem:/ {print $2}') GiB"
 VERSIONS="PostgreSQL $(psql "$ADMIN_DB_URL" -Atc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-cli -u "$REDIS_URL" info server | sed -nE 's/^redis_version:(.*)\r?$/\1/p' | tr -d '\r')"
-BENCH_REF=${REF_SHA:-} BENCH_AB_PAIRS=$AB_PAIRS \
+BENCH_REF=${REF_SHA:-} BENCH_AB_PAIRS=$AB_PAIRS BENCH_TRACE_PAIRS=$TRACE_PAIRS \
   python3 scripts/bench_report.py "$OUT" "$MACHINE" "$VERSIONS" "$DURATION" "$PGBENCH_SECS" "$CONCURRENCY" \
   "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- . ':!docs/benchmarks.md' ':!docs/benchmarks.svg' 2>/dev/null || echo '+changes')"
 say "== wrote docs/benchmarks.md and docs/benchmarks.svg =="

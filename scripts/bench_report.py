@@ -9,31 +9,44 @@ import sys
 from pathlib import Path
 
 
-def ab_runs(out, pairs):
-    """(f): the interleaved runs of the baseline commit ("ref") and this build ("head"), pair by pair."""
+def pair_runs(out, pairs, prefix, names):
+    """Interleaved runs, pair by pair: {name: figures} for each pair whose two runs both finished
+    ((f): "ab-ref-1", "ab-head-1", ...; (e): "traces-off-1", "traces-on-1", ...)."""
     runs = []
     for pair in range(1, pairs + 1):
         got = {}
-        for build in ("ref", "head"):
-            load_path, proc_path = out / f"load-ab-{build}-{pair}.json", out / f"proc-ab-{build}-{pair}.json"
+        for name in names:
+            run = f"{prefix}-{name}-{pair}"
+            load_path, proc_path = out / f"load-{run}.json", out / f"proc-{run}.json"
             if not load_path.exists() or not load_path.read_text().strip() or not proc_path.exists():
                 break
             load, proc = json.loads(load_path.read_text()), json.loads(proc_path.read_text())
-            got[build] = {"pps": load["payments_per_sec"], "p99": load["latency"]["p99_us"] / 1000,
-                          "cpu_us": proc["cpu_ticks"] / proc["clk_tck"] / max(load["deliveries"], 1) * 1e6,
-                          "rss_mb": proc["peak_rss_kb"] / 1024}
-        if len(got) == 2:
+            got[name] = {"pps": load["payments_per_sec"], "p99": load["latency"]["p99_us"] / 1000,
+                         "cpu_us": proc["cpu_ticks"] / proc["clk_tck"] / max(load["deliveries"], 1) * 1e6,
+                         "rss_mb": proc["peak_rss_kb"] / 1024}
+            extra = out / f"{prefix}-{name}-{pair}.json"
+            if extra.exists():
+                got[name].update(json.loads(extra.read_text()))
+        if len(got) == len(names):
             runs.append(got)
     return runs
 
 
-def ab_summary(runs):
-    """Both builds' total payments/s and CPU per delivery over every pair, and the ratio."""
-    ref = sum(r["ref"]["pps"] for r in runs) / len(runs)
-    head = sum(r["head"]["pps"] for r in runs) / len(runs)
-    ref_cpu = sum(r["ref"]["cpu_us"] for r in runs) / len(runs)
-    head_cpu = sum(r["head"]["cpu_us"] for r in runs) / len(runs)
-    return ref, head, head / ref if ref else 0.0, ref_cpu, head_cpu
+def pair_summary(runs, a, b):
+    """Both sides' mean payments/s and CPU per delivery over every pair, and b's rate over a's."""
+    mean = lambda side, key: sum(r[side][key] for r in runs) / len(runs)
+    a_pps, b_pps = mean(a, "pps"), mean(b, "pps")
+    return a_pps, b_pps, b_pps / a_pps if a_pps else 0.0, mean(a, "cpu_us"), mean(b, "cpu_us")
+
+
+def ab_runs(out, pairs):
+    """(f): the baseline commit's build ("ref") and this build ("head")."""
+    return pair_runs(out, pairs, "ab", ("ref", "head"))
+
+
+def trace_runs(out, pairs):
+    """(e): this build with tracing "off" and "on"."""
+    return pair_runs(out, pairs, "traces", ("off", "on"))
 
 
 if sys.argv[1] == "--ab":
@@ -45,15 +58,31 @@ if sys.argv[1] == "--ab":
         print(f"pair {i}: {ref_sha} {a['pps']:,.0f} payments/s ({a['cpu_us']:.0f} µs CPU/delivery), "
               f"this build {b['pps']:,.0f} ({b['cpu_us']:.0f} µs): ratio {b['pps'] / a['pps'] if a['pps'] else 0:.2f}")
     if runs:
-        ref, head, ratio, ref_cpu, head_cpu = ab_summary(runs)
+        ref, head, ratio, ref_cpu, head_cpu = pair_summary(runs, "ref", "head")
         print(f"mean: {ref_sha} {ref:,.0f} payments/s, this build {head:,.0f}: ratio {ratio:.2f}; "
               f"CPU per delivery {ref_cpu:.0f} µs vs {head_cpu:.0f} µs")
+    sys.exit(0)
+
+if sys.argv[1] == "--traces":
+    # The same for (e).
+    out, pairs = Path(sys.argv[2]), int(sys.argv[3])
+    runs = trace_runs(out, pairs)
+    for i, r in enumerate(runs, 1):
+        a, b = r["off"], r["on"]
+        print(f"pair {i}: tracing off {a['pps']:,.0f} payments/s ({a['cpu_us']:.0f} µs CPU/delivery), "
+              f"on {b['pps']:,.0f} ({b['cpu_us']:.0f} µs, {b.get('spans_dropped', 0):,} spans dropped): "
+              f"ratio {b['pps'] / a['pps'] if a['pps'] else 0:.2f}")
+    if runs:
+        off, on, ratio, off_cpu, on_cpu = pair_summary(runs, "off", "on")
+        print(f"mean: off {off:,.0f} payments/s, on {on:,.0f}: ratio {ratio:.2f}; "
+              f"CPU per delivery {off_cpu:.0f} µs vs {on_cpu:.0f} µs")
     sys.exit(0)
 
 out, machine, versions, duration, pgbench_secs, concurrency, commit = sys.argv[1:8]
 out = Path(out)
 ref_sha = os.environ.get("BENCH_REF", "")
 ab = ab_runs(out, int(os.environ.get("BENCH_AB_PAIRS", "0") or 0)) if ref_sha else []
+traced = trace_runs(out, int(os.environ.get("BENCH_TRACE_PAIRS", "0") or 0))
 instructions = json.loads((out / "instructions.json").read_text()) if (out / "instructions.json").exists() else None
 
 pg = {}
@@ -72,7 +101,6 @@ ceiling_clients, ceiling = best("reference")
 
 SERIES = ("redis", "postgres", "unique-only")
 LABEL = {"redis": "Redis leases", "postgres": "PostgreSQL leases",
-         "traces-off": "tracing off", "traces-on": "tracing on (100 % sampled)",
          "unique-only": "UNIQUE constraint only (no lease)", "inbox": "inbox, accepting (0 workers)"}
 
 
@@ -99,11 +127,6 @@ def row(name, series, k):
 
 rows = [r for r in (row(f"{s}-k{k}", s, k) for s in SERIES for k in (1, 4, 16)) if r]
 inbox_row = row("inbox", "inbox", 1)
-traced = {t: row(f"traces-{t}", f"traces-{t}", 1) for t in ("off", "on")}
-for t, r in traced.items():
-    extra = out / f"traces-{t}.json"
-    if r and extra.exists():
-        r["spans_dropped"] = json.loads(extra.read_text())["spans_dropped"]
 drain = json.loads((out / "drain-inbox.json").read_text()) if (out / "drain-inbox.json").exists() else None
 lag_run = None
 if (out / "load-inbox-lag.json").exists() and (out / "load-inbox-lag.json").read_text().strip():
@@ -134,8 +157,9 @@ md = ["# Benchmarks\n",
       "(accept → booked, from the `events` table)",
       "- (d) 1,000 idle keep-alive connections (each after one request) opened on one instance; "
       "the growth of its VmRSS divided by 1,000",
-      "- (e) Redis leases at k = 1 as in (b), tracing off then on: `OTEL_EXPORTER_OTLP_ENDPOINT` "
-      "to a local OTLP/HTTP sink that reads and discards every export, `OTEL_TRACES_SAMPLER=always_on`",
+      "- (e) Redis leases at k = 1 as in (b), tracing off and on interleaved in pairs as (f) (off on, on off, "
+      "…): `OTEL_EXPORTER_OTLP_ENDPOINT` to a local OTLP/HTTP sink that reads and discards every export, "
+      "`OTEL_TRACES_SAMPLER=always_on`",
       "- (f) the baseline commit's release build (`BENCH_BASELINE`, built in a git worktree of its own) and "
       "this one, Redis leases at k = 1 as in (b), interleaved A B B A B A … (each pair in the other order than the one before); both driven by this build's "
       "`fencehook load`",
@@ -197,18 +221,20 @@ rss_max = max((r["rss_mb"] for r in rows), default=0)
 md.append(f"- the largest peak RSS of any run in (b): {rss_max:.1f} MB\n")
 
 md.append("## (e) Tracing\n")
-if traced["off"] and traced["on"]:
-    md.append("| tracing | deliveries/s | p50 ms | p99 ms | CPU µs/delivery | spans dropped |")
-    md.append("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for t in ("off", "on"):
-        r = traced[t]
-        md.append(f"| {LABEL[r['series']]} | {r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
-                  f"{r['cpu_us']:.0f} | {r.get('spans_dropped', 0):,} |")
-    off, on = traced["off"], traced["on"]
-    md.append(f"\nWith every delivery traced, the service answers **{on['rps'] / off['rps']:.2f} ×** the "
-              f"deliveries/s of tracing off and spends {on['cpu_us'] / off['cpu_us']:.2f} × the CPU per "
-              "delivery. Tracing off runs the same code as (b)'s Redis k=1 row: with no tracing layer "
-              "installed, every span callsite is disabled.\n")
+if traced:
+    md.append("| pair | off payments/s | on payments/s | ratio | off CPU µs/delivery | on CPU µs/delivery | "
+              "p99 ms (off / on) | spans dropped |")
+    md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for i, r in enumerate(traced, 1):
+        a, b = r["off"], r["on"]
+        md.append(f"| {i} | {a['pps']:,.0f} | {b['pps']:,.0f} | {b['pps'] / a['pps'] if a['pps'] else 0:.2f} | "
+                  f"{a['cpu_us']:.0f} | {b['cpu_us']:.0f} | {a['p99']:.1f} / {b['p99']:.1f} | "
+                  f"{b.get('spans_dropped', 0):,} |")
+    off, on, ratio, off_cpu, on_cpu = pair_summary(traced, "off", "on")
+    md.append(f"\nWith every delivery traced, over the {len(traced)} pairs the service books **{ratio:.2f} ×** "
+              f"the payments/s of tracing off ({on:,.0f} vs {off:,.0f}) and spends {on_cpu / off_cpu:.2f} × the CPU "
+              f"per delivery ({on_cpu:.0f} vs {off_cpu:.0f} µs). Tracing off runs the same code as (b)'s Redis "
+              "k=1 row: with no tracing layer installed, every span callsite is disabled.\n")
 else:
     md.append("(not measured in this run)\n")
 
@@ -221,7 +247,7 @@ if ab:
         a, b = r["ref"], r["head"]
         md.append(f"| {i} | {a['pps']:,.0f} | {b['pps']:,.0f} | {b['pps'] / a['pps'] if a['pps'] else 0:.2f} | "
                   f"{a['cpu_us']:.0f} | {b['cpu_us']:.0f} | {a['p99']:.1f} / {b['p99']:.1f} |")
-    ref_mean, head_mean, ab_ratio, ref_cpu, head_cpu = ab_summary(ab)
+    ref_mean, head_mean, ab_ratio, ref_cpu, head_cpu = pair_summary(ab, "ref", "head")
     md.append(f"\nOver the {len(ab)} pairs this build books **{ab_ratio:.2f} ×** the payments/s of `{ref_sha}` "
               f"({head_mean:,.0f} vs {ref_mean:,.0f}), at {head_cpu:.0f} vs {ref_cpu:.0f} µs of CPU per delivery.\n")
 else:
