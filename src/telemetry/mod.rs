@@ -11,7 +11,7 @@
 //! JSON line gains inside a traced delivery (`telemetry/logs.rs`).
 //!
 //! Export: [`export`] (a bounded queue, one tokio task, drops counted),
-//! to the collector in protobuf by [`otlp`] (in JSON by the SDK's exporter).
+//! to the collector in protobuf by `otlp.rs` (in JSON by the SDK's exporter).
 //! W3C trace context in and out: [`propagation`].
 
 pub mod export;
