@@ -283,9 +283,25 @@ if redis1 and drain and drain.get("span_secs"):
     drained = drain["done"] / drain["span_secs"] / redis1["pps"]
     checks.append(("inbox drain (`fencehook work`): ≥ 0.8 × the sync rate", drained >= 0.8,
                    f"{drained:.2f} ({drain['done'] / drain['span_secs']:,.0f} vs {redis1['pps']:,.0f}/s)"))
+# Every sync k = 1 run of this build with Redis leases and tracing off in this run: (b)'s, (f)'s, (e)'s.
+sync_runs = ([redis1["pps"]] if redis1 else []) + [r["head"]["pps"] for r in ab] + [r["off"]["pps"] for r in traced]
+if sync_runs and drain and drain.get("span_secs"):
+    sync_mean = sum(sync_runs) / len(sync_runs)
+    drained = drain["done"] / drain["span_secs"] / sync_mean
+    checks.append((f"inbox drain: ≥ 1.0 × the mean of this run's {len(sync_runs)} sync k=1 runs of this build "
+                   "((b), (e) off, (f))", drained >= 1.0,
+                   f"{drained:.2f} ({drain['done'] / drain['span_secs']:,.0f} vs {sync_mean:,.0f}/s)"))
+if traced:
+    off_pps, on_pps, trace_ratio, off_cpu, on_cpu = pair_summary(traced, "off", "on")
+    checks.append(("tracing on (100 % sampled): ≥ 0.9 × tracing off (interleaved)", trace_ratio >= 0.9,
+                   f"{trace_ratio:.2f}"))
+    dropped = sum(r["on"].get("spans_dropped", 0) for r in traced)
+    checks.append(("tracing on: no span dropped", dropped == 0, f"{dropped:,}"))
 if ab:
     checks.append((f"Redis leases, k=1: ≥ 1.0 × `{ref_sha}` in the same run (interleaved)", ab_ratio >= 1.0,
                    f"{ab_ratio:.2f}"))
+    checks.append((f"CPU per delivery ≤ `{ref_sha}`'s in the same run (interleaved)", head_cpu <= ref_cpu,
+                   f"{head_cpu:.0f} vs {ref_cpu:.0f} µs"))
 if instructions and len(instructions["builds"]) == 2:
     by = {r["build"]: r["instructions_per_delivery"] for r in instructions["builds"]}
     checks.append((f"instructions per delivery ≤ `{ref_sha}`'s", by["head"] <= by["baseline"],
