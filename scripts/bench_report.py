@@ -49,33 +49,28 @@ def trace_runs(out, pairs):
     return pair_runs(out, pairs, "traces", ("off", "on"))
 
 
-if sys.argv[1] == "--ab":
-    # bench.sh's line per pair of (f), and the summary, as soon as they are measured.
-    out, pairs, ref_sha = Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    runs = ab_runs(out, pairs)
+def print_pairs(runs, a, b, name_a, name_b):
+    """bench.sh's line per pair of (e) or (f), and the means, as soon as they are measured."""
     for i, r in enumerate(runs, 1):
-        a, b = r["ref"], r["head"]
-        print(f"pair {i}: {ref_sha} {a['pps']:,.0f} payments/s ({a['cpu_us']:.0f} µs CPU/delivery), "
-              f"this build {b['pps']:,.0f} ({b['cpu_us']:.0f} µs): ratio {b['pps'] / a['pps'] if a['pps'] else 0:.2f}")
+        x, y = r[a], r[b]
+        dropped = f", {y['spans_dropped']:,} spans dropped" if "spans_dropped" in y else ""
+        print(f"pair {i}: {name_a} {x['pps']:,.0f} payments/s ({x['cpu_us']:.0f} µs CPU/delivery), "
+              f"{name_b} {y['pps']:,.0f} ({y['cpu_us']:.0f} µs{dropped}): "
+              f"ratio {y['pps'] / x['pps'] if x['pps'] else 0:.2f}")
     if runs:
-        ref, head, ratio, ref_cpu, head_cpu = pair_summary(runs, "ref", "head")
-        print(f"mean: {ref_sha} {ref:,.0f} payments/s, this build {head:,.0f}: ratio {ratio:.2f}; "
-              f"CPU per delivery {ref_cpu:.0f} µs vs {head_cpu:.0f} µs")
+        mean_a, mean_b, ratio, cpu_a, cpu_b = pair_summary(runs, a, b)
+        print(f"mean: {name_a} {mean_a:,.0f} payments/s, {name_b} {mean_b:,.0f}: ratio {ratio:.2f}; "
+              f"CPU per delivery {cpu_a:.0f} µs vs {cpu_b:.0f} µs")
+
+
+if sys.argv[1] == "--ab":
+    out, pairs, ref_sha = Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    print_pairs(ab_runs(out, pairs), "ref", "head", ref_sha, "this build")
     sys.exit(0)
 
 if sys.argv[1] == "--traces":
-    # The same for (e).
     out, pairs = Path(sys.argv[2]), int(sys.argv[3])
-    runs = trace_runs(out, pairs)
-    for i, r in enumerate(runs, 1):
-        a, b = r["off"], r["on"]
-        print(f"pair {i}: tracing off {a['pps']:,.0f} payments/s ({a['cpu_us']:.0f} µs CPU/delivery), "
-              f"on {b['pps']:,.0f} ({b['cpu_us']:.0f} µs, {b.get('spans_dropped', 0):,} spans dropped): "
-              f"ratio {b['pps'] / a['pps'] if a['pps'] else 0:.2f}")
-    if runs:
-        off, on, ratio, off_cpu, on_cpu = pair_summary(runs, "off", "on")
-        print(f"mean: off {off:,.0f} payments/s, on {on:,.0f}: ratio {ratio:.2f}; "
-              f"CPU per delivery {off_cpu:.0f} µs vs {on_cpu:.0f} µs")
+    print_pairs(trace_runs(out, pairs), "off", "on", "tracing off", "on")
     sys.exit(0)
 
 out, machine, versions, duration, pgbench_secs, concurrency, commit = sys.argv[1:8]

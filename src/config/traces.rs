@@ -355,6 +355,14 @@ mod tests {
         Cli::try_parse_from(argv).expect("flags parse").traces
     }
 
+    /// The settings `flags` give, tracing on.
+    fn valid(flags: &[&str]) -> TraceConfig {
+        args(flags)
+            .validate()
+            .expect("valid settings")
+            .expect("tracing on")
+    }
+
     fn refused(flags: &[&str]) -> ConfigError {
         args(flags).validate().expect_err("refused")
     }
@@ -362,10 +370,7 @@ mod tests {
     #[test]
     fn tracing_is_off_without_an_endpoint_and_on_with_one() {
         assert!(args(&[]).validate().unwrap().is_none());
-        let cfg = args(&["--otel-exporter-otlp-endpoint", "http://collector:4318/"])
-            .validate()
-            .unwrap()
-            .expect("on");
+        let cfg = valid(&["--otel-exporter-otlp-endpoint", "http://collector:4318/"]);
         assert_eq!(cfg.endpoint, "http://collector:4318/v1/traces");
         assert_eq!(cfg.protocol, OtlpProtocol::Protobuf);
         assert_eq!(cfg.service_name, "fencehook");
@@ -376,17 +381,14 @@ mod tests {
                 root: SamplerRoot::AlwaysOn
             }
         );
-        let cfg = args(&[
+        let cfg = valid(&[
             "--otel-exporter-otlp-endpoint",
             "http://ignored:4318",
             "--otel-exporter-otlp-traces-endpoint",
             "https://api.example/otlp/traces",
             "--otel-exporter-otlp-protocol",
             "http/json",
-        ])
-        .validate()
-        .unwrap()
-        .expect("on");
+        ]);
         assert_eq!(cfg.endpoint, "https://api.example/otlp/traces");
         assert_eq!(cfg.protocol, OtlpProtocol::Json);
     }
@@ -423,17 +425,14 @@ mod tests {
 
     #[test]
     fn headers_and_resource_attributes_are_percent_decoded_and_a_bad_one_hides_its_value() {
-        let cfg = args(&[
+        let cfg = valid(&[
             "--otel-exporter-otlp-endpoint",
             "http://c:4318",
             "--otel-exporter-otlp-headers",
             "x-api-key=s%3Dcret, x-team=payments",
             "--otel-resource-attributes",
             "deployment.environment.name=prod,service.namespace=pay",
-        ])
-        .validate()
-        .unwrap()
-        .unwrap();
+        ]);
         assert_eq!(
             cfg.headers,
             vec![
@@ -451,17 +450,14 @@ mod tests {
 
     #[test]
     fn trace_headers_add_to_the_headers_and_win_on_a_name_in_both() {
-        let cfg = args(&[
+        let cfg = valid(&[
             "--otel-exporter-otlp-endpoint",
             "http://c:4318",
             "--otel-exporter-otlp-headers",
             "x-api-key=general,x-team=payments",
             "--otel-exporter-otlp-traces-headers",
             "X-Api-Key=for-traces,x-extra=1",
-        ])
-        .validate()
-        .unwrap()
-        .unwrap();
+        ]);
         assert_eq!(
             cfg.headers,
             vec![
